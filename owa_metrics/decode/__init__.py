@@ -1,0 +1,6 @@
+"""Decode: token-id tensors -> a batch of events (vectorized), and the per-event reference path."""
+
+from .batch import IGNORE_INDEX, EventBatch, EventFields, align_teacher_forcing, decode_batch
+from .reference import reference_decode
+
+__all__ = ["IGNORE_INDEX", "EventBatch", "EventFields", "align_teacher_forcing", "decode_batch", "reference_decode"]

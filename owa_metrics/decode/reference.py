@@ -1,0 +1,80 @@
+"""The per-event string path: the readable reference the batch decoder is tested and benchmarked against.
+
+Token ids -> token strings (``VocabMap.token``) -> `EventCodec` spans and cursor decoding, one event at a
+time in Python. Slow by design; never use it in a training loop.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+from ..events.event import Category, Event, Kind, Status
+from ..tokens.codec import EventCodec, EventDecodeError, to_digits
+from ..tokens.vocab import VocabMap
+
+_KINDS = {"keyboard": int(Kind.KEYBOARD), "mouse": int(Kind.MOUSE), "screen": int(Kind.SCREEN)}
+
+
+def reference_decode(preds: Sequence[Sequence[int]], target: Sequence[Sequence[int]], vocab: VocabMap,
+                     alignment: str = "teacher_forcing") -> list[dict]:
+    """One dict per target event: ``seq``, ``status`` and the ``target`` / ``pred`` field dicts."""
+    codec = EventCodec(vocab.config)
+    rows = []
+    for b, (p_ids, t_ids) in enumerate(zip(preds, target)):
+        t_tokens = [vocab.token(int(i)) for i in t_ids]
+        p_tokens = [vocab.token(int(i)) for i in p_ids]
+        if alignment == "teacher_forcing":
+            p_tokens = [None if t is None else p for p, t in zip(p_tokens, t_tokens)]
+            pairs = [(span, span) for span in codec.spans(t_tokens)]
+        else:
+            p_spans = codec.spans(p_tokens)
+            pairs = [(span, p_spans[k] if k < len(p_spans) else None) for k, span in enumerate(codec.spans(t_tokens))]
+        for t_span, p_span in pairs:
+            tgt = _side(codec, t_tokens, t_span)
+            pred = _side(codec, p_tokens, p_span) if p_span else _missing(codec)
+            if tgt["status"] != Status.VALID:
+                status = Status.INVALID_TARGET
+            elif pred["status"] != Status.VALID:
+                status = pred["status"]
+            else:
+                status = Status.VALID if pred["kind"] == tgt["kind"] else Status.TYPE_MISMATCH
+            rows.append({"seq": b, "status": status, "target": tgt, "pred": pred})
+    return rows
+
+
+def _side(codec: EventCodec, tokens: list[Optional[str]], span: tuple[int, int, bool]) -> dict:
+    first, last, cut = span
+    event_tokens = ([codec.config.event_start] if cut else []) + tokens[first:last + 1]
+    kind = _KINDS.get(codec._kinds.get(event_tokens[1]) if len(event_tokens) > 1 else None, -1)
+    try:
+        event = codec.decode_tokens(event_tokens)
+    except EventDecodeError as err:
+        return {**_missing(codec), "status": err.status, "kind": kind, "start": first, "end": last}
+    return {**event_fields(codec, event), "status": Status.VALID, "kind": kind, "start": first, "end": last}
+
+
+def event_fields(codec: EventCodec, event: Event) -> dict:
+    """The batch decoder's per-row fields of one valid event (0 for fields its kind does not use)."""
+    c = codec.config
+    mouse = event.kind == "mouse"
+    return {
+        "category": int(event.category),
+        "timestamp_ns": event.timestamp_ns,
+        "vk": event.vk or 0,
+        "action": int(event.action == "release"),
+        "dx": event.dx or 0, "dy": event.dy or 0,
+        "button_flags": event.button_flags or 0, "button_data": event.button_data or 0,
+        "timestamp_digits": to_digits(event.timestamp_ns // c.timestamp_unit_ns, c.timestamp_bases),
+        "dx_digits": to_digits(event.dx, c.mouse_delta_bases) if mouse else [-1] * len(c.mouse_delta_bases),
+        "dy_digits": to_digits(event.dy, c.mouse_delta_bases) if mouse else [-1] * len(c.mouse_delta_bases),
+    }
+
+
+def _missing(codec: EventCodec) -> dict:
+    c = codec.config
+    return {
+        "status": Status.MISSING, "kind": -1, "category": int(Category.INVALID), "timestamp_ns": 0, "vk": 0,
+        "action": 0, "dx": 0, "dy": 0, "button_flags": 0, "button_data": 0,
+        "timestamp_digits": [-1] * len(c.timestamp_bases), "dx_digits": [-1] * len(c.mouse_delta_bases),
+        "dy_digits": [-1] * len(c.mouse_delta_bases), "start": -1, "end": -1,
+    }

@@ -1,0 +1,111 @@
+"""Tokenizers for the event format: an offline one to build, and the id -> role map for any HF tokenizer."""
+
+from __future__ import annotations
+
+from enum import IntEnum
+from typing import Optional, Sequence
+
+import torch
+
+from .codec import CodecConfig
+
+
+class Role(IntEnum):
+    """What a token id means to the decoder."""
+
+    OTHER = 0
+    START = 1
+    END = 2
+    KEYBOARD = 3
+    MOUSE = 4
+    SCREEN = 5
+    PRESS = 6
+    RELEASE = 7
+    DIGIT = 8
+    IMAGE = 9  # screen placeholder, image prefix / image / suffix tokens
+    EPISODE = 10  # <EPISODE_START> / <EPISODE_END>
+    IGNORED = 11  # a negative id (-100 labels)
+
+
+SPECIAL_TOKENS = {"pad_token": "<pad>", "unk_token": "<unk>", "eos_token": "<eos>"}
+
+
+def build_tokenizer(config: CodecConfig | None = None, extra_tokens: Sequence[str] = ()):
+    """An offline ``PreTrainedTokenizerFast`` (WordLevel) whose vocabulary is exactly the event format.
+
+    Ids: ``<pad>`` 0, ``<unk>`` 1, ``<eos>`` 2, then the event tokens, image / episode tokens, ``extra_tokens``.
+    Text splits at every ``<...>``; ``decode`` joins tokens without spaces, so ``decode(encode(s)) == s``.
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    c = config or CodecConfig()
+    words = dict.fromkeys([*SPECIAL_TOKENS.values(), *c.event_tokens, *c.extra_tokens, *extra_tokens])
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token=SPECIAL_TOKENS["unk_token"]))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"<[^<>]*>"), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, **SPECIAL_TOKENS)
+
+
+class VocabMap:
+    """Token id -> (`Role`, digit value) lookup tables for a tokenizer that has the event tokens.
+
+    Works with any HF tokenizer whose vocabulary holds the format's tokens (as OWA training adds them with
+    ``tokenizer.add_tokens``). Negative ids (-100) map to ``Role.IGNORED``, ids past the vocabulary to OTHER.
+    """
+
+    def __init__(self, vocab: dict[str, int], config: CodecConfig | None = None, size: Optional[int] = None):
+        self.config = c = config or CodecConfig()
+        missing = [t for t in c.event_tokens if t not in vocab]
+        if missing:
+            shown = ", ".join(missing[:10]) + (f", ... ({len(missing)} in all)" if len(missing) > 10 else "")
+            raise ValueError(
+                f"the tokenizer lacks OWA event tokens: {shown}. Add them with "
+                "tokenizer.add_tokens(list(owa_metrics.CodecConfig().event_tokens)) and resize the model's "
+                "embeddings, or build one with owa_metrics.build_tokenizer(); if your tokens are named "
+                "differently, pass a matching CodecConfig."
+            )
+        self.size = max(size or 0, max(vocab.values()) + 1)
+        roles = torch.full((self.size + 2,), int(Role.OTHER), dtype=torch.int64)
+        values = torch.full((self.size + 2,), -1, dtype=torch.int64)
+        named = {
+            c.event_start: Role.START, c.event_end: Role.END, c.keyboard_token: Role.KEYBOARD,
+            c.mouse_token: Role.MOUSE, c.screen_token: Role.SCREEN, c.press_token: Role.PRESS,
+            c.release_token: Role.RELEASE, c.episode_start: Role.EPISODE, c.episode_end: Role.EPISODE,
+            **{t: Role.IMAGE for t in c.image_role_tokens},
+        }
+        for token, role in named.items():
+            if token in vocab:
+                roles[vocab[token]] = int(role)
+        for i in range(c.num_digit_tokens):
+            roles[vocab[c.digit(i)]] = int(Role.DIGIT)
+            values[vocab[c.digit(i)]] = i
+        roles[self.size] = int(Role.IGNORED)
+        self.roles, self.values = roles, values
+        self.ids = {token: vocab[token] for token in named if token in vocab}
+        self.ids.update({c.digit(i): vocab[c.digit(i)] for i in range(c.num_digit_tokens)})
+        self._id_to_token = {i: t for t, i in vocab.items()}
+        self._tables: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer, config: CodecConfig | None = None) -> "VocabMap":
+        """From any HF tokenizer (``get_vocab()`` includes added tokens)."""
+        return cls(tokenizer.get_vocab(), config, size=len(tokenizer))
+
+    def lookup(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(role, digit_value)`` tensors shaped like ``ids``, on its device (digit_value -1 for non-digits)."""
+        tables = self._tables.get(ids.device)
+        if tables is None:
+            tables = self._tables[ids.device] = (self.roles.to(ids.device), self.values.to(ids.device))
+        ids = ids.long()
+        index = torch.where(ids < 0, self.size, torch.where(ids < self.size, ids, self.size + 1))
+        return tables[0][index], tables[1][index]
+
+    def token(self, token_id: int) -> Optional[str]:
+        """The token string of an id (None for a negative id: an ignored label); the reference path uses it."""
+        if token_id < 0:
+            return None
+        return self._id_to_token.get(token_id, f"<id {token_id}>")
+
+    def id(self, token: str) -> int:
+        return self.ids[token]
