@@ -2,9 +2,10 @@
 
 The decoder never loops over events or tokens in Python. It works in three steps:
 
-1. spans: every ``<EVENT_START>`` opens a span (closed by the next ``<EVENT_END>``, cut by the next start or
-   the end of the row); an ``<EVENT_END>`` with no start since the previous end is a span too, whose start
-   was cut off (the first target event after the teacher-forcing shift) — found with prefix/suffix scans.
+1. spans: every ``<EVENT_START>`` opens a span (closed by the next ``<EVENT_END>``, cut by the next start
+   or the row's last label that is not ignored: trailing -100 is padding); an ``<EVENT_END>`` with no
+   start since the previous end is a span too, whose start was cut off (the first target event after the
+   teacher-forcing shift) — all found with prefix/suffix scans.
 2. fields: a window of the longest layout's width is gathered at each span and checked slot by slot
    against the layout of its type token; the first failing slot gives the status (`Status`), exactly as the
    string codec's cursor does. Screen data (a run of image tokens of any length) is checked with one
@@ -182,7 +183,9 @@ def _check_inputs(preds, target, alignment):
         raise ValueError(f"preds {tuple(preds.shape)} and target {tuple(target.shape)} must have {need} ({alignment})")
     if preds.device != target.device:
         raise ValueError(f"preds on {preds.device} and target on {target.device}: put both on one device")
-    return preds, target
+    # an empty row decodes like a row of ignored labels; one such column keeps the scans well defined
+    pad = lambda x: torch.nn.functional.pad(x, (0, 1), value=IGNORE_INDEX) if x.shape[-1] == 0 else x  # noqa: E731
+    return pad(preds), pad(target)
 
 
 def _suffix_min(x: torch.Tensor) -> torch.Tensor:
@@ -204,7 +207,8 @@ def _spans(role: torch.Tensor) -> tuple[torch.Tensor, ...]:
     # a start's span ends at the next end, or just before the next start, or at the row's end
     next_end = _suffix_min(torch.where(is_end, pos, T)).view(-1)[flat]
     next_start = torch.cat([_suffix_min(torch.where(is_start, pos, T))[:, 1:], none_right], dim=1).view(-1)[flat]
-    start_last = torch.minimum(next_end, next_start - 1).clamp(max=T - 1)
+    kept_last = torch.where(role != int(Role.IGNORED), pos, -1).amax(-1)  # trailing ignored labels are padding
+    start_last = torch.minimum(torch.minimum(next_end, next_start - 1), kept_last[seq])
     # a cut-off span starts at the first token after the previous end that is not ignored / an episode token
     skip = (role == int(Role.IGNORED)) | (role == int(Role.EPISODE))
     next_kept = torch.cat([_suffix_min(torch.where(skip, T, pos)), none_right], dim=1)

@@ -107,5 +107,19 @@ class VocabMap:
             return None
         return self._id_to_token.get(token_id, f"<id {token_id}>")
 
-    def id(self, token: str) -> int:
-        return self.ids[token]
+    def encode(self, events, ignore_images: bool = False) -> list[int]:
+        """Token ids of ``events`` (screens with their image tokens); ``ignore_images`` writes them as -100."""
+        from .codec import EventCodec
+
+        codec, image = EventCodec(self.config), self.config.image_role_tokens
+        out = []
+        for event in events:
+            for token in codec.tokens(event, expand_images=True):
+                if ignore_images and token in image:
+                    out.append(-100)
+                elif token in self.ids:
+                    out.append(self.ids[token])
+                else:
+                    raise ValueError(f"the tokenizer has no {token!r}: screen events need the image tokens of "
+                                     "the CodecConfig (image_prefix, image_token, image_suffix)")
+        return out

@@ -1,0 +1,31 @@
+"""Independent oracles written from the issue's format description (not from the package's code)."""
+
+from owa_metrics import Event
+
+UNIT_NS = 10_000_000
+WINDOW_UNITS = 16 * 10 * 10
+
+
+def normalized(e: Event) -> Event:
+    """What decode(encode(e)) must give: 10 ms units modulo the 16 s window, clamped deltas, scroll steps."""
+    ts = (e.timestamp_ns // UNIT_NS) % WINDOW_UNITS * UNIT_NS
+    if e.kind == "keyboard":
+        return Event(kind="keyboard", timestamp_ns=ts, vk=e.vk, action=e.action)
+    if e.kind == "screen":
+        return Event(kind="screen", timestamp_ns=ts)
+    bd = 0
+    if e.button_data:
+        s16 = (e.button_data + 32768) % 65536 - 32768
+        bd = min(max(s16 // 120, -10), 9) * 120
+    return Event(kind="mouse", timestamp_ns=ts, dx=min(max(e.dx, -2000), 1999), dy=min(max(e.dy, -2000), 1999),
+                 button_flags=e.button_flags, button_data=bd)
+
+
+def batch_rows(batch) -> list[dict]:
+    """An EventBatch as the reference path's list of row dicts (for field-by-field comparison)."""
+    names = ["status", "kind", "category", "timestamp_ns", "vk", "action", "dx", "dy", "button_flags",
+             "button_data", "timestamp_digits", "dx_digits", "dy_digits", "start", "end"]
+    sides = {side: {n: getattr(getattr(batch, side), n).tolist() for n in names} for side in ("target", "pred")}
+    seq, status = batch.seq_idx.tolist(), batch.status.tolist()
+    return [{"seq": seq[i], "status": status[i],
+             **{side: {n: sides[side][n][i] for n in names} for side in sides}} for i in range(len(seq))]
