@@ -177,7 +177,7 @@ def _check_inputs(preds, target, alignment):
                 "owa_metrics.align_teacher_forcing(logits, labels), which argmaxes and shifts")
         if x.dim() not in (1, 2):
             raise ValueError(f"{name} must be [batch, seq_len] (or [seq_len]), got shape {tuple(x.shape)}")
-    preds, target = preds.reshape(-1, preds.shape[-1]), target.reshape(-1, target.shape[-1])
+    preds, target = (x if x.dim() == 2 else x.unsqueeze(0) for x in (preds, target))
     if preds.shape[0] != target.shape[0] or (alignment == "teacher_forcing" and preds.shape != target.shape):
         need = "the same shape" if alignment == "teacher_forcing" else "the same batch size"
         raise ValueError(f"preds {tuple(preds.shape)} and target {tuple(target.shape)} must have {need} ({alignment})")
