@@ -38,7 +38,7 @@ def test_perfect_predictions_decode_to_the_events(vocab):
 def test_teacher_forcing_shift_keeps_the_first_event(vocab):
     ids = torch.tensor([vocab.encode([KEY, MOVE])])
     labels = ids.clone()
-    perfect_logits = torch.nn.functional.one_hot(torch.roll(ids, -1, 1), len(vocab.roles) - 2).float()
+    perfect_logits = torch.nn.functional.one_hot(torch.roll(ids, -1, 1), vocab.size).float()
     preds, target = align_teacher_forcing(perfect_logits, labels)
     assert target.shape == (1, ids.shape[1] - 1) and target[0, 0].item() == vocab.ids["<KEYBOARD>"]
     batch = decode_batch(preds, target, vocab)
@@ -117,7 +117,7 @@ events = st.one_of(
 def corrupted(draw, vocab, ids):
     """Random edits: replace / delete / insert tokens, ignored runs, truncation."""
     ids = list(ids)
-    pool = st.one_of(st.integers(0, len(vocab.roles) - 3), st.sampled_from(sorted(vocab.ids.values())[:12]))
+    pool = st.one_of(st.integers(0, vocab.size - 1), st.sampled_from(sorted(vocab.ids.values())[:12]))
     for _ in range(draw(st.integers(0, 4))):
         op = draw(st.sampled_from(["replace", "delete", "insert", "ignore", "truncate"]))
         if not ids and op != "insert":
@@ -146,7 +146,7 @@ def batches(draw, vocab, alignment):
             target = [vocab.ids["<EPISODE_START>"]] + target
         target = draw(corrupted(vocab, target)) if draw(st.booleans()) else target
         if alignment == "teacher_forcing":
-            pred = [draw(st.integers(0, len(vocab.roles) - 3)) if draw(st.integers(0, 9)) == 0 else t for t in target]
+            pred = [draw(st.integers(0, vocab.size - 1)) if draw(st.integers(0, 9)) == 0 else t for t in target]
             if draw(st.booleans()) and target:  # the HF shift: the first event loses its start
                 pred, target = pred[1:], target[1:]
         else:
@@ -187,7 +187,7 @@ def test_ten_thousand_random_sequences_every_target_event_once(vocab, codec):
     """Any ids, any length (0 and 1 included): no exception, one row per target span, same fields as the reference."""
     rng = np.random.default_rng(0)
     structural = np.array(sorted(vocab.ids.values())[:14] + [-100])
-    vocab_size = len(vocab.roles) - 2
+    vocab_size = vocab.size
     seqs = []
     for _ in range(10_000):
         n = int(rng.integers(0, 48))

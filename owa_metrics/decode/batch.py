@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields, replace
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import torch
 
 from ..events.event import Category, Kind, Status
 from ..tokens.codec import CodecConfig
-from ..tokens.vocab import Role, VocabMap
+from ..tokens.vocab import IMAGE_BIT, ROLE_MASK, SKIP_BIT, STRUCT_BIT, VALUE_SHIFT, Role, VocabMap
 
 Alignment = Literal["teacher_forcing", "generation"]
 IGNORE_INDEX = -100
@@ -137,31 +137,32 @@ def decode_batch(preds: torch.Tensor, target: torch.Tensor, vocab: VocabMap,
     """Decode predicted and target token ids into an `EventBatch` (one row per target event).
 
     ``target`` [B, T] may hold -100 (ignored: padding, image labels). Teacher forcing: ``preds`` [B, T] is
-    already aligned (`align_teacher_forcing`). Generation: ``preds`` [B, T'] holds the generated tokens,
-    paired event by event with the target's. Malformed events become rows with a status; nothing raises.
+    already aligned (`align_teacher_forcing`). Generation: ``preds`` [B, T'] holds the generated tokens
+    (pad them with -100), paired event by event with the target's. Malformed events become rows with a
+    status; nothing raises.
     """
     preds, target = _check_inputs(preds, target, alignment)
-    layout = _Layouts.get(vocab.config, target.device)
-    t_role, t_value = vocab.lookup(target)
-    t_spans = _spans(t_role)
-    tgt = _decode_side(t_role, t_value, t_spans, layout)
+    layouts = _Layouts.get(vocab.config, target.device)
+    t_code = vocab.codes(target)
+    t_spans = _spans(t_code)
+    tgt = _decode_side(t_code, t_spans, layouts)
     B = target.shape[0]
-    target_count = torch.bincount(t_spans[0], minlength=B)
-    p_role, p_value = vocab.lookup(preds)
-    if alignment == "teacher_forcing":
-        p_role = torch.where(t_role == int(Role.IGNORED), int(Role.IGNORED), p_role)
-        pred = _decode_side(p_role, p_value, t_spans, layout)
+    target_count = torch.bincount(t_spans.seq, minlength=B)
+    if alignment == "teacher_forcing":  # positions ignored in the target are ignored in the prediction
+        p_code = vocab.codes(torch.where(target < 0, IGNORE_INDEX, preds))
+        pred = _decode_side(p_code, t_spans, layouts)
         pred_count = target_count
     else:
-        p_spans = _spans(p_role)
-        pred_count = torch.bincount(p_spans[0], minlength=B)
-        pred = _pair_by_index(t_spans[0], target_count, pred_count,
-                              _decode_side(p_role, p_value, p_spans, layout), vocab.config)
+        p_code = vocab.codes(preds)
+        p_spans = _spans(p_code)
+        pred_count = torch.bincount(p_spans.seq, minlength=B)
+        pred = _pair_by_index(t_spans.seq, target_count, pred_count, _decode_side(p_code, p_spans, layouts),
+                              vocab.config)
     status = torch.where(
         tgt.status != int(Status.VALID), int(Status.INVALID_TARGET),
         torch.where(pred.status != int(Status.VALID), pred.status,
                     torch.where(pred.kind != tgt.kind, int(Status.TYPE_MISMATCH), int(Status.VALID))))
-    return EventBatch(seq_idx=t_spans[0], status=status, target=tgt, pred=pred, target_count=target_count,
+    return EventBatch(seq_idx=t_spans.seq, status=status, target=tgt, pred=pred, target_count=target_count,
                       pred_count=pred_count, num_sequences=B, alignment=alignment)
 
 
@@ -188,33 +189,48 @@ def _check_inputs(preds, target, alignment):
     return pad(preds), pad(target)
 
 
-def _suffix_min(x: torch.Tensor) -> torch.Tensor:
-    return x.flip(-1).cummin(-1).values.flip(-1)
+class _Spans(NamedTuple):
+    """Event spans of one side: row, first and last token as positions in the flattened [B * T] tensor."""
+
+    seq: torch.Tensor
+    first: torch.Tensor
+    last: torch.Tensor
+    cut: torch.Tensor  # the span's <EVENT_START> was cut off (it starts at its type token)
+    row_len: int
 
 
-def _spans(role: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """``(seq, first, last, start_cut)`` of every event span, in (row, position) order."""
-    B, T = role.shape
-    pos = torch.arange(T, device=role.device).expand(B, T)
-    is_start, is_end = role == int(Role.START), role == int(Role.END)
-    none_left = torch.full((B, 1), -1, dtype=torch.int64, device=role.device)
-    none_right = torch.full((B, 1), T, dtype=torch.int64, device=role.device)
-    prev_end = torch.cat([none_left, torch.where(is_end, pos, -1).cummax(-1).values[:, :-1]], dim=1)  # < t
-    last_start = torch.where(is_start, pos, -1).cummax(-1).values  # <= t
-    orphan_end = is_end & (last_start <= prev_end)
-    seq, at = (is_start | orphan_end).nonzero(as_tuple=True)
-    flat = seq * T + at
-    # a start's span ends at the next end, or just before the next start, or at the row's end
-    next_end = _suffix_min(torch.where(is_end, pos, T)).view(-1)[flat]
-    next_start = torch.cat([_suffix_min(torch.where(is_start, pos, T))[:, 1:], none_right], dim=1).view(-1)[flat]
-    kept_last = torch.where(role != int(Role.IGNORED), pos, -1).amax(-1)  # trailing ignored labels are padding
-    start_last = torch.minimum(torch.minimum(next_end, next_start - 1), kept_last[seq])
-    # a cut-off span starts at the first token after the previous end that is not ignored / an episode token
-    skip = (role == int(Role.IGNORED)) | (role == int(Role.EPISODE))
-    next_kept = torch.cat([_suffix_min(torch.where(skip, T, pos)), none_right], dim=1)
-    cut_first = next_kept.view(-1)[seq * (T + 1) + prev_end.view(-1)[flat] + 1]
-    cut = orphan_end.view(-1)[flat]
-    return seq, torch.where(cut, cut_first, at), torch.where(cut, at, start_last), cut
+def _spans(code: torch.Tensor) -> _Spans:
+    """Every event span, in (row, position) order, from the sparse list of start / end tokens."""
+    B, T = code.shape
+    flat = code.view(-1)
+    struct = ((flat & STRUCT_BIT) != 0).nonzero().squeeze(1)  # ascending flat positions of starts and ends
+    is_start = (flat.index_select(0, struct) & ROLE_MASK) == int(Role.START)
+    row = torch.div(struct, T, rounding_mode="floor")
+    same_row = row[1:] == row[:-1]
+    no = torch.zeros(1, dtype=torch.bool, device=code.device)
+    next_end = torch.cat([same_row & ~is_start[1:], no])
+    next_start = torch.cat([same_row & is_start[1:], no])
+    prev_start = torch.cat([no, same_row & is_start[:-1]])
+    prev_end = torch.cat([no, same_row & ~is_start[:-1]])
+    orphan = ~is_start & ~prev_start  # an end with no start since the previous end
+    sel = (is_start | orphan).nonzero().squeeze(1)
+    seq, at, cut = row[sel], struct[sel], orphan[sel]
+    nxt = torch.cat([struct[1:], struct[:1]])[sel]
+    prv = torch.cat([struct[:1], struct[:-1]])[sel]
+
+    # counts of tokens that are neither ignored nor episode tokens locate "first / last such token" by search
+    kept = ((flat & SKIP_BIT) == 0).cumsum(0)
+    row_end = torch.arange(1, B + 1, device=code.device) * T - 1
+    row_last = torch.searchsorted(kept, kept[row_end])  # trailing ignored labels are padding, not event
+    last = torch.where(cut | next_end[sel], torch.where(cut, at, nxt),
+                       torch.where(next_start[sel], nxt - 1, row_last[seq]))
+    first = at.clone()
+    orphans = cut.nonzero().squeeze(1)
+    if orphans.numel():  # a cut-off span starts at the first kept token after the previous end (or row start)
+        before = torch.where(prev_end[sel][orphans], prv[orphans], seq[orphans] * T - 1)
+        count = torch.where(before >= 0, kept[before.clamp(min=0)], 0)
+        first[orphans] = torch.searchsorted(kept, count + 1)
+    return _Spans(seq, first, last, cut, T)
 
 
 class _Layouts:
@@ -237,26 +253,27 @@ class _Layouts:
             head + digits([c.num_digit_tokens]) + [((1 << int(Role.PRESS)) | (1 << int(Role.RELEASE)), 0)] + end,
             mouse + end,
             mouse + digits(c.scroll_bases) + end,
-            head,  # + image data and <EVENT_END>, checked with a scan
+            head,  # + image data and <EVENT_END>, checked with a count
         ]
         self.width = max(len(slots) for slots in layouts)
         pad = [(0, 0)] * self.width
         self.allowed = torch.tensor([[a for a, _ in (s + pad)[:self.width]] for s in layouts], device=device)
         self.bound = torch.tensor([[b for _, b in (s + pad)[:self.width]] for s in layouts], device=device)
         self.length = torch.tensor([len(s) for s in layouts], device=device)
+        self.offsets = torch.arange(self.width, device=device)
         self.head, self.scroll_slot = len(head), len(mouse)
-        n_ts, n_d = len(c.timestamp_bases), len(c.mouse_delta_bases)
-        self.ts_slots = slice(2, 2 + n_ts)
-        self.dx_slots = slice(2 + n_ts, 2 + n_ts + 2 * n_d, 2)
-        self.dy_slots = slice(3 + n_ts, 2 + n_ts + 2 * n_d, 2)
-        self.flag_slots = slice(2 + n_ts + 2 * n_d, len(mouse))
+        self.n_ts, self.n_delta = len(c.timestamp_bases), len(c.mouse_delta_bases)
+        self.vk_slot, self.action_slot = 2 + self.n_ts, 3 + self.n_ts
+        self.delta_slots = slice(2 + self.n_ts, 2 + self.n_ts + 2 * self.n_delta)
+        self.flag_slots = slice(self.delta_slots.stop, len(mouse))
         self.scroll_slots = slice(len(mouse), len(mouse) + len(c.scroll_bases))
-        self.vk_slot, self.action_slot = 2 + n_ts, 3 + n_ts
         self.ts_weights = _weights(c.timestamp_bases, device)
         self.delta_weights, self.delta_range = _weights(c.mouse_delta_bases, device), math.prod(c.mouse_delta_bases)
         self.flag_weights = _weights(c.button_flag_bases, device)
         self.scroll_weights, self.scroll_range = _weights(c.scroll_bases, device), math.prod(c.scroll_bases)
-        self.config = c
+        self.unit_ns, self.scroll_unit = c.timestamp_unit_ns, c.scroll_unit
+        # values of a row that does not decode: category INVALID, numbers 0
+        self.blank = torch.tensor([int(Category.INVALID)] + [0] * 7, device=device)
 
     @classmethod
     def get(cls, config: CodecConfig, device) -> "_Layouts":
@@ -268,83 +285,81 @@ class _Layouts:
 
 def _weights(bases, device) -> torch.Tensor:
     """Place values of mixed-radix digits, most significant first."""
-    w = [math.prod(bases[i + 1:]) for i in range(len(bases))]
-    return torch.tensor(w, dtype=torch.int64, device=device)
+    return torch.tensor([math.prod(bases[i + 1:]) for i in range(len(bases))], dtype=torch.int64, device=device)
 
 
 def _signed(value: torch.Tensor, total: int) -> torch.Tensor:
     return torch.where(value >= total // 2, value - total, value)
 
 
-def _decode_side(role, value, spans, L: _Layouts) -> EventFields:
-    """Check and decode the events at ``spans`` in one side's (role, digit value) tensors."""
-    seq, first, last, cut = spans
-    B, T = role.shape
-    slot0 = first - cut.long()  # position of <EVENT_START> (virtual for a cut-off start)
-    offsets = torch.arange(L.width, device=role.device)
-    pos = slot0[:, None] + offsets
-    inside = pos <= last[:, None]
-    flat = seq[:, None] * T + pos.clamp(0, T - 1)
-    r = role.view(-1)[flat]
-    v = value.view(-1)[flat]
+def _decode_side(code: torch.Tensor, spans: _Spans, L: _Layouts) -> EventFields:
+    """Check and decode the events at ``spans`` in one side's packed token codes."""
+    flat = code.view(-1)
+    n = spans.seq.numel()
+    slot0 = spans.first - spans.cut.long()  # flat position of <EVENT_START> (virtual for a cut-off start)
+    pos = slot0[:, None] + L.offsets
+    inside = pos <= spans.last[:, None]
+    window = flat.index_select(0, pos.clamp(0, flat.numel() - 1).view(-1)).view(n, L.width)
+    r, v = window & ROLE_MASK, (window >> VALUE_SHIFT) - 1
 
     type_ok = inside[:, 1] & (r[:, 1] >= int(Role.KEYBOARD)) & (r[:, 1] <= int(Role.SCREEN))
     kind = torch.where(type_ok, r[:, 1] - int(Role.KEYBOARD), -1)
+    is_kb, is_mouse, is_screen = kind == int(Kind.KEYBOARD), kind == int(Kind.MOUSE), kind == int(Kind.SCREEN)
     has_scroll = inside[:, L.scroll_slot] & (r[:, L.scroll_slot] == int(Role.DIGIT))
-    lay = torch.where(kind == int(Kind.MOUSE), torch.where(has_scroll, L.MOUSE_SCROLL, L.MOUSE),
-                      torch.where(kind == int(Kind.SCREEN), L.SCREEN, L.KEYBOARD))
+    lay = torch.where(is_mouse, torch.where(has_scroll, L.MOUSE_SCROLL, L.MOUSE),
+                      torch.where(is_screen, L.SCREEN, L.KEYBOARD))
     allowed, bound, length = L.allowed[lay], L.bound[lay], L.length[lay]
 
+    # slot by slot: the first slot that fails gives the status
     role_ok = ((allowed >> r) & 1).bool() & ((bound == 0) | (v < bound))
-    code = torch.where(role_ok, int(Status.VALID),
-                       torch.where((r == int(Role.END)) | (r == int(Role.IGNORED)),
-                                   int(Status.MISSING_FIELDS), int(Status.INVALID_FORMAT)))
-    code = torch.where(inside, code, int(Status.TRUNCATED))
-    checked = offsets < length[:, None]
-    checked[:, 0] &= ~cut
-    code = torch.where(checked, code, int(Status.VALID))
-    bad = code != int(Status.VALID)
-    status = torch.where(bad.any(1), code.gather(1, bad.long().argmax(1, keepdim=True)).squeeze(1), int(Status.VALID))
+    code_ = torch.where(role_ok, int(Status.VALID),
+                        torch.where((r == int(Role.END)) | (r == int(Role.IGNORED)),
+                                    int(Status.MISSING_FIELDS), int(Status.INVALID_FORMAT)))
+    code_ = torch.where(inside, code_, int(Status.TRUNCATED))
+    checked = L.offsets < length[:, None]
+    checked[:, 0] &= ~spans.cut
+    bad = checked & (code_ != int(Status.VALID))
+    status = torch.where(bad.any(1), code_.gather(1, bad.long().argmax(1, keepdim=True)).squeeze(1), int(Status.VALID))
 
-    # the event's <EVENT_END>: fixed slot, or for a screen the first token after its image run
+    # screen data: a run of image tokens (or ignored labels) closed by <EVENT_END> at the span's last token
     data_start = slot0 + L.head
-    not_image = (role != int(Role.IMAGE)) & (role != int(Role.IGNORED))
-    pos_bt = torch.arange(T, device=role.device).expand(B, T)
-    next_not_image = torch.cat([_suffix_min(torch.where(not_image, pos_bt, T)),
-                                torch.full((B, 1), T, dtype=torch.int64, device=role.device)], dim=1)
-    q = next_not_image.view(-1)[seq * (T + 1) + data_start.clamp(max=T)]
-    q_is_end = role.view(-1)[seq * T + q.clamp(max=T - 1)] == int(Role.END)
-    screen_status = torch.where(q > last, int(Status.TRUNCATED),
-                                torch.where(~q_is_end, int(Status.INVALID_FORMAT),
-                                            torch.where(q == data_start, int(Status.MISSING_FIELDS), int(Status.VALID))))
-    is_screen = lay == L.SCREEN
+    not_image = ((flat & IMAGE_BIT) == 0).cumsum(0)
+    others = not_image[spans.last] - not_image[(data_start - 1).clamp(max=flat.numel() - 1)]
+    first_data, last_role = r[:, L.head], flat.index_select(0, spans.last) & ROLE_MASK
+    first_is_data = (first_data == int(Role.IMAGE)) | (first_data == int(Role.IGNORED))
+    screen_status = torch.where(
+        others <= 0, int(Status.TRUNCATED),
+        torch.where(~first_is_data, torch.where(first_data == int(Role.END), int(Status.MISSING_FIELDS),
+                                                int(Status.INVALID_FORMAT)),
+                    torch.where((others == 1) & (last_role == int(Role.END)), int(Status.VALID),
+                                int(Status.INVALID_FORMAT))))
     status = torch.where(is_screen & (status == int(Status.VALID)), screen_status, status)
-    end = torch.where(is_screen, q, slot0 + length - 1)
-    status = torch.where((status == int(Status.VALID)) & (end < last), int(Status.INVALID_FORMAT), status)
+    # tokens after the layout's <EVENT_END> inside the span (a teacher-forced prediction ending early)
+    extra = ~is_screen & (slot0 + length - 1 < spans.last)
+    status = torch.where((status == int(Status.VALID)) & extra, int(Status.INVALID_FORMAT), status)
+    ok = status == int(Status.VALID)
 
-    ts_digits = v[:, L.ts_slots]
-    dx_digits, dy_digits = v[:, L.dx_slots], v[:, L.dy_slots]
-    is_mouse = kind == int(Kind.MOUSE)
-    flags = (v[:, L.flag_slots] * L.flag_weights).sum(1)
-    scroll = _signed((v[:, L.scroll_slots] * L.scroll_weights).sum(1), L.scroll_range)
-    category = torch.where(kind == int(Kind.MOUSE), torch.where(flags != 0, int(Category.MOUSE_OP), int(Category.MOUSE_NOP)),
-                           torch.where(kind == int(Kind.SCREEN), int(Category.SCREEN), int(Category.KEYBOARD)))
-    is_kb = kind == int(Kind.KEYBOARD)
-    decoded = EventFields(
-        status=status, kind=kind, category=category,
-        timestamp_ns=(ts_digits * L.ts_weights).sum(1) * L.config.timestamp_unit_ns,
-        vk=torch.where(is_kb, v[:, L.vk_slot], 0),
-        action=(is_kb & (r[:, L.action_slot] == int(Role.RELEASE))).long(),
-        dx=torch.where(is_mouse, _signed((dx_digits * L.delta_weights).sum(1), L.delta_range), 0),
-        dy=torch.where(is_mouse, _signed((dy_digits * L.delta_weights).sum(1), L.delta_range), 0),
-        button_flags=torch.where(is_mouse, flags, 0),
-        button_data=torch.where(is_mouse & has_scroll, scroll * L.config.scroll_unit, 0),
-        timestamp_digits=ts_digits,
-        dx_digits=torch.where(is_mouse[:, None], dx_digits, -1),
-        dy_digits=torch.where(is_mouse[:, None], dy_digits, -1),
-        start=first, end=last,
-    )
-    return decoded.masked(status == int(Status.VALID))
+    ts_digits = v[:, 2:2 + L.n_ts]
+    delta_digits = v[:, L.delta_slots].view(n, L.n_delta, 2)  # interleaved dx0 dy0 dx1 dy1 ...
+    dxy = _signed((delta_digits * L.delta_weights[:, None]).sum(1), L.delta_range) * is_mouse[:, None]
+    flags = (v[:, L.flag_slots] * L.flag_weights).sum(1) * is_mouse
+    scroll = _signed((v[:, L.scroll_slots] * L.scroll_weights).sum(1), L.scroll_range) * (is_mouse & has_scroll)
+    category = torch.where(is_mouse, torch.where(flags != 0, int(Category.MOUSE_OP), int(Category.MOUSE_NOP)),
+                           torch.where(is_screen, int(Category.SCREEN), int(Category.KEYBOARD)))
+    values = torch.stack([
+        category, (ts_digits * L.ts_weights).sum(1) * L.unit_ns, v[:, L.vk_slot] * is_kb,
+        (is_kb & (r[:, L.action_slot] == int(Role.RELEASE))).long(), dxy[:, 0], dxy[:, 1], flags,
+        scroll * L.scroll_unit], dim=1)
+    values = torch.where(ok[:, None], values, L.blank)
+    digits = torch.cat([ts_digits, delta_digits[:, :, 0], delta_digits[:, :, 1]], dim=1)
+    digit_ok = torch.cat([ok[:, None].expand(n, L.n_ts), (ok & is_mouse)[:, None].expand(n, 2 * L.n_delta)], dim=1)
+    digits = torch.where(digit_ok, digits, -1)
+    row_start = spans.seq * spans.row_len
+    return EventFields(
+        status=status, kind=kind, category=values[:, 0], timestamp_ns=values[:, 1], vk=values[:, 2],
+        action=values[:, 3], dx=values[:, 4], dy=values[:, 5], button_flags=values[:, 6], button_data=values[:, 7],
+        timestamp_digits=digits[:, :L.n_ts], dx_digits=digits[:, L.n_ts:L.n_ts + L.n_delta],
+        dy_digits=digits[:, L.n_ts + L.n_delta:], start=spans.first - row_start, end=spans.last - row_start)
 
 
 def _pair_by_index(t_seq, target_count, pred_count, pred_all: EventFields, config: CodecConfig) -> EventFields:

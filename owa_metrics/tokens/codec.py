@@ -264,7 +264,7 @@ class EventCodec:
         """Every event of a whole sequence with its status; never raises.
 
         Spans: each ``<EVENT_START>`` opens one (closed by the next ``<EVENT_END>``, or cut by the next
-        ``<EVENT_START>`` / the end of the sequence, trailing ignored tokens excluded); an ``<EVENT_END>``
+        ``<EVENT_START>`` / the end of the sequence, trailing ignored / episode tokens excluded); an ``<EVENT_END>``
         with no start since the previous end is a span too, starting at the first token that is not ignored
         (None) or an episode token: the first event of a shifted teacher-forcing target lost its start this
         way, so it is decoded with the start re-inserted.
@@ -301,7 +301,7 @@ class EventCodec:
                 segment_begin = i + 1
         if open_start is not None:
             last = len(tokens) - 1
-            while tokens[last] is None:  # trailing ignored labels are padding, not part of the event
+            while tokens[last] in self._skip:  # trailing ignored labels (padding) / episode end: not the event's
                 last -= 1
             out.append((open_start, last, False))
         return out
