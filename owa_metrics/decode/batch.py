@@ -218,19 +218,28 @@ def _spans(code: torch.Tensor) -> _Spans:
     nxt = torch.cat([struct[1:], struct[:1]])[sel]
     prv = torch.cat([struct[:1], struct[:-1]])[sel]
 
-    # counts of tokens that are neither ignored nor episode tokens locate "first / last such token" by search
-    kept = ((flat & SKIP_BIT) == 0).cumsum(0)
-    row_end = torch.arange(1, B + 1, device=code.device) * T - 1
-    row_last = torch.searchsorted(kept, kept[row_end])  # trailing ignored labels are padding, not event
+    # trailing ignored / episode tokens are padding: a span cut by the row's end stops before them
+    pos = torch.arange(T, device=code.device)
+    kept = ((code & SKIP_BIT) == 0)
+    row_last = torch.where(kept, pos, -1).amax(1) + torch.arange(B, device=code.device) * T
     last = torch.where(cut | next_end[sel], torch.where(cut, at, nxt),
                        torch.where(next_start[sel], nxt - 1, row_last[seq]))
     first = at.clone()
     orphans = cut.nonzero().squeeze(1)
     if orphans.numel():  # a cut-off span starts at the first kept token after the previous end (or row start)
         before = torch.where(prev_end[sel][orphans], prv[orphans], seq[orphans] * T - 1)
-        count = torch.where(before >= 0, kept[before.clamp(min=0)], 0)
-        first[orphans] = torch.searchsorted(kept, count + 1)
+        first[orphans] = _first_kept_after(kept.view(-1), before)
     return _Spans(seq, first, last, cut, T)
+
+
+def _first_kept_after(kept: torch.Tensor, before: torch.Tensor, window: int = 16) -> torch.Tensor:
+    """First flat position > ``before`` where ``kept``; one exists (the span's end). Usually within a few tokens."""
+    pos = before[:, None] + 1 + torch.arange(window, device=kept.device)
+    hit = kept[pos.clamp(max=kept.numel() - 1)] & (pos < kept.numel())
+    if bool(hit.any(1).all()):
+        return pos.gather(1, hit.byte().argmax(1, keepdim=True)).squeeze(1)
+    counts = kept.cumsum(0)  # a long ignored run (masked prompt, left padding): count and search
+    return torch.searchsorted(counts, torch.where(before >= 0, counts[before.clamp(min=0)], 0) + 1)
 
 
 class _Layouts:
@@ -256,11 +265,12 @@ class _Layouts:
             head,  # + image data and <EVENT_END>, checked with a count
         ]
         self.width = max(len(slots) for slots in layouts)
-        pad = [(0, 0)] * self.width
-        self.allowed = torch.tensor([[a for a, _ in (s + pad)[:self.width]] for s in layouts], device=device)
-        self.bound = torch.tensor([[b for _, b in (s + pad)[:self.width]] for s in layouts], device=device)
+        anything = [(0xFFFF, 0)] * self.width  # slots past a layout's end are not checked
+        # per layout and slot: allowed roles (bit mask, low 16 bits) | digit bound << 16
+        rules = [[a | min(b or 0x7FFF, 0x7FFF) << 16 for a, b in (s + anything)[:self.width]] for s in layouts]
+        self.rules = torch.tensor(rules, dtype=torch.int32, device=device)
         self.length = torch.tensor([len(s) for s in layouts], device=device)
-        self.offsets = torch.arange(self.width, device=device)
+        self.offsets = torch.arange(self.width, dtype=torch.int32, device=device)[:, None]
         self.head, self.scroll_slot = len(head), len(mouse)
         self.n_ts, self.n_delta = len(c.timestamp_bases), len(c.mouse_delta_bases)
         self.vk_slot, self.action_slot = 2 + self.n_ts, 3 + self.n_ts
@@ -274,6 +284,7 @@ class _Layouts:
         self.unit_ns, self.scroll_unit = c.timestamp_unit_ns, c.scroll_unit
         # values of a row that does not decode: category INVALID, numbers 0
         self.blank = torch.tensor([int(Category.INVALID)] + [0] * 7, device=device)
+        self.digit_is_delta = (torch.arange(self.n_ts + 2 * self.n_delta, device=device) >= self.n_ts)[:, None]
 
     @classmethod
     def get(cls, config: CodecConfig, device) -> "_Layouts":
@@ -284,8 +295,8 @@ class _Layouts:
 
 
 def _weights(bases, device) -> torch.Tensor:
-    """Place values of mixed-radix digits, most significant first."""
-    return torch.tensor([math.prod(bases[i + 1:]) for i in range(len(bases))], dtype=torch.int64, device=device)
+    """Place values of mixed-radix digits, most significant first, as a column [len(bases), 1]."""
+    return torch.tensor([math.prod(bases[i + 1:]) for i in range(len(bases))], dtype=torch.int32, device=device)[:, None]
 
 
 def _signed(value: torch.Tensor, total: int) -> torch.Tensor:
@@ -293,39 +304,43 @@ def _signed(value: torch.Tensor, total: int) -> torch.Tensor:
 
 
 def _decode_side(code: torch.Tensor, spans: _Spans, L: _Layouts) -> EventFields:
-    """Check and decode the events at ``spans`` in one side's packed token codes."""
+    """Check and decode the events at ``spans`` in one side's packed token codes.
+
+    Works slot-major: ``r`` / ``v`` are [width, N] (slot j of every event in row j).
+    """
     flat = code.view(-1)
     n = spans.seq.numel()
     slot0 = spans.first - spans.cut.long()  # flat position of <EVENT_START> (virtual for a cut-off start)
-    pos = slot0[:, None] + L.offsets
-    inside = pos <= spans.last[:, None]
-    window = flat.index_select(0, pos.clamp(0, flat.numel() - 1).view(-1)).view(n, L.width)
+    window = flat.index_select(0, (slot0 + L.offsets).clamp(0, flat.numel() - 1).view(-1)).view(L.width, n)
     r, v = window & ROLE_MASK, (window >> VALUE_SHIFT) - 1
+    span_len = spans.last - slot0 + 1
 
-    type_ok = inside[:, 1] & (r[:, 1] >= int(Role.KEYBOARD)) & (r[:, 1] <= int(Role.SCREEN))
-    kind = torch.where(type_ok, r[:, 1] - int(Role.KEYBOARD), -1)
+    kind = torch.where((span_len > 1) & (r[1] >= int(Role.KEYBOARD)) & (r[1] <= int(Role.SCREEN)),
+                       r[1] - int(Role.KEYBOARD), -1)
     is_kb, is_mouse, is_screen = kind == int(Kind.KEYBOARD), kind == int(Kind.MOUSE), kind == int(Kind.SCREEN)
-    has_scroll = inside[:, L.scroll_slot] & (r[:, L.scroll_slot] == int(Role.DIGIT))
+    has_scroll = (span_len > L.scroll_slot) & (r[L.scroll_slot] == int(Role.DIGIT))
     lay = torch.where(is_mouse, torch.where(has_scroll, L.MOUSE_SCROLL, L.MOUSE),
                       torch.where(is_screen, L.SCREEN, L.KEYBOARD))
-    allowed, bound, length = L.allowed[lay], L.bound[lay], L.length[lay]
+    length = L.length[lay]
 
-    # slot by slot: the first slot that fails gives the status
-    role_ok = ((allowed >> r) & 1).bool() & ((bound == 0) | (v < bound))
-    code_ = torch.where(role_ok, int(Status.VALID),
-                        torch.where((r == int(Role.END)) | (r == int(Role.IGNORED)),
-                                    int(Status.MISSING_FIELDS), int(Status.INVALID_FORMAT)))
-    code_ = torch.where(inside, code_, int(Status.TRUNCATED))
-    checked = L.offsets < length[:, None]
-    checked[:, 0] &= ~spans.cut
-    bad = checked & (code_ != int(Status.VALID))
-    status = torch.where(bad.any(1), code_.gather(1, bad.long().argmax(1, keepdim=True)).squeeze(1), int(Status.VALID))
+    # slot by slot: the first slot whose token is not accepted, or the first past the span, gives the status
+    rules = torch.nn.functional.embedding(lay, L.rules).T.contiguous()  # [width, N]: this row's layout
+    accepted = ((rules >> r) & 1).bool() & (v < (rules >> 16))
+    accepted[0] |= spans.cut  # a cut-off start is not checked
+    bad = ~accepted & (L.offsets < span_len)
+    first_bad = torch.where(bad, L.offsets, L.width).amin(0)
+    bad_role = r.gather(0, first_bad.clamp(max=L.width - 1)[None]).squeeze(0)
+    status = torch.where(
+        first_bad < length,
+        torch.where((bad_role == int(Role.END)) | (bad_role == int(Role.IGNORED)),
+                    int(Status.MISSING_FIELDS), int(Status.INVALID_FORMAT)),
+        torch.where(span_len < length, int(Status.TRUNCATED), int(Status.VALID)))
 
     # screen data: a run of image tokens (or ignored labels) closed by <EVENT_END> at the span's last token
     data_start = slot0 + L.head
-    not_image = ((flat & IMAGE_BIT) == 0).cumsum(0)
+    not_image = ((flat & IMAGE_BIT) == 0).cumsum(0, dtype=torch.int32)
     others = not_image[spans.last] - not_image[(data_start - 1).clamp(max=flat.numel() - 1)]
-    first_data, last_role = r[:, L.head], flat.index_select(0, spans.last) & ROLE_MASK
+    first_data, last_role = r[L.head], flat.index_select(0, spans.last) & ROLE_MASK
     first_is_data = (first_data == int(Role.IMAGE)) | (first_data == int(Role.IGNORED))
     screen_status = torch.where(
         others <= 0, int(Status.TRUNCATED),
@@ -335,25 +350,28 @@ def _decode_side(code: torch.Tensor, spans: _Spans, L: _Layouts) -> EventFields:
                                 int(Status.INVALID_FORMAT))))
     status = torch.where(is_screen & (status == int(Status.VALID)), screen_status, status)
     # tokens after the layout's <EVENT_END> inside the span (a teacher-forced prediction ending early)
-    extra = ~is_screen & (slot0 + length - 1 < spans.last)
+    extra = ~is_screen & (length < span_len)
     status = torch.where((status == int(Status.VALID)) & extra, int(Status.INVALID_FORMAT), status)
     ok = status == int(Status.VALID)
 
-    ts_digits = v[:, 2:2 + L.n_ts]
-    delta_digits = v[:, L.delta_slots].view(n, L.n_delta, 2)  # interleaved dx0 dy0 dx1 dy1 ...
-    dxy = _signed((delta_digits * L.delta_weights[:, None]).sum(1), L.delta_range) * is_mouse[:, None]
-    flags = (v[:, L.flag_slots] * L.flag_weights).sum(1) * is_mouse
-    scroll = _signed((v[:, L.scroll_slots] * L.scroll_weights).sum(1), L.scroll_range) * (is_mouse & has_scroll)
+    ts_digits = v[2:2 + L.n_ts]
+    dx_digits, dy_digits = v[L.delta_slots][0::2], v[L.delta_slots][1::2]  # interleaved dx0 dy0 dx1 dy1 ...
+    flags = (v[L.flag_slots] * L.flag_weights).sum(0) * is_mouse
     category = torch.where(is_mouse, torch.where(flags != 0, int(Category.MOUSE_OP), int(Category.MOUSE_NOP)),
                            torch.where(is_screen, int(Category.SCREEN), int(Category.KEYBOARD)))
-    values = torch.stack([
-        category, (ts_digits * L.ts_weights).sum(1) * L.unit_ns, v[:, L.vk_slot] * is_kb,
-        (is_kb & (r[:, L.action_slot] == int(Role.RELEASE))).long(), dxy[:, 0], dxy[:, 1], flags,
-        scroll * L.scroll_unit], dim=1)
-    values = torch.where(ok[:, None], values, L.blank)
-    digits = torch.cat([ts_digits, delta_digits[:, :, 0], delta_digits[:, :, 1]], dim=1)
-    digit_ok = torch.cat([ok[:, None].expand(n, L.n_ts), (ok & is_mouse)[:, None].expand(n, 2 * L.n_delta)], dim=1)
-    digits = torch.where(digit_ok, digits, -1)
+    values = torch.stack([x.long() for x in (
+        category,
+        (ts_digits * L.ts_weights).sum(0).long() * L.unit_ns,
+        v[L.vk_slot] * is_kb,
+        is_kb & (r[L.action_slot] == int(Role.RELEASE)),
+        _signed((dx_digits * L.delta_weights).sum(0), L.delta_range) * is_mouse,
+        _signed((dy_digits * L.delta_weights).sum(0), L.delta_range) * is_mouse,
+        flags,
+        _signed((v[L.scroll_slots] * L.scroll_weights).sum(0), L.scroll_range) * (is_mouse & has_scroll) * L.scroll_unit,
+    )])
+    values = torch.where(ok, values, L.blank[:, None]).T
+    digits = torch.cat([ts_digits, dx_digits, dy_digits])
+    digits = torch.where(torch.where(L.digit_is_delta, ok & is_mouse, ok), digits, -1).long().T
     row_start = spans.seq * spans.row_len
     return EventFields(
         status=status, kind=kind, category=values[:, 0], timestamp_ns=values[:, 1], vk=values[:, 2],

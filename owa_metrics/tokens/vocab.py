@@ -94,7 +94,7 @@ class VocabMap:
         for i in range(c.num_digit_tokens):
             values[vocab[c.digit(i)] + 1] = i
         roles[0] = int(Role.IGNORED)
-        self.codes_table = _pack(roles, values)
+        self.codes_table = _pack(roles, values).to(torch.int32)
         self._id_to_token = {i: t for t, i in vocab.items()}
         self._tables: dict[torch.device, torch.Tensor] = {}
 
