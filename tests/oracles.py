@@ -24,7 +24,7 @@ def normalized(e: Event) -> Event:
 def batch_rows(batch) -> list[dict]:
     """An EventBatch as the reference path's list of row dicts (for field-by-field comparison)."""
     names = ["status", "kind", "category", "timestamp_ns", "vk", "action", "dx", "dy", "button_flags",
-             "button_data", "timestamp_digits", "dx_digits", "dy_digits", "start", "end"]
+             "button_data", "timestamp_digits", "dx_digits", "dy_digits", "start", "end", "start_cut"]
     sides = {side: {n: getattr(getattr(batch, side), n).tolist() for n in names} for side in ("target", "pred")}
     seq, status = batch.seq_idx.tolist(), batch.status.tolist()
     return [{"seq": seq[i], "status": status[i],

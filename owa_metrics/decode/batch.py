@@ -37,7 +37,8 @@ class EventFields:
 
     Values are meaningful where ``status == Status.VALID``; elsewhere numbers are 0, digits -1 and the
     category is ``Category.INVALID``. ``kind`` is what the type token said (-1: none), valid or not.
-    ``start`` / ``end`` are the token span in the side's own sequence (inclusive; -1: no predicted event).
+    ``start`` / ``end`` are the token span in the side's own sequence (inclusive; -1: no predicted event);
+    ``start_cut`` marks a span whose ``<EVENT_START>`` was cut off (it starts at its type token).
     """
 
     status: torch.Tensor
@@ -55,6 +56,7 @@ class EventFields:
     dy_digits: torch.Tensor
     start: torch.Tensor
     end: torch.Tensor
+    start_cut: torch.Tensor  # bool: the span's <EVENT_START> was cut off, ``start`` is its type token
 
     def take(self, index: torch.Tensor) -> "EventFields":
         return EventFields(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
@@ -82,12 +84,12 @@ class EventFields:
             timestamp_ns=full(0), vk=full(0), action=full(0), dx=full(0), dy=full(0), button_flags=full(0),
             button_data=full(0), timestamp_digits=full(-1, len(config.timestamp_bases)),
             dx_digits=full(-1, len(config.mouse_delta_bases)), dy_digits=full(-1, len(config.mouse_delta_bases)),
-            start=full(-1), end=full(-1),
+            start=full(-1), end=full(-1), start_cut=full(0).bool(),
         )
 
 
 _ZERO_FILL = {"timestamp_ns", "vk", "action", "dx", "dy", "button_flags", "button_data"}
-_KEPT = {"status", "kind", "start", "end"}
+_KEPT = {"status", "kind", "start", "end", "start_cut"}
 
 
 @dataclass
@@ -377,7 +379,8 @@ def _decode_side(code: torch.Tensor, spans: _Spans, L: _Layouts) -> EventFields:
         status=status, kind=kind, category=values[:, 0], timestamp_ns=values[:, 1], vk=values[:, 2],
         action=values[:, 3], dx=values[:, 4], dy=values[:, 5], button_flags=values[:, 6], button_data=values[:, 7],
         timestamp_digits=digits[:, :L.n_ts], dx_digits=digits[:, L.n_ts:L.n_ts + L.n_delta],
-        dy_digits=digits[:, L.n_ts + L.n_delta:], start=spans.first - row_start, end=spans.last - row_start)
+        dy_digits=digits[:, L.n_ts + L.n_delta:], start=spans.first - row_start, end=spans.last - row_start,
+        start_cut=spans.cut)
 
 
 def _pair_by_index(t_seq, target_count, pred_count, pred_all: EventFields, config: CodecConfig) -> EventFields:
@@ -391,4 +394,4 @@ def _pair_by_index(t_seq, target_count, pred_count, pred_all: EventFields, confi
     paired = pred_all.take(index).masked(matched)
     return replace(paired, status=torch.where(matched, paired.status, int(Status.MISSING)),
                    kind=torch.where(matched, paired.kind, -1), start=torch.where(matched, paired.start, -1),
-                   end=torch.where(matched, paired.end, -1))
+                   end=torch.where(matched, paired.end, -1), start_cut=paired.start_cut & matched)

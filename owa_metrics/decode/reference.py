@@ -49,8 +49,9 @@ def _side(codec: EventCodec, tokens: list[Optional[str]], span: tuple[int, int, 
     try:
         event = codec.decode_tokens(event_tokens)
     except EventDecodeError as err:
-        return {**_missing(codec), "status": err.status, "kind": kind, "start": first, "end": last}
-    return {**event_fields(codec, event), "status": Status.VALID, "kind": kind, "start": first, "end": last}
+        return {**_missing(codec), "status": err.status, "kind": kind, "start": first, "end": last, "start_cut": cut}
+    return {**event_fields(codec, event), "status": Status.VALID, "kind": kind, "start": first, "end": last,
+            "start_cut": cut}
 
 
 def event_fields(codec: EventCodec, event: Event) -> dict:
@@ -76,5 +77,5 @@ def _missing(codec: EventCodec) -> dict:
         "status": Status.MISSING, "kind": -1, "category": int(Category.INVALID), "timestamp_ns": 0, "vk": 0,
         "action": 0, "dx": 0, "dy": 0, "button_flags": 0, "button_data": 0,
         "timestamp_digits": [-1] * len(c.timestamp_bases), "dx_digits": [-1] * len(c.mouse_delta_bases),
-        "dy_digits": [-1] * len(c.mouse_delta_bases), "start": -1, "end": -1,
+        "dy_digits": [-1] * len(c.mouse_delta_bases), "start": -1, "end": -1, "start_cut": False,
     }

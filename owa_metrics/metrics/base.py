@@ -1,0 +1,98 @@
+"""What the distribution metrics share: a sample state kept exactly or as a fixed-size sketch."""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+import torch
+from torchmetrics import Metric
+from torchmetrics.utilities.data import dim_zero_cat
+
+from ..functional.stats import (
+    SketchSpec, bootstrap_iqm_ci, iqm, quantile, sketch_bootstrap_iqm_ci, sketch_counts, sketch_iqm, sketch_quantile,
+)
+
+Mode = Literal["exact", "sketch"]
+
+
+class Distribution:
+    """The samples of one quantity: raw values (exact mode) or sketch bucket counts (sketch mode)."""
+
+    def __init__(self, values: Optional[torch.Tensor] = None, counts: Optional[torch.Tensor] = None,
+                 spec: Optional[SketchSpec] = None):
+        self.values, self.counts, self.spec = values, counts, spec
+
+    @property
+    def count(self) -> int:
+        return int(self.values.numel()) if self.values is not None else int(self.counts.sum().item())
+
+    def quantile(self, q) -> torch.Tensor:
+        return quantile(self.values, q) if self.values is not None else sketch_quantile(self.counts, self.spec, q)
+
+    def iqm(self) -> torch.Tensor:
+        return iqm(self.values) if self.values is not None else sketch_iqm(self.counts, self.spec)
+
+    def iqm_ci(self, num_resamples: int = 1000, seed: int = 42, confidence: float = 0.95) -> torch.Tensor:
+        if self.values is not None:
+            return bootstrap_iqm_ci(self.values, num_resamples, seed, confidence)
+        return sketch_bootstrap_iqm_ci(self.counts, self.spec, num_resamples, seed, confidence)
+
+    def abs(self) -> "Distribution":
+        """The distribution of |x| (a sketch folds its negative buckets onto the positive ones)."""
+        if self.values is not None:
+            return Distribution(values=self.values.abs())
+        m = self.spec.buckets_per_sign
+        folded = torch.zeros_like(self.counts)
+        folded[m:] = self.counts[m:]
+        folded[m + 1:] += self.counts[:m].flip(0)
+        return Distribution(counts=folded, spec=self.spec)
+
+
+class SampleMetric(Metric):
+    """Base of the quantile-based metrics: one switch between exact and constant-memory states.
+
+    - ``mode="exact"`` (default): every sample kept (``cat`` states, float64); results equal numpy's.
+    - ``mode="sketch"``: a signed log-bucketed histogram per quantity (``sum`` states of fixed size, about
+      ``2 ln(max/min) / relative_accuracy`` buckets, whatever the number of samples). Each quantile is within
+      ``relative_accuracy`` (relative) of the exact one; IQM / CI are read from the buckets, within
+      ``relative_accuracy`` of the mean magnitude of the middle values (plus the bootstrap's own noise).
+      Magnitudes below ``sketch_range[0]`` count as 0, above ``sketch_range[1]`` as the top bucket.
+
+    Bootstrap CIs use ``num_resamples`` resamples seeded with ``seed``, computed on the synced state.
+    """
+
+    full_state_update = False
+    is_differentiable = False
+
+    def __init__(self, mode: Mode = "exact", relative_accuracy: float = 0.005,
+                 sketch_range: tuple[float, float] = (1e-4, 1e8), num_resamples: int = 1000, seed: int = 42,
+                 **kwargs):
+        super().__init__(**kwargs)
+        if mode not in ("exact", "sketch"):
+            raise ValueError(f"mode must be 'exact' or 'sketch', got {mode!r}")
+        self.mode = mode
+        self.spec = SketchSpec(relative_accuracy, *sketch_range)
+        self.num_resamples, self.seed = num_resamples, seed
+
+    def _add_sample_state(self, name: str) -> None:
+        if self.mode == "exact":
+            self.add_state(name, default=[], dist_reduce_fx="cat")
+        else:
+            self.add_state(name, default=torch.zeros(self.spec.size, dtype=torch.float64), dist_reduce_fx="sum")
+        # an empty list state is synced as an empty tensor of the metric's dtype: make it the samples' dtype
+        self._dtype = torch.float64
+
+    def _push(self, name: str, values: torch.Tensor) -> None:
+        values = values.detach().reshape(-1).to(torch.float64)
+        if self.mode == "exact":
+            getattr(self, name).append(values)
+        else:
+            setattr(self, name, getattr(self, name) + sketch_counts(values, self.spec).to(self.device))
+
+    def _distribution(self, name: str) -> Distribution:
+        state = getattr(self, name)
+        if self.mode == "sketch":
+            return Distribution(counts=state, spec=self.spec)
+        values = dim_zero_cat(state) if (not isinstance(state, list) or state) else torch.zeros(0, dtype=torch.float64,
+                                                                                               device=self.device)
+        return Distribution(values=values.reshape(-1))

@@ -1,0 +1,173 @@
+"""Continuous-error metrics: distributions of per-event errors, summarized by quantiles, IQM and bootstrap CIs."""
+
+from __future__ import annotations
+
+import torch
+from torchmetrics import Metric
+
+from ..functional.events import (
+    direction_error_deg, euclidean_percent_error, percent_error, signed_percent_error, timestamp_percent_error,
+    wrapped_difference,
+)
+from .base import SampleMetric
+
+DEFAULT_WINDOW_NS = 16_000_000_000
+
+
+def _nan() -> torch.Tensor:
+    return torch.tensor(float("nan"), dtype=torch.float64)
+
+
+class IQMPE(SampleMetric):
+    """Interquartile mean percent error: ``IQM(|pred - gt| / |gt| * 100)`` over samples with gt != 0 (in %).
+
+    ``update(preds, target)`` with numeric tensors of the same shape.
+    """
+
+    higher_is_better = False
+    plot_lower_bound = 0.0
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._add_sample_state("percent_errors")
+
+    def update(self, preds: torch.Tensor, target: torch.Tensor) -> None:
+        self._push("percent_errors", percent_error(preds, target))
+
+    def compute(self) -> torch.Tensor:
+        return self._distribution("percent_errors").iqm()
+
+    def plot(self, val=None, ax=None):
+        return self._plot(val, ax)
+
+
+class DirectionError(SampleMetric):
+    """Angle between predicted and true (dx, dy), ``min(|dθ|, 360 - |dθ|)`` degrees via atan2; true zero
+    vectors left out. ``compute()`` -> ``{"p50_deg", "p95_deg"}``."""
+
+    higher_is_better = False
+    plot_lower_bound, plot_upper_bound = 0.0, 180.0
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._add_sample_state("errors_deg")
+
+    def update(self, preds: torch.Tensor, target: torch.Tensor) -> None:
+        """``preds``, ``target``: [N, 2] movement vectors (dx, dy)."""
+        self._push("errors_deg", direction_error_deg(preds, target))
+
+    def compute(self) -> dict[str, torch.Tensor]:
+        p50, p95 = self._distribution("errors_deg").quantile([0.5, 0.95])
+        return {"p50_deg": p50, "p95_deg": p95}
+
+    def plot(self, val=None, ax=None):
+        return self._plot(val, ax)
+
+
+class TimestampError(SampleMetric):
+    """Timestamp errors, wrap-aware in the token format's window (15.99 s vs 0.01 s is +20 ms):
+
+    - ``abs_error_p95_ms``: P95 of |pred - gt|;
+    - ``signed_error_iqm_ms`` and its bootstrap CI (``_ci_low_ms``, ``_ci_high_ms``): IQM of pred - gt;
+    - ``iqmpe_pct``: IQM of |pred - gt| / |gt| * 100 (gt = the true timestamp within the window, 0 left out).
+
+    ``update(preds_ns, target_ns)`` with integer nanosecond tensors.
+    """
+
+    higher_is_better = False
+
+    def __init__(self, window_ns: int = DEFAULT_WINDOW_NS, **kwargs):
+        super().__init__(**kwargs)
+        self.window_ns = window_ns
+        self._add_sample_state("signed_errors_ms")
+        self._add_sample_state("percent_errors")
+
+    def update(self, preds_ns: torch.Tensor, target_ns: torch.Tensor) -> None:
+        signed_ms = wrapped_difference(preds_ns, target_ns, self.window_ns).double() / 1e6
+        self._push("signed_errors_ms", signed_ms)
+        self._push("percent_errors", timestamp_percent_error(signed_ms, target_ns))
+
+    def compute(self) -> dict[str, torch.Tensor]:
+        signed = self._distribution("signed_errors_ms")
+        low, high = signed.iqm_ci(self.num_resamples, self.seed)
+        return {"abs_error_p95_ms": signed.abs().quantile(0.95), "signed_error_iqm_ms": signed.iqm(),
+                "signed_error_ci_low_ms": low, "signed_error_ci_high_ms": high,
+                "iqmpe_pct": self._distribution("percent_errors").iqm()}
+
+    def plot(self, val=None, ax=None):
+        return self._plot(val, ax)
+
+
+class SignedPercentError(SampleMetric):
+    """IQM of the signed percent error ``(pred - gt) / gt * 100`` (gt != 0) with its bootstrap CI:
+    ``{"iqm_pct", "ci_low_pct", "ci_high_pct"}`` (positive: overshoot)."""
+
+    higher_is_better = None
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._add_sample_state("signed_percent_errors")
+
+    def update(self, preds: torch.Tensor, target: torch.Tensor) -> None:
+        self._push("signed_percent_errors", signed_percent_error(preds, target))
+
+    def compute(self) -> dict[str, torch.Tensor]:
+        dist = self._distribution("signed_percent_errors")
+        low, high = dist.iqm_ci(self.num_resamples, self.seed)
+        return {"iqm_pct": dist.iqm(), "ci_low_pct": low, "ci_high_pct": high}
+
+    def plot(self, val=None, ax=None):
+        return self._plot(val, ax)
+
+
+class EuclideanPercentError(SampleMetric):
+    """``||p - g|| / ||g|| * 100`` of movement vectors (g != 0): ``{"p95_pct", "iqmpe_pct"}``."""
+
+    higher_is_better = False
+    plot_lower_bound = 0.0
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._add_sample_state("percent_errors")
+
+    def update(self, preds: torch.Tensor, target: torch.Tensor) -> None:
+        """``preds``, ``target``: [N, 2] movement vectors (dx, dy)."""
+        self._push("percent_errors", euclidean_percent_error(preds, target))
+
+    def compute(self) -> dict[str, torch.Tensor]:
+        dist = self._distribution("percent_errors")
+        return {"p95_pct": dist.quantile(0.95), "iqmpe_pct": dist.iqm()}
+
+    def plot(self, val=None, ax=None):
+        return self._plot(val, ax)
+
+
+class MovementR2(Metric):
+    """R² of movement vectors: ``1 - sum ||p - g||² / sum ||g - mean(g)||²`` from five running sums."""
+
+    full_state_update = False
+    is_differentiable = False
+    higher_is_better = True
+    plot_upper_bound = 1.0
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        for name in ("residual", "sum_g", "sum_g2", "n"):
+            shape = (2,) if name in ("sum_g", "sum_g2") else ()
+            self.add_state(name, default=torch.zeros(shape, dtype=torch.float64), dist_reduce_fx="sum")
+
+    def update(self, preds: torch.Tensor, target: torch.Tensor) -> None:
+        preds, target = preds.double().reshape(-1, 2), target.double().reshape(-1, 2)
+        self.residual += ((preds - target) ** 2).sum()
+        self.sum_g += target.sum(dim=0)
+        self.sum_g2 += (target ** 2).sum(dim=0)
+        self.n += target.shape[0]
+
+    def compute(self) -> torch.Tensor:
+        if self.n == 0:
+            return _nan()
+        total = (self.sum_g2 - self.sum_g ** 2 / self.n).sum()
+        return 1 - self.residual / total
+
+    def plot(self, val=None, ax=None):
+        return self._plot(val, ax)
