@@ -29,3 +29,32 @@ def batch_rows(batch) -> list[dict]:
     seq, status = batch.seq_idx.tolist(), batch.status.tolist()
     return [{"seq": seq[i], "status": status[i],
              **{side: {n: sides[side][n][i] for n in names} for side in sides}} for i in range(len(seq))]
+
+
+# ------------------------------------------------------------------ numpy statistics (issue 3's definitions)
+import numpy as np  # noqa: E402
+
+
+def np_iqm(x):
+    x = np.asarray(x, dtype=np.float64)
+    if x.size == 0:
+        return np.nan
+    q25, q75 = np.percentile(x, [25, 75])
+    inside = x[(x >= q25) & (x <= q75)]
+    return inside.mean() if inside.size else np.nan
+
+
+def np_bootstrap_ci(x, resamples=1000, seed=42):
+    """B resamples of the sorted sample, indices from numpy's default_rng(seed); 2.5 / 97.5 percentiles."""
+    xs = np.sort(np.asarray(x, dtype=np.float64))
+    if xs.size == 0:
+        return np.array([np.nan, np.nan])
+    idx = np.random.default_rng(seed).integers(0, xs.size, size=(resamples, xs.size))
+    return np.percentile([np_iqm(xs[row]) for row in idx], [2.5, 97.5])
+
+
+def close(got, want, rel=1e-6):
+    got, want = float(got), float(want)
+    if np.isnan(want):
+        return np.isnan(got)
+    return abs(got - want) <= rel * max(1.0, abs(want))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Optional, Union
 
 import torch
@@ -118,8 +119,14 @@ class OWAEventMetrics(Metric):
         self.mouse_precision["euclidean"].update(p_digits, t_digits)
 
     def compute(self) -> dict[str, torch.Tensor]:
+        with warnings.catch_warnings():  # a child that saw no samples (e.g. no keyboard events) is expected
+            warnings.filterwarnings("ignore", message=".*was called before the ``update`` method.*")
+            return self._compute()
+
+    def _compute(self) -> dict[str, torch.Tensor]:
         out = dict(self.events.compute())
-        out.update(self.tokens.compute())
+        if self.alignment == "teacher_forcing":
+            out.update(self.tokens.compute())
         for name, metric in self.timestamp.items():
             prefix = "timestamp" if name == "all" else f"{name}/timestamp"
             out.update({f"{prefix}/{k}": v for k, v in metric.compute().items()})
