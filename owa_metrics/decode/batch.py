@@ -18,7 +18,7 @@ The decoder never loops over events or tokens in Python. It works in three steps
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import Literal, NamedTuple
 
 import torch
@@ -31,11 +31,16 @@ Alignment = Literal["teacher_forcing", "generation"]
 IGNORE_INDEX = -100
 
 
+VALUE_COLUMNS = ("category", "timestamp_ns", "vk", "action", "dx", "dy", "button_flags", "button_data")
+
+
 @dataclass
 class EventFields:
     """Decoded fields of one side (target or prediction), one row per target event.
 
-    Values are meaningful where ``status == Status.VALID``; elsewhere numbers are 0, digits -1 and the
+    ``values`` [N, 8] holds the `VALUE_COLUMNS` (also readable by name: ``fields.dx``; ``action`` 0 press,
+    1 release) and ``digits`` [N, n_ts + 2 n_delta] the timestamp, dx and dy digits (sign digit first).
+    They are meaningful where ``status == Status.VALID``; elsewhere numbers are 0, digits -1 and the
     category is ``Category.INVALID``. ``kind`` is what the type token said (-1: none), valid or not.
     ``start`` / ``end`` are the token span in the side's own sequence (inclusive; -1: no predicted event);
     ``start_cut`` marks a span whose ``<EVENT_START>`` was cut off (it starts at its type token).
@@ -43,53 +48,46 @@ class EventFields:
 
     status: torch.Tensor
     kind: torch.Tensor
-    category: torch.Tensor
-    timestamp_ns: torch.Tensor
-    vk: torch.Tensor
-    action: torch.Tensor  # 0 press, 1 release
-    dx: torch.Tensor
-    dy: torch.Tensor
-    button_flags: torch.Tensor
-    button_data: torch.Tensor
-    timestamp_digits: torch.Tensor  # [N, len(timestamp_bases)]
-    dx_digits: torch.Tensor  # [N, len(mouse_delta_bases)], sign digit first
-    dy_digits: torch.Tensor
+    values: torch.Tensor
+    digits: torch.Tensor
     start: torch.Tensor
     end: torch.Tensor
-    start_cut: torch.Tensor  # bool: the span's <EVENT_START> was cut off, ``start`` is its type token
+    start_cut: torch.Tensor
+    n_timestamp_digits: int
+
+    def __getattr__(self, name: str) -> torch.Tensor:
+        if name in VALUE_COLUMNS:
+            return self.values[:, VALUE_COLUMNS.index(name)]
+        raise AttributeError(name)
+
+    @property
+    def timestamp_digits(self) -> torch.Tensor:
+        return self.digits[:, :self.n_timestamp_digits]
+
+    @property
+    def dx_digits(self) -> torch.Tensor:
+        n = (self.digits.shape[1] - self.n_timestamp_digits) // 2
+        return self.digits[:, self.n_timestamp_digits:self.n_timestamp_digits + n]
+
+    @property
+    def dy_digits(self) -> torch.Tensor:
+        n = (self.digits.shape[1] - self.n_timestamp_digits) // 2
+        return self.digits[:, self.n_timestamp_digits + n:]
 
     def take(self, index: torch.Tensor) -> "EventFields":
-        return EventFields(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
-
-    def masked(self, keep: torch.Tensor) -> "EventFields":
-        """Blank the decoded values where ``keep`` is False (status, kind and span stay)."""
-        out = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name not in _KEPT and value.numel():
-                fill = int(Category.INVALID) if f.name == "category" else (0 if f.name in _ZERO_FILL else -1)
-                value = torch.where(keep.view(-1, *([1] * (value.dim() - 1))), value, fill)
-            out[f.name] = value
-        return EventFields(**out)
+        return replace(self, **{name: getattr(self, name).index_select(0, index) for name in _ROW_TENSORS})
 
     @staticmethod
-    def missing(n: int, config: CodecConfig, device) -> "EventFields":
-        """``n`` rows with no predicted event (generation with fewer predicted than target events)."""
-        def full(value, width=None):
-            shape = (n,) if width is None else (n, width)
-            return torch.full(shape, value, dtype=torch.int64, device=device)
-
-        return EventFields(
-            status=full(int(Status.MISSING)), kind=full(-1), category=full(int(Category.INVALID)),
-            timestamp_ns=full(0), vk=full(0), action=full(0), dx=full(0), dy=full(0), button_flags=full(0),
-            button_data=full(0), timestamp_digits=full(-1, len(config.timestamp_bases)),
-            dx_digits=full(-1, len(config.mouse_delta_bases)), dy_digits=full(-1, len(config.mouse_delta_bases)),
-            start=full(-1), end=full(-1), start_cut=full(0).bool(),
-        )
+    def blank(n: int, config: CodecConfig, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ``values`` and ``digits`` of ``n`` rows that did not decode."""
+        values = torch.zeros((n, len(VALUE_COLUMNS)), dtype=torch.int64, device=device)
+        values[:, 0] = int(Category.INVALID)
+        digits = torch.full((n, len(config.timestamp_bases) + 2 * len(config.mouse_delta_bases)), -1,
+                            dtype=torch.int64, device=device)
+        return values, digits
 
 
-_ZERO_FILL = {"timestamp_ns", "vk", "action", "dx", "dy", "button_flags", "button_data"}
-_KEPT = {"status", "kind", "start", "end", "start_cut"}
+_ROW_TENSORS = ("status", "kind", "values", "digits", "start", "end", "start_cut")
 
 
 @dataclass
@@ -375,23 +373,31 @@ def _decode_side(code: torch.Tensor, spans: _Spans, L: _Layouts) -> EventFields:
     digits = torch.cat([ts_digits, dx_digits, dy_digits])
     digits = torch.where(torch.where(L.digit_is_delta, ok & is_mouse, ok), digits, -1).long().T
     row_start = spans.seq * spans.row_len
-    return EventFields(
-        status=status, kind=kind, category=values[:, 0], timestamp_ns=values[:, 1], vk=values[:, 2],
-        action=values[:, 3], dx=values[:, 4], dy=values[:, 5], button_flags=values[:, 6], button_data=values[:, 7],
-        timestamp_digits=digits[:, :L.n_ts], dx_digits=digits[:, L.n_ts:L.n_ts + L.n_delta],
-        dy_digits=digits[:, L.n_ts + L.n_delta:], start=spans.first - row_start, end=spans.last - row_start,
-        start_cut=spans.cut)
+    return EventFields(status=status, kind=kind, values=values, digits=digits, start=spans.first - row_start,
+                       end=spans.last - row_start, start_cut=spans.cut, n_timestamp_digits=L.n_ts)
 
 
 def _pair_by_index(t_seq, target_count, pred_count, pred_all: EventFields, config: CodecConfig) -> EventFields:
     """Generation: the k-th target event of a row is paired with the k-th predicted event of that row."""
     n = t_seq.numel()
-    if pred_all.status.numel() == 0:
-        return EventFields.missing(n, config, t_seq.device)
     rank = torch.arange(n, device=t_seq.device) - (torch.cumsum(target_count, 0) - target_count)[t_seq]
     matched = rank < pred_count[t_seq]
     index = torch.where(matched, (torch.cumsum(pred_count, 0) - pred_count)[t_seq] + rank, 0)
-    paired = pred_all.take(index).masked(matched)
+    if pred_all.status.numel() == 0:  # nothing generated: every row is missing
+        index, pred_all = torch.zeros_like(index), _missing_row(pred_all, config)
+    paired = pred_all.take(index)
+    blank_values, blank_digits = EventFields.blank(n, config, t_seq.device)
+    keep = matched[:, None]
     return replace(paired, status=torch.where(matched, paired.status, int(Status.MISSING)),
-                   kind=torch.where(matched, paired.kind, -1), start=torch.where(matched, paired.start, -1),
+                   kind=torch.where(matched, paired.kind, -1), values=torch.where(keep, paired.values, blank_values),
+                   digits=torch.where(keep, paired.digits, blank_digits), start=torch.where(matched, paired.start, -1),
                    end=torch.where(matched, paired.end, -1), start_cut=paired.start_cut & matched)
+
+
+def _missing_row(like: EventFields, config: CodecConfig) -> EventFields:
+    device = like.status.device
+    values, digits = EventFields.blank(1, config, device)
+    minus_one = torch.full((1,), -1, dtype=torch.int64, device=device)
+    return EventFields(status=minus_one, kind=minus_one, values=values, digits=digits, start=minus_one,
+                       end=minus_one, start_cut=torch.zeros(1, dtype=torch.bool, device=device),
+                       n_timestamp_digits=like.n_timestamp_digits)

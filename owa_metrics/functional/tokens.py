@@ -37,29 +37,31 @@ class EventTokenStats(NamedTuple):
 
 def event_token_stats(batch: EventBatch, preds: torch.Tensor, target: torch.Tensor, config: CodecConfig,
                       logits: Optional[torch.Tensor] = None) -> EventTokenStats:
-    """Teacher forcing: expand every valid target event to its token positions (vectorized), then count
-    per field the tokens predicted right and, given ``logits`` [B, T, V] aligned with ``target``, sum each
-    event's token cross-entropy (ignored labels excluded)."""
+    """Teacher forcing: per field, the tokens predicted right among the valid target events' field tokens
+    (a [slot, event] window, as the decoder's), and, given ``logits`` [B, T, V] aligned with ``target``, each
+    event's summed token cross-entropy over its whole span (ignored labels excluded), by cumulative sums."""
     B, T = target.shape
     rows = (batch.target.status == int(Status.VALID)).nonzero().squeeze(1)
-    start, end = batch.target.start[rows], batch.target.end[rows]
-    lengths = end - start + 1
-    row_of = torch.repeat_interleave(torch.arange(rows.numel(), device=target.device), lengths)
-    offset = torch.arange(row_of.numel(), device=target.device) - (torch.cumsum(lengths, 0) - lengths)[row_of]
-    pos = batch.seq_idx[rows][row_of] * T + start[row_of] + offset
+    row_start = batch.seq_idx.index_select(0, rows) * T
+    first = row_start + batch.target.start.index_select(0, rows)
+    last = row_start + batch.target.end.index_select(0, rows)
+    kind = batch.target.kind.index_select(0, rows)
     table = field_table(config, target.device)
-    slot = (offset + batch.target.start_cut[rows][row_of].long()).clamp(max=table.shape[1] - 1)
-    field = table[batch.target.kind[rows][row_of], slot]
-    labels, guesses = target.reshape(-1)[pos], preds.reshape(-1)[pos]
+    slots = torch.arange(table.shape[1] - 1, device=target.device)[:, None]
+    pos = first - batch.target.start_cut.index_select(0, rows).long() + slots  # [slot, event]; slot 0 = start
+    field = torch.where(pos <= last, table[kind].T[:-1], -1)
+    flat_pos = pos.clamp(0, B * T - 1).reshape(-1)
+    labels = target.reshape(-1).index_select(0, flat_pos).view(pos.shape)
+    guesses = preds.reshape(-1).index_select(0, flat_pos).view(pos.shape)
     counted = (field >= 0) & (labels >= 0)
-    bins = field.clamp(min=0)
-    field_total = torch.bincount(bins, weights=counted.double(), minlength=len(TOKEN_FIELDS))
-    field_correct = torch.bincount(bins, weights=(counted & (guesses == labels)).double(), minlength=len(TOKEN_FIELDS))
+    bins = field.clamp(min=0).reshape(-1)
+    field_total = torch.bincount(bins, weights=counted.reshape(-1).double(), minlength=len(TOKEN_FIELDS))
+    field_correct = torch.bincount(bins, weights=(counted & (guesses == labels)).reshape(-1).double(),
+                                   minlength=len(TOKEN_FIELDS))
     loss_sum = None
     if logits is not None:
-        scored = labels >= 0
-        token_loss = torch.nn.functional.cross_entropy(
-            logits.reshape(B * T, -1)[pos[scored]].float(), labels[scored], reduction="none")
-        loss_sum = torch.zeros(rows.numel(), dtype=torch.float64, device=target.device)
-        loss_sum.index_add_(0, row_of[scored], token_loss.double())
-    return EventTokenStats(batch.target.category[rows], loss_sum, field_correct, field_total)
+        token_loss = torch.nn.functional.cross_entropy(logits.reshape(B * T, -1).float(), target.reshape(-1),
+                                                       ignore_index=-100, reduction="none")
+        cumulative = torch.cat([token_loss.new_zeros(1, dtype=torch.float64), token_loss.double().cumsum(0)])
+        loss_sum = cumulative[last + 1] - cumulative[first]
+    return EventTokenStats(batch.target.category.index_select(0, rows), loss_sum, field_correct, field_total)
