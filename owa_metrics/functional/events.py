@@ -1,46 +1,59 @@
-"""Per-sample event errors and the functional twins of the metric classes (plain tensors in, tensors out).
+"""Per-event errors, running sums and reports: the functional twins of the metric classes.
 
-Every function is vectorized; a metric with no samples returns NaN.
+Per-sample errors keep their input's length and are NaN where undefined (a zero ground truth); statistics
+leave NaN out. ``*_sums`` give the additive state of a metric for one batch, ``*_report`` turn summed states
+into results; the metric classes and `OWAEventMetrics` share them. A metric with no samples returns NaN.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 
+from ..decode.batch import EventBatch
+from ..events.event import CATEGORY_NAMES, Category, Status
 from .stats import bootstrap_iqm_ci, iqm, quantile
 
+N_CAT = len(CATEGORY_NAMES)
+EVENT_COUNTS = ("events", "sequences", "count_match", "pred_events", "extra", "missing", "seq_sum", "seq_count")
 
+
+def finite(x: torch.Tensor) -> torch.Tensor:
+    """The values that are not NaN."""
+    return x[~torch.isnan(x)]
+
+
+def _where_defined(ok: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    return torch.where(ok, value, math.nan)
+
+
+# ----------------------------------------------------------------------------------- per-sample errors
 def percent_error(preds: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """``|pred - gt| / |gt| * 100`` for the samples with ``gt != 0`` (the others are left out)."""
+    """``|pred - gt| / |gt| * 100`` (NaN where gt = 0)."""
     preds, target = preds.double().reshape(-1), target.double().reshape(-1)
-    keep = target != 0
-    return (preds[keep] - target[keep]).abs() / target[keep].abs() * 100
+    return _where_defined(target != 0, (preds - target).abs() / target.abs() * 100)
 
 
 def signed_percent_error(preds: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """``(pred - gt) / gt * 100`` for the samples with ``gt != 0``."""
+    """``(pred - gt) / gt * 100`` (NaN where gt = 0)."""
     preds, target = preds.double().reshape(-1), target.double().reshape(-1)
-    keep = target != 0
-    return (preds[keep] - target[keep]) / target[keep] * 100
+    return _where_defined(target != 0, (preds - target) / target * 100)
 
 
 def euclidean_percent_error(preds: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """``||p - g|| / ||g|| * 100`` of vectors [N, 2] with ``g != 0``."""
+    """``||p - g|| / ||g|| * 100`` of vectors [N, 2] (NaN where g = 0)."""
     preds, target = preds.double().reshape(-1, 2), target.double().reshape(-1, 2)
     norm = target.norm(dim=1)
-    keep = norm != 0
-    return (preds[keep] - target[keep]).norm(dim=1) / norm[keep] * 100
+    return _where_defined(norm != 0, (preds - target).norm(dim=1) / norm * 100)
 
 
 def direction_error_deg(preds: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Angle between vectors [N, 2] (dx, dy): ``min(|dθ|, 360 - |dθ|)`` with atan2, true zero vectors left out."""
+    """Angle between vectors [N, 2] (dx, dy): ``min(|dθ|, 360 - |dθ|)`` via atan2 (NaN where g = 0)."""
     preds, target = preds.double().reshape(-1, 2), target.double().reshape(-1, 2)
-    keep = (target != 0).any(dim=1)
-    p, t = preds[keep], target[keep]
-    delta = (torch.atan2(p[:, 1], p[:, 0]) - torch.atan2(t[:, 1], t[:, 0])).abs()
-    return torch.minimum(delta, 2 * math.pi - delta) * (180 / math.pi)
+    delta = (torch.atan2(preds[:, 1], preds[:, 0]) - torch.atan2(target[:, 1], target[:, 0])).abs()
+    return _where_defined((target != 0).any(dim=1), torch.minimum(delta, 2 * math.pi - delta) * (180 / math.pi))
 
 
 def wrapped_difference(preds: torch.Tensor, target: torch.Tensor, window: int) -> torch.Tensor:
@@ -49,9 +62,12 @@ def wrapped_difference(preds: torch.Tensor, target: torch.Tensor, window: int) -
     return torch.remainder(preds.long() - target.long() + half, window) - half
 
 
-def iqmpe(preds: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Interquartile mean of the percent errors ``|pred - gt| / |gt| * 100`` (gt = 0 left out)."""
-    return iqm(percent_error(preds, target))
+def timestamp_errors(preds_ns: torch.Tensor, target_ns: torch.Tensor, window_ns: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(signed error ms, percent error)``: the wrap-aware error, and ``|error| / |gt| * 100`` with gt the true
+    timestamp within the window (NaN where it is 0)."""
+    signed_ms = wrapped_difference(preds_ns, target_ns, window_ns).double() / 1e6
+    target_ms = target_ns.double() / 1e6
+    return signed_ms, _where_defined(target_ms != 0, signed_ms.abs() / target_ms.abs() * 100)
 
 
 def digit_matches(pred_digits: torch.Tensor, target_digits: torch.Tensor) -> torch.Tensor:
@@ -62,58 +78,98 @@ def digit_matches(pred_digits: torch.Tensor, target_digits: torch.Tensor) -> tor
     return equal.long().cumprod(dim=1).bool()
 
 
-def digit_precision_accuracy(pred_digits: torch.Tensor, target_digits: torch.Tensor) -> torch.Tensor:
-    """[k]: p_j = fraction of samples whose digits 1..j all match (so p1 >= p2 >= ...); NaN when empty."""
-    matches = digit_matches(pred_digits, target_digits)
-    if matches.shape[0] == 0:
-        return torch.full((matches.shape[1],), float("nan"), dtype=torch.float64, device=matches.device)
-    return matches.double().mean(dim=0)
+# ----------------------------------------------------------------------------------- functional twins
+def iqmpe(preds: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Interquartile mean of the percent errors ``|pred - gt| / |gt| * 100`` (gt = 0 left out)."""
+    return iqm(finite(percent_error(preds, target)))
 
 
 def direction_error(preds: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:
     """P50 and P95 of the direction error in degrees."""
-    p50, p95 = quantile(direction_error_deg(preds, target), [0.5, 0.95])
+    p50, p95 = quantile(finite(direction_error_deg(preds, target)), [0.5, 0.95])
     return {"p50_deg": p50, "p95_deg": p95}
-
-
-def keyboard_accuracy(pred_vk, pred_action, target_vk, target_action) -> dict[str, torch.Tensor]:
-    """Fractions of keyboard events with the right vk, the right press/release, and both (``accuracy``)."""
-    vk, action = pred_vk == target_vk, pred_action == target_action
-    mean = lambda x: x.double().mean() if x.numel() else torch.tensor(float("nan"), dtype=torch.float64)  # noqa: E731
-    return {"accuracy": mean(vk & action), "vk_accuracy": mean(vk), "action_accuracy": mean(action)}
-
-
-def mouse_action_accuracy(pred_flags, pred_data, target_flags, target_data) -> dict[str, torch.Tensor]:
-    """Button-flag accuracy over events whose true flags != 0; scroll accuracy over true button_data != 0."""
-    acts, scrolls = target_flags != 0, target_data != 0
-    mean = lambda x: x.double().mean() if x.numel() else torch.tensor(float("nan"), dtype=torch.float64)  # noqa: E731
-    return {"action_accuracy": mean(pred_flags[acts] == target_flags[acts]),
-            "scroll_accuracy": mean(pred_data[scrolls] == target_data[scrolls])}
 
 
 def timestamp_error(preds_ns: torch.Tensor, target_ns: torch.Tensor, window_ns: int, num_resamples: int = 1000,
                     seed: int = 42) -> dict[str, torch.Tensor]:
     """Wrap-aware timestamp errors in ms: |error| P95, signed IQM with its bootstrap CI, and the IQMPE."""
-    signed_ms = wrapped_difference(preds_ns, target_ns, window_ns).double() / 1e6
+    signed_ms, percent = timestamp_errors(preds_ns, target_ns, window_ns)
     low, high = bootstrap_iqm_ci(signed_ms, num_resamples, seed)
     return {"abs_error_p95_ms": quantile(signed_ms.abs(), 0.95), "signed_error_iqm_ms": iqm(signed_ms),
-            "signed_error_ci_low_ms": low, "signed_error_ci_high_ms": high,
-            "iqmpe_pct": iqm(timestamp_percent_error(signed_ms, target_ns))}
+            "signed_error_ci_low_ms": low, "signed_error_ci_high_ms": high, "iqmpe_pct": iqm(finite(percent))}
 
 
-def timestamp_percent_error(signed_ms: torch.Tensor, target_ns: torch.Tensor) -> torch.Tensor:
-    """``|wrapped error| / |gt timestamp in the window| * 100``, gt = 0 left out."""
-    target_ms = target_ns.double() / 1e6
-    keep = target_ms != 0
-    return signed_ms[keep].abs() / target_ms[keep].abs() * 100
+def digit_precision_sums(pred_digits: torch.Tensor, target_digits: torch.Tensor) -> torch.Tensor:
+    """[k + 1]: samples matching through each digit level, then the number of samples."""
+    matches = digit_matches(pred_digits, target_digits).double()
+    return torch.cat([matches.sum(dim=0), matches.new_full((1,), float(matches.shape[0]))])
+
+
+def digit_precision_accuracy(pred_digits: torch.Tensor, target_digits: torch.Tensor) -> torch.Tensor:
+    """[k]: p_j = fraction of samples whose digits 1..j all match (so p1 >= p2 >= ...); NaN when empty."""
+    sums = digit_precision_sums(pred_digits, target_digits)
+    return ratio(sums[:-1], sums[-1])
+
+
+def keyboard_sums(pred_vk, pred_action, target_vk, target_action, seq_idx: Optional[torch.Tensor] = None,
+                  num_sequences: int = 0) -> torch.Tensor:
+    """[6]: vk right, action right, both right, events, sum over sequences of their accuracy, sequences."""
+    vk, action = pred_vk == target_vk, pred_action == target_action
+    both = vk & action
+    seq_sum = seq_count = torch.zeros((), dtype=torch.float64, device=vk.device)
+    if seq_idx is not None:
+        per_seq = torch.bincount(seq_idx, minlength=num_sequences).double()
+        hits = torch.bincount(seq_idx, weights=both.double(), minlength=num_sequences)
+        seen = per_seq > 0
+        seq_sum, seq_count = torch.where(seen, hits / per_seq.clamp(min=1), 0.0).sum(), seen.sum().double()
+    return torch.stack([vk.sum().double(), action.sum().double(), both.sum().double(),
+                        torch.tensor(float(vk.numel()), device=vk.device), seq_sum, seq_count])
+
+
+def keyboard_report(sums: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per event: ``accuracy`` (vk and action right), ``vk_accuracy``, ``action_accuracy``; per sequence:
+    ``accuracy_seq_macro`` (the mean over sequences of each one's accuracy)."""
+    return {"accuracy": ratio(sums[2], sums[3]), "vk_accuracy": ratio(sums[0], sums[3]),
+            "action_accuracy": ratio(sums[1], sums[3]), "accuracy_seq_macro": ratio(sums[4], sums[5])}
+
+
+def keyboard_accuracy(pred_vk, pred_action, target_vk, target_action) -> dict[str, torch.Tensor]:
+    return keyboard_report(keyboard_sums(pred_vk, pred_action, target_vk, target_action))
+
+
+def mouse_action_sums(pred_flags, pred_data, target_flags, target_data) -> torch.Tensor:
+    """[4]: flags right and events with true flags != 0; scroll right and events with true button_data != 0."""
+    acts, scrolls = target_flags != 0, target_data != 0
+    return torch.stack([((pred_flags == target_flags) & acts).sum(), acts.sum(),
+                        ((pred_data == target_data) & scrolls).sum(), scrolls.sum()]).double()
+
+
+def mouse_action_report(sums: torch.Tensor) -> dict[str, torch.Tensor]:
+    return {"action_accuracy": ratio(sums[0], sums[1]), "scroll_accuracy": ratio(sums[2], sums[3])}
+
+
+def mouse_action_accuracy(pred_flags, pred_data, target_flags, target_data) -> dict[str, torch.Tensor]:
+    """Button-flag accuracy over events whose true flags != 0; scroll accuracy over true button_data != 0."""
+    return mouse_action_report(mouse_action_sums(pred_flags, pred_data, target_flags, target_data))
+
+
+def movement_sums(preds: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """[6]: sum ||p - g||², sum gx, sum gy, sum gx², sum gy², events."""
+    preds, target = preds.double().reshape(-1, 2), target.double().reshape(-1, 2)
+    return torch.cat([((preds - target) ** 2).sum()[None], target.sum(dim=0), (target ** 2).sum(dim=0),
+                      target.new_full((1,), float(target.shape[0]))])
+
+
+def movement_r2_report(sums: torch.Tensor) -> torch.Tensor:
+    """``1 - sum ||p - g||² / sum ||g - mean(g)||²`` from `movement_sums`."""
+    residual, gx, gy, gx2, gy2, n = sums
+    total = gx2 - gx ** 2 / n.clamp(min=1) + gy2 - gy ** 2 / n.clamp(min=1)
+    return ratio(total - residual, total)
 
 
 def movement_r2(preds: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """R² of movement vectors [N, 2]: ``1 - sum ||p - g||² / sum ||g - mean(g)||²``."""
-    preds, target = preds.double().reshape(-1, 2), target.double().reshape(-1, 2)
-    residual = ((preds - target) ** 2).sum()
-    total = ((target - target.mean(dim=0)) ** 2).sum()
-    return 1 - residual / total if target.shape[0] else torch.tensor(float("nan"), dtype=torch.float64)
+    """R² of movement vectors [N, 2]."""
+    return movement_r2_report(movement_sums(preds, target))
 
 
 def macro_f1(confusion: torch.Tensor) -> torch.Tensor:
@@ -129,3 +185,59 @@ def macro_f1(confusion: torch.Tensor) -> torch.Tensor:
     if not bool(seen.any()):
         return torch.tensor(float("nan"), dtype=torch.float64, device=confusion.device)
     return (2 * tp[seen] / (2 * tp[seen] + fp[seen] + fn[seen])).mean()
+
+
+def event_type_sums(batch: EventBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(confusion [4, 5], status counts, EVENT_COUNTS)`` of one batch."""
+    valid = batch.target.status == int(Status.VALID)
+    cell = batch.target.category.clamp(max=N_CAT - 1) * (N_CAT + 1) + batch.pred.category
+    confusion = torch.bincount(cell, weights=valid.double(), minlength=N_CAT * (N_CAT + 1)).view(N_CAT, -1)
+    statuses = torch.bincount(batch.status, minlength=len(Status)).double()
+    per_seq = torch.bincount(batch.seq_idx, weights=valid.double(), minlength=batch.num_sequences)
+    hits = torch.bincount(batch.seq_idx, weights=batch.comparable.double(), minlength=batch.num_sequences)
+    seen = per_seq > 0
+    device = confusion.device
+    counts = torch.stack([
+        torch.tensor(float(len(batch)), device=device), torch.tensor(float(batch.num_sequences), device=device),
+        (batch.pred_count == batch.target_count).sum().double(), batch.pred_count.sum().double(),
+        (batch.pred_count - batch.target_count).clamp(min=0).sum().double(),
+        (batch.target_count - batch.pred_count).clamp(min=0).sum().double(),
+        torch.where(seen, hits / per_seq.clamp(min=1), 0.0).sum(), seen.sum().double()])
+    return confusion, statuses, counts
+
+
+def event_type_report(confusion: torch.Tensor, statuses: torch.Tensor, counts: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Comparable rates, category ratios, macro F1, count accuracy and counts from `event_type_sums`.
+
+    Over target events that decode (invalid targets are counted apart): ``comparable_rate`` per event and
+    ``comparable_rate_seq_macro`` per sequence; comparable = both decode and have the same kind (so the two
+    mouse categories are comparable with each other).
+    """
+    counts = dict(zip(EVENT_COUNTS, counts))
+    per_cat = confusion.sum(dim=1)
+    decoded = confusion[:, :N_CAT]
+    mouse = [int(Category.MOUSE_OP), int(Category.MOUSE_NOP)]
+    comparable = decoded.diagonal().clone()
+    comparable[mouse] = decoded[mouse][:, mouse].sum(dim=1)
+    valid_total = per_cat.sum()
+    out = {
+        "comparable_rate": ratio(comparable.sum(), valid_total),
+        "comparable_rate_seq_macro": ratio(counts["seq_sum"], counts["seq_count"]),
+        "count_accuracy": ratio(counts["count_match"], counts["sequences"]),
+        "category/macro_f1": macro_f1(confusion),
+        "count/target_events": counts["events"], "count/valid_target_events": valid_total,
+        "count/pred_events": counts["pred_events"], "count/comparable": comparable.sum(),
+        "count/sequences": counts["sequences"], "count/extra_events": counts["extra"],
+        "count/missing_events": counts["missing"],
+    }
+    out.update({f"status/{s.label}": statuses[int(s)] for s in Status})
+    for i, cat in enumerate(CATEGORY_NAMES):
+        out[f"{cat}/ratio"] = ratio(per_cat[i], valid_total)
+        out[f"{cat}/comparable_rate"] = ratio(comparable[i], per_cat[i])
+        out[f"{cat}/count"] = per_cat[i]
+    return out
+
+
+def ratio(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
+    """``num / den``, NaN where ``den`` is 0."""
+    return torch.where(den > 0, num / den.clamp(min=1e-300), math.nan)

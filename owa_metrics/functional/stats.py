@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 import torch
@@ -160,9 +161,16 @@ class SketchSpec:
         return torch.cat([-pos.flip(0), torch.zeros(1, dtype=torch.float64, device=device), pos])
 
 
-def sketch_counts(x: torch.Tensor, spec: SketchSpec) -> torch.Tensor:
-    """Bucket counts [spec.size] (float64) of the values of ``x``."""
-    return torch.bincount(spec.index(x.reshape(-1)), minlength=spec.size).double()
+def sketch_counts(x: torch.Tensor, spec: SketchSpec, group: Optional[torch.Tensor] = None,
+                  groups: int = 1) -> torch.Tensor:
+    """Bucket counts [spec.size] (float64) of the values of ``x``, NaN left out; with ``group`` (an index in
+    [0, groups) per value) one row per group: [groups, spec.size]."""
+    x = x.reshape(-1)
+    bucket = spec.index(torch.nan_to_num(x))
+    if group is not None:
+        bucket = bucket + group.reshape(-1) * spec.size
+    counts = torch.bincount(bucket, weights=(~torch.isnan(x)).double(), minlength=groups * spec.size)
+    return counts if group is None else counts.view(groups, spec.size)
 
 
 def _compact(counts: torch.Tensor, spec: SketchSpec) -> tuple[torch.Tensor, torch.Tensor]:

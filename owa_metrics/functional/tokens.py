@@ -7,7 +7,7 @@ from typing import NamedTuple, Optional
 import torch
 
 from ..decode.batch import EventBatch
-from ..events.event import Kind, Status
+from ..events.event import CATEGORY_NAMES, Kind, Status
 from ..tokens.codec import CodecConfig
 
 TOKEN_FIELDS = ("timestamp", "mouse_delta", "button_flags", "vk")
@@ -65,3 +65,25 @@ def event_token_stats(batch: EventBatch, preds: torch.Tensor, target: torch.Tens
         cumulative = torch.cat([token_loss.new_zeros(1, dtype=torch.float64), token_loss.double().cumsum(0)])
         loss_sum = cumulative[last + 1] - cumulative[first]
     return EventTokenStats(batch.target.category.index_select(0, rows), loss_sum, field_correct, field_total)
+
+
+def token_sums(stats: EventTokenStats) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(fields [2, F]: right, total; loss [2, 4]: summed loss, events per category)`` of one batch."""
+    fields = torch.stack([stats.field_correct, stats.field_total])
+    n_cat = len(CATEGORY_NAMES)
+    if stats.loss_sum is None:
+        return fields, torch.zeros((2, n_cat), dtype=torch.float64, device=fields.device)
+    return fields, torch.stack([torch.bincount(stats.category, weights=stats.loss_sum, minlength=n_cat),
+                                torch.bincount(stats.category, minlength=n_cat).double()])
+
+
+def token_report(fields: torch.Tensor, loss: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``token_accuracy/{field}``; ``{cat}/loss`` (summed token cross-entropy of an event, averaged over the
+    category's target events, comparable or not) and ``{cat}/loss_sum``."""
+    from .events import ratio
+
+    out = {f"token_accuracy/{name}": ratio(fields[0, i], fields[1, i]) for i, name in enumerate(TOKEN_FIELDS)}
+    for i, cat in enumerate(CATEGORY_NAMES):
+        out[f"{cat}/loss"] = ratio(loss[0, i], loss[1, i])
+        out[f"{cat}/loss_sum"] = torch.where(loss[1, i] > 0, loss[0, i], float("nan"))
+    return out

@@ -83,9 +83,10 @@ class SampleMetric(Metric):
         self._dtype = torch.float64
 
     def _push(self, name: str, values: torch.Tensor) -> None:
+        """Add samples; NaN (an undefined error, e.g. a zero ground truth) is left out."""
         values = values.detach().reshape(-1).to(torch.float64)
         if self.mode == "exact":
-            getattr(self, name).append(values)
+            getattr(self, name).append(values[~torch.isnan(values)])
         else:
             setattr(self, name, getattr(self, name) + sketch_counts(values, self.spec).to(self.device))
 

@@ -1,24 +1,31 @@
-"""`OWAEventMetrics`: the whole report — decode once per batch, feed every metric, one flat dict out."""
+"""`OWAEventMetrics`: the whole report — decode once per batch, every metric in one pass, one flat dict out."""
 
 from __future__ import annotations
 
-import warnings
+import math
 from typing import Optional, Union
 
 import torch
 from torchmetrics import Metric
+from torchmetrics.utilities.data import dim_zero_cat
 
 from ..decode.batch import Alignment, EventBatch, decode_batch
-from ..events.event import CATEGORY_NAMES, Kind, Status
-from ..functional.tokens import event_token_stats
+from ..events.event import CATEGORY_NAMES, Category, Status
+from ..functional.events import (
+    EVENT_COUNTS, digit_precision_sums, direction_error_deg, euclidean_percent_error, event_type_report,
+    event_type_sums, keyboard_report, keyboard_sums, mouse_action_report, mouse_action_sums, movement_r2_report,
+    movement_sums, ratio, signed_percent_error, timestamp_errors,
+)
+from ..functional.stats import SketchSpec, sketch_counts
+from ..functional.tokens import TOKEN_FIELDS, event_token_stats, token_report, token_sums
 from ..tokens.codec import CodecConfig
 from ..tokens.vocab import VocabMap
-from .accuracy import DigitPrecisionAccuracy, KeyboardAccuracy, MouseActionAccuracy
-from .base import Mode
-from .errors import (
-    IQMPE, DirectionError, EuclideanPercentError, MovementR2, SignedPercentError, TimestampError,
-)
-from .events import EventTypeMetrics, EventTokenMetrics
+from .base import Distribution, Mode
+
+N_CAT = len(CATEGORY_NAMES)
+GROUPS = ("all", *CATEGORY_NAMES)  # timestamp metrics: over all comparable events, then per category
+TIMESTAMP_COLUMNS = ("signed_error_ms", "percent_error", "category")
+MOUSE_COLUMNS = ("euclidean_pe", "signed_pe_x", "signed_pe_y", "direction_deg")
 
 
 class OWAEventMetrics(Metric):
@@ -31,10 +38,13 @@ class OWAEventMetrics(Metric):
     token loss. ``compute()`` -> a flat dict of float64 scalars with ``/``-grouped keys and units in the names;
     keys without samples are left out (never NaN), counts are always there.
 
-    Aggregates are per event (each event weighs the same, as the OWA metric spec); keys ending in
-    ``_seq_macro`` are per-sequence macro averages (each sequence weighs the same). Quantile-based metrics
-    keep every sample (``mode="exact"``) or a fixed-size sketch (``mode="sketch"``, see `SampleMetric`).
-    Each child metric syncs its own state under DDP; call ``compute()`` on every rank.
+    The definitions are those of the single metrics (`TimestampError`, `IQMPE`, `DirectionError`,
+    `DigitPrecisionAccuracy`, `KeyboardAccuracy`, `MouseActionAccuracy`, `MovementR2`, `EventTypeMetrics`,
+    `EventTokenMetrics`), computed here in one pass over the comparable events of a batch. Aggregates are
+    per event (each event weighs the same, as the OWA metric spec); keys ending in ``_seq_macro`` average
+    per sequence (each sequence weighs the same). Quantile-based metrics keep every sample
+    (``mode="exact"``) or a fixed-size sketch (``mode="sketch"``, see `SampleMetric`). All states sync under
+    DDP in one go: call ``compute()`` on every rank.
     """
 
     full_state_update = False
@@ -43,32 +53,45 @@ class OWAEventMetrics(Metric):
 
     def __init__(self, tokenizer=None, *, vocab: Optional[VocabMap] = None, config: Optional[CodecConfig] = None,
                  alignment: Alignment = "teacher_forcing", mode: Mode = "exact", relative_accuracy: float = 0.005,
-                 num_resamples: int = 1000, seed: int = 42, **kwargs):
+                 sketch_range: tuple[float, float] = (1e-4, 1e8), num_resamples: int = 1000, seed: int = 42,
+                 **kwargs):
         super().__init__(**kwargs)
         if vocab is None:
             if tokenizer is None:
                 raise ValueError("OWAEventMetrics needs the model's tokenizer (with the event tokens) or vocab=VocabMap")
             vocab = VocabMap.from_tokenizer(tokenizer, config)
-        self.vocab, self.alignment = vocab, alignment
-        window_ns = vocab.config.timestamp_window_ns
-        dist = dict(mode=mode, relative_accuracy=relative_accuracy, num_resamples=num_resamples, seed=seed)
-        n_ts, n_delta = len(vocab.config.timestamp_bases), len(vocab.config.mouse_delta_bases)
-        self.events = EventTypeMetrics()
-        self.tokens = EventTokenMetrics()
-        self.timestamp = torch.nn.ModuleDict(
-            {name: TimestampError(window_ns=window_ns, **dist) for name in ("all", *CATEGORY_NAMES)})
-        self.timestamp_precision = torch.nn.ModuleDict(
-            {name: DigitPrecisionAccuracy(n_ts) for name in ("all", *CATEGORY_NAMES)})
-        self.keyboard = KeyboardAccuracy()
-        self.mouse_action = MouseActionAccuracy()
-        self.mouse_euclidean = EuclideanPercentError(**dist)
-        self.mouse_signed = torch.nn.ModuleDict({axis: SignedPercentError(**dist) for axis in ("x", "y")})
-        self.mouse_iqmpe = torch.nn.ModuleDict({axis: IQMPE(**dist) for axis in ("dx", "dy")})
-        self.mouse_direction = DirectionError(**dist)
-        self.mouse_precision = torch.nn.ModuleDict(
-            {name: DigitPrecisionAccuracy(n_delta) for name in ("dx", "dy", "euclidean")})
-        self.mouse_r2 = MovementR2()
+        if alignment not in ("teacher_forcing", "generation"):
+            raise ValueError(f"alignment must be 'teacher_forcing' or 'generation', got {alignment!r}")
+        if mode not in ("exact", "sketch"):
+            raise ValueError(f"mode must be 'exact' or 'sketch', got {mode!r}")
+        self.vocab, self.alignment, self.mode = vocab, alignment, mode
+        self.spec = SketchSpec(relative_accuracy, *sketch_range)
+        self.num_resamples, self.seed = num_resamples, seed
+        self.window_ns = vocab.config.timestamp_window_ns
+        self.n_ts, self.n_delta = len(vocab.config.timestamp_bases), len(vocab.config.mouse_delta_bases)
 
+        def sums(name, *shape):
+            self.add_state(name, default=torch.zeros(shape, dtype=torch.float64), dist_reduce_fx="sum")
+
+        sums("confusion", N_CAT, N_CAT + 1)  # target category x predicted category + invalid
+        sums("statuses", len(Status))
+        sums("event_counts", len(EVENT_COUNTS))
+        sums("timestamp_digits", len(GROUPS), self.n_ts + 1)  # digit-prefix matches, then the number of events
+        sums("mouse_digits", 3, self.n_delta + 1)  # dx, dy, both
+        sums("keyboard", 6)  # vk right, action right, both right, events, sum of sequence accuracies, sequences
+        sums("mouse_action", 4)  # flags right, events with flags, scroll right, events with scroll
+        sums("movement", 6)  # residual, sum gx, sum gy, sum gx², sum gy², events
+        sums("token_fields", 2, len(TOKEN_FIELDS))  # right, total
+        sums("token_loss", 2, N_CAT)  # summed loss, events
+        if mode == "exact":  # flat float64 rows of TIMESTAMP_COLUMNS / MOUSE_COLUMNS (NaN: not defined)
+            self.add_state("timestamp_samples", default=[], dist_reduce_fx="cat")
+            self.add_state("mouse_samples", default=[], dist_reduce_fx="cat")
+            self._dtype = torch.float64  # an empty list state syncs as an empty tensor of this dtype
+        else:
+            sums("timestamp_sketch", 2, len(GROUPS), self.spec.size)  # signed error, percent error
+            sums("mouse_sketch", len(MOUSE_COLUMNS), self.spec.size)
+
+    # ------------------------------------------------------------------------------------------ update
     def update(self, preds: Union[torch.Tensor, EventBatch], target: Optional[torch.Tensor] = None,
                logits: Optional[torch.Tensor] = None) -> None:
         if isinstance(preds, EventBatch):
@@ -81,105 +104,118 @@ class OWAEventMetrics(Metric):
                 if logits is not None and logits.shape[:-1] != target.shape:
                     raise ValueError(f"logits {tuple(logits.shape)} must be [B, T, V] aligned with target "
                                      f"{tuple(target.shape)}")
-                self.tokens.update(event_token_stats(batch, preds.reshape(target.shape), target,
-                                                     self.vocab.config, logits))
-        self.events.update(batch)
-        tgt, pred = batch.target, batch.pred
-        comparable = batch.comparable
+                fields, loss = token_sums(event_token_stats(batch, preds.reshape(target.shape), target,
+                                                            self.vocab.config, logits))
+                self.token_fields += fields
+                self.token_loss += loss
+        confusion, statuses, counts = event_type_sums(batch)
+        self.confusion += confusion
+        self.statuses += statuses
+        self.event_counts += counts
+        index = batch.comparable.nonzero().squeeze(1)
+        pred, true = batch.pred.take(index), batch.target.take(index)
+        self._update_timestamps(pred, true)
+        is_kb = (true.category == int(Category.KEYBOARD)).nonzero().squeeze(1)
+        kb_pred, kb_true = pred.take(is_kb), true.take(is_kb)
+        self.keyboard += keyboard_sums(kb_pred.vk, kb_pred.action, kb_true.vk, kb_true.action,
+                                       batch.seq_idx.index_select(0, index.index_select(0, is_kb)), batch.num_sequences)
+        is_mouse = (true.category == int(Category.MOUSE_OP)) | (true.category == int(Category.MOUSE_NOP))
+        mouse = is_mouse.nonzero().squeeze(1)
+        self._update_mouse(pred.take(mouse), true.take(mouse))
 
-        def take(mask: torch.Tensor):
-            index = mask.nonzero().squeeze(1)
-            return lambda x: x.index_select(0, index)
+    def _update_timestamps(self, pred, true) -> None:
+        signed_ms, percent = timestamp_errors(pred.timestamp_ns, true.timestamp_ns, self.window_ns)
+        category = true.category
+        matches = digit_precision_sums(pred.timestamp_digits, true.timestamp_digits)
+        per_cat = [digit_precision_sums(pred.timestamp_digits[category == c], true.timestamp_digits[category == c])
+                   for c in range(N_CAT)]
+        self.timestamp_digits += torch.stack([matches, *per_cat])
+        if self.mode == "exact":
+            self.timestamp_samples.append(torch.stack([signed_ms, percent, category.double()], dim=1).reshape(-1))
+        else:
+            for i, values in enumerate((signed_ms, percent)):
+                self.timestamp_sketch[i, 0] += sketch_counts(values, self.spec)
+                self.timestamp_sketch[i, 1:] += sketch_counts(values, self.spec, category, N_CAT)
 
-        rows = take(comparable)
-        self.timestamp["all"].update(rows(pred.timestamp_ns), rows(tgt.timestamp_ns))
-        self.timestamp_precision["all"].update(rows(pred.timestamp_digits), rows(tgt.timestamp_digits))
-        for i, name in enumerate(CATEGORY_NAMES):
-            rows = take(comparable & (tgt.category == i))
-            self.timestamp[name].update(rows(pred.timestamp_ns), rows(tgt.timestamp_ns))
-            self.timestamp_precision[name].update(rows(pred.timestamp_digits), rows(tgt.timestamp_digits))
+    def _update_mouse(self, pred, true) -> None:
+        p, g = torch.stack([pred.dx, pred.dy], 1), torch.stack([true.dx, true.dy], 1)
+        columns = torch.stack([euclidean_percent_error(p, g), signed_percent_error(p[:, 0], g[:, 0]),
+                               signed_percent_error(p[:, 1], g[:, 1]), direction_error_deg(p, g)], dim=1)
+        if self.mode == "exact":
+            self.mouse_samples.append(columns.reshape(-1))
+        else:
+            for i in range(len(MOUSE_COLUMNS)):
+                self.mouse_sketch[i] += sketch_counts(columns[:, i], self.spec)
+        self.mouse_action += mouse_action_sums(pred.button_flags, pred.button_data, true.button_flags,
+                                               true.button_data)
+        self.movement += movement_sums(p, g)
+        self.mouse_digits += torch.stack([
+            digit_precision_sums(pred.dx_digits, true.dx_digits), digit_precision_sums(pred.dy_digits, true.dy_digits),
+            digit_precision_sums(torch.stack([pred.dx_digits, pred.dy_digits], 2),
+                                 torch.stack([true.dx_digits, true.dy_digits], 2))])
 
-        rows = take(comparable & (tgt.kind == int(Kind.KEYBOARD)))
-        self.keyboard.update(rows(pred.vk), rows(pred.action), rows(tgt.vk), rows(tgt.action), rows(batch.seq_idx))
-
-        rows = take(comparable & (tgt.kind == int(Kind.MOUSE)))
-        p_xy, t_xy = rows(torch.stack([pred.dx, pred.dy], 1)), rows(torch.stack([tgt.dx, tgt.dy], 1))
-        self.mouse_action.update(rows(pred.button_flags), rows(pred.button_data), rows(tgt.button_flags),
-                                 rows(tgt.button_data))
-        self.mouse_euclidean.update(p_xy, t_xy)
-        self.mouse_direction.update(p_xy, t_xy)
-        self.mouse_r2.update(p_xy, t_xy)
-        for i, (axis, name) in enumerate((("x", "dx"), ("y", "dy"))):
-            self.mouse_signed[axis].update(p_xy[:, i], t_xy[:, i])
-            self.mouse_iqmpe[name].update(p_xy[:, i], t_xy[:, i])
-        p_digits, t_digits = rows(torch.stack([pred.dx_digits, pred.dy_digits], 2)), rows(
-            torch.stack([tgt.dx_digits, tgt.dy_digits], 2))
-        self.mouse_precision["dx"].update(p_digits[..., 0], t_digits[..., 0])
-        self.mouse_precision["dy"].update(p_digits[..., 1], t_digits[..., 1])
-        self.mouse_precision["euclidean"].update(p_digits, t_digits)
-
+    # ----------------------------------------------------------------------------------------- compute
     def compute(self) -> dict[str, torch.Tensor]:
-        with warnings.catch_warnings():  # a child that saw no samples (e.g. no keyboard events) is expected
-            warnings.filterwarnings("ignore", message=".*was called before the ``update`` method.*")
-            return self._compute()
-
-    def _compute(self) -> dict[str, torch.Tensor]:
-        out = dict(self.events.compute())
+        out = event_type_report(self.confusion, self.statuses, self.event_counts)
         if self.alignment == "teacher_forcing":
-            out.update(self.tokens.compute())
-        for name, metric in self.timestamp.items():
-            prefix = "timestamp" if name == "all" else f"{name}/timestamp"
-            out.update({f"{prefix}/{k}": v for k, v in metric.compute().items()})
-            out.update(_levels(f"{prefix}/precision", self.timestamp_precision[name].compute()))
-        out.update({f"keyboard/{k}": v for k, v in self.keyboard.compute().items()})
-        out.update({f"mouse/{k}": v for k, v in self.mouse_action.compute().items()})
-        euclidean = self.mouse_euclidean.compute()
-        out["mouse/euclidean_pe_p95_pct"] = euclidean["p95_pct"]
-        out["mouse/euclidean_iqmpe_pct"] = euclidean["iqmpe_pct"]
-        for axis, metric in self.mouse_signed.items():
-            res = metric.compute()
-            out[f"mouse/signed_pe_{axis}_iqm_pct"] = res["iqm_pct"]
-            out[f"mouse/signed_pe_{axis}_ci_low_pct"] = res["ci_low_pct"]
-            out[f"mouse/signed_pe_{axis}_ci_high_pct"] = res["ci_high_pct"]
-        for name, metric in self.mouse_iqmpe.items():
-            out[f"mouse/{name}_iqmpe_pct"] = metric.compute()
-        direction = self.mouse_direction.compute()
-        out["mouse/direction_error_p50_deg"] = direction["p50_deg"]
-        out["mouse/direction_error_p95_deg"] = direction["p95_deg"]
-        for name, metric in self.mouse_precision.items():
-            out.update(_levels(f"mouse/{name}_precision", metric.compute()))
-        out["mouse/r2"] = self.mouse_r2.compute()
-        return {k: v.double().to(self.device) for k, v in out.items() if not bool(torch.isnan(v))}
+            out.update(token_report(self.token_fields, self.token_loss))
+        for g, group in enumerate(GROUPS):
+            prefix = "timestamp" if group == "all" else f"{group}/timestamp"
+            signed, percent = self._timestamp_distributions(g)
+            low, high = signed.iqm_ci(self.num_resamples, self.seed)
+            out[f"{prefix}/abs_error_p95_ms"] = signed.abs().quantile(0.95)
+            out[f"{prefix}/signed_error_iqm_ms"] = signed.iqm()
+            out[f"{prefix}/signed_error_ci_low_ms"], out[f"{prefix}/signed_error_ci_high_ms"] = low, high
+            out[f"{prefix}/iqmpe_pct"] = percent.iqm()
+            out.update(_levels(f"{prefix}/precision", self.timestamp_digits[g]))
+        out.update({f"keyboard/{k}": v for k, v in keyboard_report(self.keyboard).items()})
+        out.update({f"mouse/{k}": v for k, v in mouse_action_report(self.mouse_action).items()})
+        euclidean, signed_x, signed_y, direction = self._mouse_distributions()
+        out["mouse/euclidean_pe_p95_pct"] = euclidean.quantile(0.95)
+        out["mouse/euclidean_iqmpe_pct"] = euclidean.iqm()
+        for axis, dist in (("x", signed_x), ("y", signed_y)):
+            low, high = dist.iqm_ci(self.num_resamples, self.seed)
+            out[f"mouse/signed_pe_{axis}_iqm_pct"] = dist.iqm()
+            out[f"mouse/signed_pe_{axis}_ci_low_pct"], out[f"mouse/signed_pe_{axis}_ci_high_pct"] = low, high
+            out[f"mouse/d{axis}_iqmpe_pct"] = dist.abs().iqm()
+        out["mouse/direction_error_p50_deg"], out["mouse/direction_error_p95_deg"] = direction.quantile([0.5, 0.95])
+        for i, name in enumerate(("dx", "dy", "euclidean")):
+            out.update(_levels(f"mouse/{name}_precision", self.mouse_digits[i]))
+        out["mouse/r2"] = movement_r2_report(self.movement)
+        return {k: torch.as_tensor(v, dtype=torch.float64).to(self.device) for k, v in out.items()
+                if not bool(torch.isnan(torch.as_tensor(v)))}
+
+    def _timestamp_distributions(self, group: int) -> tuple[Distribution, Distribution]:
+        if self.mode == "sketch":
+            return tuple(Distribution(counts=self.timestamp_sketch[i, group], spec=self.spec) for i in range(2))
+        rows = _rows(self.timestamp_samples, len(TIMESTAMP_COLUMNS), self.device)
+        if group:
+            rows = rows[rows[:, 2] == group - 1]
+        return Distribution(values=rows[:, 0]), Distribution(values=_finite(rows[:, 1]))
+
+    def _mouse_distributions(self) -> list[Distribution]:
+        if self.mode == "sketch":
+            return [Distribution(counts=self.mouse_sketch[i], spec=self.spec) for i in range(len(MOUSE_COLUMNS))]
+        rows = _rows(self.mouse_samples, len(MOUSE_COLUMNS), self.device)
+        return [Distribution(values=_finite(rows[:, i])) for i in range(len(MOUSE_COLUMNS))]
 
     def confusion_matrix(self) -> torch.Tensor:
         """Category confusion counts over all ranks (call on every rank): rows are the target categories
         (keyboard, mouse_op, mouse_nop, screen), columns the predicted ones and a last ``invalid`` column."""
-        with self.events.sync_context():
-            return self.events.confusion.clone()
-
-    def metrics(self) -> dict[str, Metric]:
-        """The child metrics by dotted name (``timestamp.all``, ``mouse_signed.x``, ...)."""
-        out = {}
-        for name, child in self.named_children():
-            items = child.items() if isinstance(child, torch.nn.ModuleDict) else [("", child)]
-            out.update({f"{name}.{key}" if key else name: metric for key, metric in items})
-        return out
-
-    def reset(self) -> None:
-        super().reset()
-        for metric in self.metrics().values():
-            metric.reset()
-
-    def merge_state(self, incoming_state: "OWAEventMetrics") -> None:
-        """Merge another `OWAEventMetrics`' states into this one (child by child)."""
-        if not isinstance(incoming_state, OWAEventMetrics):
-            raise ValueError(f"expected an OWAEventMetrics to merge, got {type(incoming_state).__name__}")
-        theirs = incoming_state.metrics()
-        for name, metric in self.metrics().items():
-            metric.merge_state(theirs[name])
-        self._update_count += incoming_state._update_count
-        self._computed = None
+        with self.sync_context():
+            return self.confusion.clone()
 
 
-def _levels(prefix: str, values: torch.Tensor) -> dict[str, torch.Tensor]:
-    return {f"{prefix}_p{j + 1}": v for j, v in enumerate(values)}
+def _rows(state, width: int, device) -> torch.Tensor:
+    flat = dim_zero_cat(state) if (not isinstance(state, list) or state) else torch.zeros(0, dtype=torch.float64,
+                                                                                         device=device)
+    return flat.reshape(-1, width)
+
+
+def _finite(values: torch.Tensor) -> torch.Tensor:
+    return values[~torch.isnan(values)]
+
+
+def _levels(prefix: str, sums: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``{prefix}_p1`` ... from `digit_precision_sums` (matches per level, then the number of samples)."""
+    return {f"{prefix}_p{j + 1}": ratio(v, sums[-1]) for j, v in enumerate(sums[:-1])}

@@ -6,16 +6,12 @@ import torch
 from torchmetrics import Metric
 
 from ..functional.events import (
-    direction_error_deg, euclidean_percent_error, percent_error, signed_percent_error, timestamp_percent_error,
-    wrapped_difference,
+    direction_error_deg, euclidean_percent_error, movement_r2_report, movement_sums, percent_error,
+    signed_percent_error, timestamp_errors,
 )
 from .base import SampleMetric
 
 DEFAULT_WINDOW_NS = 16_000_000_000
-
-
-def _nan() -> torch.Tensor:
-    return torch.tensor(float("nan"), dtype=torch.float64)
 
 
 class IQMPE(SampleMetric):
@@ -83,9 +79,9 @@ class TimestampError(SampleMetric):
         self._add_sample_state("percent_errors")
 
     def update(self, preds_ns: torch.Tensor, target_ns: torch.Tensor) -> None:
-        signed_ms = wrapped_difference(preds_ns, target_ns, self.window_ns).double() / 1e6
+        signed_ms, percent = timestamp_errors(preds_ns, target_ns, self.window_ns)
         self._push("signed_errors_ms", signed_ms)
-        self._push("percent_errors", timestamp_percent_error(signed_ms, target_ns))
+        self._push("percent_errors", percent)
 
     def compute(self) -> dict[str, torch.Tensor]:
         signed = self._distribution("signed_errors_ms")
@@ -143,7 +139,7 @@ class EuclideanPercentError(SampleMetric):
 
 
 class MovementR2(Metric):
-    """R² of movement vectors: ``1 - sum ||p - g||² / sum ||g - mean(g)||²`` from five running sums."""
+    """R² of movement vectors: ``1 - sum ||p - g||² / sum ||g - mean(g)||²`` from running sums."""
 
     full_state_update = False
     is_differentiable = False
@@ -152,22 +148,14 @@ class MovementR2(Metric):
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
-        for name in ("residual", "sum_g", "sum_g2", "n"):
-            shape = (2,) if name in ("sum_g", "sum_g2") else ()
-            self.add_state(name, default=torch.zeros(shape, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("sums", default=torch.zeros(6, dtype=torch.float64), dist_reduce_fx="sum")
 
     def update(self, preds: torch.Tensor, target: torch.Tensor) -> None:
-        preds, target = preds.double().reshape(-1, 2), target.double().reshape(-1, 2)
-        self.residual += ((preds - target) ** 2).sum()
-        self.sum_g += target.sum(dim=0)
-        self.sum_g2 += (target ** 2).sum(dim=0)
-        self.n += target.shape[0]
+        """``preds``, ``target``: [N, 2] movement vectors (dx, dy)."""
+        self.sums += movement_sums(preds, target)
 
     def compute(self) -> torch.Tensor:
-        if self.n == 0:
-            return _nan()
-        total = (self.sum_g2 - self.sum_g ** 2 / self.n).sum()
-        return 1 - self.residual / total
+        return movement_r2_report(self.sums)
 
     def plot(self, val=None, ax=None):
         return self._plot(val, ax)
