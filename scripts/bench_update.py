@@ -5,8 +5,8 @@
 
 ``update``: `OWAEventMetrics.update` (teacher forcing, exact and sketch mode) on a simulated batch, next to
 the reference that works the way the upstream OWA evaluator does: per target event, the tokenizer decodes
-the predicted and the true span to strings, a regex splits them, the codec parses them, and Python lists
-accumulate the errors. Label tokens/s count B x T positions. Medians; threads 1 and the default.
+the predicted and the true span to strings, a regex splits them, the codec parses them, and a per-event
+comparison record (timestamp, digit matches, mouse / keyboard fields) is appended to a Python list. Label tokens/s count B x T positions. Medians; threads 1 and the default.
 
 ``compute``: one IQM + bootstrap CI (B = 1000) over n signed errors in exact and sketch mode, the state
 bytes, and the reference's numpy IQM with a Python loop of 1000 resamples (only up to 10^4: it is slow).
@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from owa_metrics import EventCodec, EventDecodeError, OWAEventMetrics, SignedPercentError, build_tokenizer
+from owa_metrics.metrics.per_event import compare_events
 from owa_metrics.events import simulate_session
 
 
@@ -37,43 +38,29 @@ def make_batch(vocab, batch: int, seq_len: int, seed: int = 0):
 
 
 class UpstreamStyleReference:
-    """Per-event string path: tokenizer.decode each span, regex + parse, accumulate in Python lists."""
+    """Per-event string path: tokenizer.decode each span, regex + parse, one comparison record per event
+    (seed 004's per-event structure, built by `owa_metrics.metrics.per_event`), kept in Python lists."""
 
     def __init__(self, tokenizer):
         self.tokenizer, self.codec = tokenizer, EventCodec()
-        self.errors: dict[str, list] = {"timestamp_ms": [], "dx_pe": [], "dy_pe": [], "direction": []}
-        self.counts = {"events": 0, "comparable": 0, "keyboard": 0, "keyboard_right": 0}
+        self.records: list[dict] = []
 
     def update(self, preds: torch.Tensor, target: torch.Tensor) -> None:
-        window = self.codec.config.timestamp_window_ns
         for p_row, t_row in zip(preds.tolist(), target.tolist()):
             tokens = [self.tokenizer.convert_ids_to_tokens(i) if i >= 0 else None for i in t_row]
             for first, last, cut in self.codec.spans(tokens):
                 head = "<EVENT_START>" if cut else ""
                 t_ids = [i for i in t_row[first:last + 1] if i >= 0]
                 p_ids = [p for p, t in zip(p_row[first:last + 1], t_row[first:last + 1]) if t >= 0]
-                self.counts["events"] += 1
+                record = {"comparable": False}
                 try:
                     truth = self.codec.decode(head + self.tokenizer.decode(t_ids))
                     pred = self.codec.decode(head + self.tokenizer.decode(p_ids))
+                    if pred.kind == truth.kind:
+                        record = {"comparable": True, **compare_events(self.codec, pred, truth)}
                 except EventDecodeError:
-                    continue
-                if pred.kind != truth.kind:
-                    continue
-                self.counts["comparable"] += 1
-                error = (pred.timestamp_ns - truth.timestamp_ns + window // 2) % window - window // 2
-                self.errors["timestamp_ms"].append(error / 1e6)
-                if truth.kind == "keyboard":
-                    self.counts["keyboard"] += 1
-                    self.counts["keyboard_right"] += pred.vk == truth.vk and pred.action == truth.action
-                elif truth.kind == "mouse":
-                    if truth.dx:
-                        self.errors["dx_pe"].append((pred.dx - truth.dx) / truth.dx * 100)
-                    if truth.dy:
-                        self.errors["dy_pe"].append((pred.dy - truth.dy) / truth.dy * 100)
-                    if truth.dx or truth.dy:
-                        d = abs(np.arctan2(pred.dy, pred.dx) - np.arctan2(truth.dy, truth.dx))
-                        self.errors["direction"].append(np.degrees(min(d, 2 * np.pi - d)))
+                    pass
+                self.records.append(record)
 
 
 def reference_iqm_ci(values, resamples: int = 1000, seed: int = 42):

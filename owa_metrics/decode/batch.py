@@ -38,8 +38,8 @@ VALUE_COLUMNS = ("category", "timestamp_ns", "vk", "action", "dx", "dy", "button
 class EventFields:
     """Decoded fields of one side (target or prediction), one row per target event.
 
-    ``values`` [N, 8] holds the `VALUE_COLUMNS` (also readable by name: ``fields.dx``; ``action`` 0 press,
-    1 release) and ``digits`` [N, n_ts + 2 n_delta] the timestamp, dx and dy digits (sign digit first).
+    ``values`` [N, 8] (int64) holds the `VALUE_COLUMNS` (also readable by name: ``fields.dx``; ``action`` 0
+    press, 1 release) and ``digits`` [N, n_ts + 2 n_delta] (int32) the timestamp, dx and dy digits (sign first).
     They are meaningful where ``status == Status.VALID``; elsewhere numbers are 0, digits -1 and the
     category is ``Category.INVALID``. ``kind`` is what the type token said (-1: none), valid or not.
     ``start`` / ``end`` are the token span in the side's own sequence (inclusive; -1: no predicted event);
@@ -83,7 +83,7 @@ class EventFields:
         values = torch.zeros((n, len(VALUE_COLUMNS)), dtype=torch.int64, device=device)
         values[:, 0] = int(Category.INVALID)
         digits = torch.full((n, len(config.timestamp_bases) + 2 * len(config.mouse_delta_bases)), -1,
-                            dtype=torch.int64, device=device)
+                            dtype=torch.int32, device=device)
         return values, digits
 
 
@@ -214,20 +214,20 @@ def _spans(code: torch.Tensor) -> _Spans:
     prev_end = torch.cat([no, same_row & ~is_start[:-1]])
     orphan = ~is_start & ~prev_start  # an end with no start since the previous end
     sel = (is_start | orphan).nonzero().squeeze(1)
-    seq, at, cut = row[sel], struct[sel], orphan[sel]
-    nxt = torch.cat([struct[1:], struct[:1]])[sel]
-    prv = torch.cat([struct[:1], struct[:-1]])[sel]
+    seq, at, cut = row.index_select(0, sel), struct.index_select(0, sel), orphan.index_select(0, sel)
+    nxt = torch.cat([struct[1:], struct[:1]]).index_select(0, sel)
+    prv = torch.cat([struct[:1], struct[:-1]]).index_select(0, sel)
 
     # trailing ignored / episode tokens are padding: a span cut by the row's end stops before them
-    pos = torch.arange(T, device=code.device)
-    kept = ((code & SKIP_BIT) == 0)
-    row_last = torch.where(kept, pos, -1).amax(1) + torch.arange(B, device=code.device) * T
-    last = torch.where(cut | next_end[sel], torch.where(cut, at, nxt),
-                       torch.where(next_start[sel], nxt - 1, row_last[seq]))
+    kept = (code & SKIP_BIT) == 0
+    row_last = (kept * torch.arange(1, T + 1, dtype=torch.int32, device=code.device)).amax(1).long() - 1
+    row_last = row_last + torch.arange(B, device=code.device) * T
+    last = torch.where(cut | next_end.index_select(0, sel), torch.where(cut, at, nxt),
+                       torch.where(next_start.index_select(0, sel), nxt - 1, row_last.index_select(0, seq)))
     first = at.clone()
     orphans = cut.nonzero().squeeze(1)
     if orphans.numel():  # a cut-off span starts at the first kept token after the previous end (or row start)
-        before = torch.where(prev_end[sel][orphans], prv[orphans], seq[orphans] * T - 1)
+        before = torch.where(prev_end.index_select(0, sel)[orphans], prv[orphans], seq[orphans] * T - 1)
         first[orphans] = _first_kept_after(kept.view(-1), before)
     return _Spans(seq, first, last, cut, T)
 
@@ -271,16 +271,21 @@ class _Layouts:
         self.rules = torch.tensor(rules, dtype=torch.int32, device=device)
         self.length = torch.tensor([len(s) for s in layouts], device=device)
         self.offsets = torch.arange(self.width, dtype=torch.int32, device=device)[:, None]
-        self.head, self.scroll_slot = len(head), len(mouse)
         self.n_ts, self.n_delta = len(c.timestamp_bases), len(c.mouse_delta_bases)
+        self.head, self.scroll_slot = len(head), len(mouse)
         self.vk_slot, self.action_slot = 2 + self.n_ts, 3 + self.n_ts
         self.delta_slots = slice(2 + self.n_ts, 2 + self.n_ts + 2 * self.n_delta)
-        self.flag_slots = slice(self.delta_slots.stop, len(mouse))
-        self.scroll_slots = slice(len(mouse), len(mouse) + len(c.scroll_bases))
-        self.ts_weights = _weights(c.timestamp_bases, device)
-        self.delta_weights, self.delta_range = _weights(c.mouse_delta_bases, device), math.prod(c.mouse_delta_bases)
-        self.flag_weights = _weights(c.button_flag_bases, device)
-        self.scroll_weights, self.scroll_range = _weights(c.scroll_bases, device), math.prod(c.scroll_bases)
+        # mixed-radix place values per slot: one matrix product reads timestamp, dx, dy, flags and scroll
+        radix = torch.zeros(5, self.width, dtype=torch.float64)
+        n_d = len(c.mouse_delta_bases)
+        for row, (first, step, bases) in enumerate([
+                (2, 1, c.timestamp_bases), (2 + self.n_ts, 2, c.mouse_delta_bases),
+                (3 + self.n_ts, 2, c.mouse_delta_bases), (2 + self.n_ts + 2 * n_d, 1, c.button_flag_bases),
+                (len(mouse), 1, c.scroll_bases)]):
+            for i, _ in enumerate(bases):
+                radix[row, first + i * step] = math.prod(bases[i + 1:])
+        self.radix = radix.to(device)
+        self.delta_range, self.scroll_range = math.prod(c.mouse_delta_bases), math.prod(c.scroll_bases)
         self.unit_ns, self.scroll_unit = c.timestamp_unit_ns, c.scroll_unit
         # values of a row that does not decode: category INVALID, numbers 0
         self.blank = torch.tensor([int(Category.INVALID)] + [0] * 7, device=device)
@@ -292,11 +297,6 @@ class _Layouts:
         if key not in cls._cache:
             cls._cache[key] = cls(config, device)
         return cls._cache[key]
-
-
-def _weights(bases, device) -> torch.Tensor:
-    """Place values of mixed-radix digits, most significant first, as a column [len(bases), 1]."""
-    return torch.tensor([math.prod(bases[i + 1:]) for i in range(len(bases))], dtype=torch.int32, device=device)[:, None]
 
 
 def _signed(value: torch.Tensor, total: int) -> torch.Tensor:
@@ -356,22 +356,18 @@ def _decode_side(code: torch.Tensor, spans: _Spans, L: _Layouts) -> EventFields:
 
     ts_digits = v[2:2 + L.n_ts]
     dx_digits, dy_digits = v[L.delta_slots][0::2], v[L.delta_slots][1::2]  # interleaved dx0 dy0 dx1 dy1 ...
-    flags = (v[L.flag_slots] * L.flag_weights).sum(0) * is_mouse
+    ts_units, dx, dy, flags, scroll = (L.radix @ v.double()).round().long()
+    flags = flags * is_mouse
     category = torch.where(is_mouse, torch.where(flags != 0, int(Category.MOUSE_OP), int(Category.MOUSE_NOP)),
                            torch.where(is_screen, int(Category.SCREEN), int(Category.KEYBOARD)))
-    values = torch.stack([x.long() for x in (
-        category,
-        (ts_digits * L.ts_weights).sum(0).long() * L.unit_ns,
-        v[L.vk_slot] * is_kb,
-        is_kb & (r[L.action_slot] == int(Role.RELEASE)),
-        _signed((dx_digits * L.delta_weights).sum(0), L.delta_range) * is_mouse,
-        _signed((dy_digits * L.delta_weights).sum(0), L.delta_range) * is_mouse,
-        flags,
-        _signed((v[L.scroll_slots] * L.scroll_weights).sum(0), L.scroll_range) * (is_mouse & has_scroll) * L.scroll_unit,
-    )])
-    values = torch.where(ok, values, L.blank[:, None]).T
+    values = torch.stack([
+        category, ts_units * L.unit_ns, v[L.vk_slot].long() * is_kb, (is_kb & (r[L.action_slot] == int(Role.RELEASE))).long(),
+        _signed(dx, L.delta_range) * is_mouse, _signed(dy, L.delta_range) * is_mouse, flags,
+        _signed(scroll, L.scroll_range) * (is_mouse & has_scroll) * L.scroll_unit,
+    ])
+    values = torch.where(ok, values, L.blank[:, None]).T.contiguous()
     digits = torch.cat([ts_digits, dx_digits, dy_digits])
-    digits = torch.where(torch.where(L.digit_is_delta, ok & is_mouse, ok), digits, -1).long().T
+    digits = torch.where(torch.where(L.digit_is_delta, ok & is_mouse, ok), digits, -1).T.contiguous()
     row_start = spans.seq * spans.row_len
     return EventFields(status=status, kind=kind, values=values, digits=digits, start=spans.first - row_start,
                        end=spans.last - row_start, start_cut=spans.cut, n_timestamp_digits=L.n_ts)

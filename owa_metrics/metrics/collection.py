@@ -12,7 +12,7 @@ from torchmetrics.utilities.data import dim_zero_cat
 from ..decode.batch import Alignment, EventBatch, decode_batch
 from ..events.event import CATEGORY_NAMES, Category, Status
 from ..functional.events import (
-    EVENT_COUNTS, digit_precision_sums, direction_error_deg, euclidean_percent_error, event_type_report,
+    EVENT_COUNTS, digit_matches, digit_precision_sums, direction_error_deg, euclidean_percent_error, event_type_report,
     event_type_sums, keyboard_report, keyboard_sums, mouse_action_report, mouse_action_sums, movement_r2_report,
     movement_sums, ratio, signed_percent_error, timestamp_errors,
 )
@@ -126,16 +126,19 @@ class OWAEventMetrics(Metric):
     def _update_timestamps(self, pred, true) -> None:
         signed_ms, percent = timestamp_errors(pred.timestamp_ns, true.timestamp_ns, self.window_ns)
         category = true.category
-        matches = digit_precision_sums(pred.timestamp_digits, true.timestamp_digits)
-        per_cat = [digit_precision_sums(pred.timestamp_digits[category == c], true.timestamp_digits[category == c])
-                   for c in range(N_CAT)]
-        self.timestamp_digits += torch.stack([matches, *per_cat])
+        matches = digit_matches(pred.timestamp_digits, true.timestamp_digits).double()
+        rows = torch.cat([matches, torch.ones_like(signed_ms)[:, None]], dim=1)  # as `digit_precision_sums`, per row
+        self.timestamp_digits += torch.cat([rows.sum(dim=0)[None],
+                                            torch.zeros((N_CAT, rows.shape[1]), dtype=torch.float64,
+                                                        device=rows.device).index_add_(0, category, rows)])
         if self.mode == "exact":
             self.timestamp_samples.append(torch.stack([signed_ms, percent, category.double()], dim=1).reshape(-1))
-        else:
-            for i, values in enumerate((signed_ms, percent)):
-                self.timestamp_sketch[i, 0] += sketch_counts(values, self.spec)
-                self.timestamp_sketch[i, 1:] += sketch_counts(values, self.spec, category, N_CAT)
+        else:  # rows of the sketch state: (quantity, group) with group 0 = all, 1 + c = category c
+            groups = len(GROUPS)
+            self.timestamp_sketch += sketch_counts(
+                torch.cat([signed_ms, signed_ms, percent, percent]), self.spec,
+                torch.cat([torch.zeros_like(category), category + 1, torch.full_like(category, groups),
+                           category + 1 + groups]), 2 * groups).view(2, groups, -1)
 
     def _update_mouse(self, pred, true) -> None:
         p, g = torch.stack([pred.dx, pred.dy], 1), torch.stack([true.dx, true.dy], 1)
@@ -144,8 +147,8 @@ class OWAEventMetrics(Metric):
         if self.mode == "exact":
             self.mouse_samples.append(columns.reshape(-1))
         else:
-            for i in range(len(MOUSE_COLUMNS)):
-                self.mouse_sketch[i] += sketch_counts(columns[:, i], self.spec)
+            quantity = torch.arange(len(MOUSE_COLUMNS), device=columns.device).repeat_interleave(columns.shape[0])
+            self.mouse_sketch += sketch_counts(columns.T.reshape(-1), self.spec, quantity, len(MOUSE_COLUMNS))
         self.mouse_action += mouse_action_sums(pred.button_flags, pred.button_data, true.button_flags,
                                                true.button_data)
         self.movement += movement_sums(p, g)

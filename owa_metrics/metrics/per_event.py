@@ -50,7 +50,7 @@ def compute_metrics_for_event(prediction: str, ground_truth: str, config: Option
             "mouse_metrics": None, "keyboard_metrics": None, "screen_metrics": None,
         }
         if status == Status.VALID:
-            record.update(_compare(codec, pred.event, truth.event))
+            record.update(compare_events(codec, pred.event, truth.event))
         comparisons.append(record)
 
     comparable = [r for r in comparisons if r["comparable"]]
@@ -101,8 +101,8 @@ def compute_metrics_for_event(prediction: str, ground_truth: str, config: Option
     }
 
 
-def _compare(codec: EventCodec, pred: Event, truth: Event) -> dict:
-    """Field comparisons of a comparable pair (same kind, both decoded)."""
+def compare_events(codec: EventCodec, pred: Event, truth: Event) -> dict:
+    """Field comparisons of a comparable pair (same kind, both decoded): one event comparison record's fields."""
     c = codec.config
     window = c.timestamp_window_ns
     error_ns = (pred.timestamp_ns - truth.timestamp_ns + window // 2) % window - window // 2
