@@ -23,7 +23,8 @@ except PackageNotFoundError:  # running from a source tree that is not installed
 __all__ = [
     "IQMPE", "DigitPrecisionAccuracy", "DirectionError", "EuclideanPercentError", "KeyboardAccuracy",
     "MouseActionAccuracy", "MovementR2", "OWAEventMetrics", "SignedPercentError", "TimestampError",
-    "compute_metrics_for_event", "CATEGORY_NAMES", "Category", "CodecConfig", "Event", "EventBatch", "EventCodec", "EventDecodeError",
+    "compute_metrics_for_event", "CATEGORY_NAMES", "Category", "CodecConfig", "Event", "EventBatch", "EventCodec",
+    "EventDecodeError",
     "EventFields", "Kind", "Role", "Status", "VocabMap", "align_teacher_forcing", "build_tokenizer",
     "decode_batch", "reference_decode", "__version__",
 ]

@@ -6,7 +6,8 @@
 ``update``: `OWAEventMetrics.update` (teacher forcing, exact and sketch mode) on a simulated batch, next to
 the reference that works the way the upstream OWA evaluator does: per target event, the tokenizer decodes
 the predicted and the true span to strings, a regex splits them, the codec parses them, and a per-event
-comparison record (timestamp, digit matches, mouse / keyboard fields) is appended to a Python list. Label tokens/s count B x T positions. Medians; threads 1 and the default.
+comparison record (timestamp, digit matches, mouse / keyboard fields) is appended to a Python list.
+Label tokens/s count B x T positions. Medians; threads 1 and the default.
 
 ``compute``: one IQM + bootstrap CI (B = 1000) over n signed errors in exact and sketch mode, the state
 bytes, and the reference's numpy IQM with a Python loop of 1000 resamples (only up to 10^4: it is slow);

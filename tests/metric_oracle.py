@@ -97,7 +97,8 @@ def oracle_report(sequences):
         scrolls = [(p, t) for p, t in mouse if t.button_data]
         if scrolls:
             out["mouse/scroll_accuracy"] = np.mean([p.button_data == t.button_data for p, t in scrolls])
-        eu = [math.hypot(p.dx - t.dx, p.dy - t.dy) / math.hypot(t.dx, t.dy) * 100 for p, t in mouse if (t.dx, t.dy) != (0, 0)]
+        eu = [math.hypot(p.dx - t.dx, p.dy - t.dy) / math.hypot(t.dx, t.dy) * 100
+              for p, t in mouse if (t.dx, t.dy) != (0, 0)]
         if eu:
             out["mouse/euclidean_pe_p95_pct"] = np.percentile(eu, 95)
             out["mouse/euclidean_iqmpe_pct"] = np_iqm(eu)
@@ -105,7 +106,8 @@ def oracle_report(sequences):
             signed = [(get(p) - get(t)) / get(t) * 100 for p, t in mouse if get(t) != 0]
             if signed:
                 out[f"mouse/signed_pe_{axis}_iqm_pct"] = np_iqm(signed)
-                out[f"mouse/signed_pe_{axis}_ci_low_pct"], out[f"mouse/signed_pe_{axis}_ci_high_pct"] = np_bootstrap_ci(signed)
+                low, high = np_bootstrap_ci(signed)
+                out[f"mouse/signed_pe_{axis}_ci_low_pct"], out[f"mouse/signed_pe_{axis}_ci_high_pct"] = low, high
                 out[f"mouse/d{axis}_iqmpe_pct"] = np_iqm(np.abs(signed))
         angles = []
         for p, t in mouse:

@@ -85,7 +85,8 @@ def test_synced_compute_equals_one_process(tmp_path, world):
         assert got["confusion"] == confusion
         assert got["report"].keys() == report.keys()
         # exact mode: the same values; sketch mode: the same bucket sums, so the same result too
-        differ = {k: (got["report"][k], v) for k, v in report.items() if abs(got["report"][k] - v) > 1e-12 * max(1, abs(v))}
+        differ = {k: (got["report"][k], v) for k, v in report.items()
+                  if abs(got["report"][k] - v) > 1e-12 * max(1, abs(v))}
         assert not differ, differ
     exact, sketch = expected["exact"][0], expected["sketch"][0]
     for key in ("timestamp/abs_error_p95_ms", "mouse/direction_error_p95_deg", "mouse/euclidean_pe_p95_pct"):

@@ -208,7 +208,8 @@ def test_report_equals_oracle_teacher_forcing_with_logits(tokenizer):
         for e in truths:
             n = len(vocab.encode([e]))
             labels = target[b, pos:pos + n].numpy()
-            per_cat[e.category.name.lower()].append(sum(-logp[b, pos + i, l] for i, l in enumerate(labels) if l >= 0))
+            per_cat[e.category.name.lower()].append(
+                sum(-logp[b, pos + i, label] for i, label in enumerate(labels) if label >= 0))
             fields = {2: "timestamp", 3: "timestamp", 4: "timestamp"}
             if e.kind == "keyboard":
                 fields[5] = "vk"

@@ -361,7 +361,8 @@ def _decode_side(code: torch.Tensor, spans: _Spans, L: _Layouts) -> EventFields:
     category = torch.where(is_mouse, torch.where(flags != 0, int(Category.MOUSE_OP), int(Category.MOUSE_NOP)),
                            torch.where(is_screen, int(Category.SCREEN), int(Category.KEYBOARD)))
     values = torch.stack([
-        category, ts_units * L.unit_ns, v[L.vk_slot].long() * is_kb, (is_kb & (r[L.action_slot] == int(Role.RELEASE))).long(),
+        category, ts_units * L.unit_ns, v[L.vk_slot].long() * is_kb,
+        (is_kb & (r[L.action_slot] == int(Role.RELEASE))).long(),
         _signed(dx, L.delta_range) * is_mouse, _signed(dy, L.delta_range) * is_mouse, flags,
         _signed(scroll, L.scroll_range) * (is_mouse & has_scroll) * L.scroll_unit,
     ])

@@ -149,7 +149,8 @@ class SketchSpec:
         """Bucket of each value, in value order."""
         x = x.double()
         m = self.buckets_per_sign
-        k = (torch.ceil(torch.log(x.abs().clamp(min=self.min_value)) / self.log_gamma) - self._k_min).clamp(0, m - 1).long()
+        k = torch.ceil(torch.log(x.abs().clamp(min=self.min_value)) / self.log_gamma) - self._k_min
+        k = k.clamp(0, m - 1).long()
         tiny = x.abs() < self.min_value
         return torch.where(tiny, m, torch.where(x > 0, m + 1 + k, m - 1 - k))
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Iterator, NamedTuple, Optional, Sequence
 
 from ..events.event import Event, Status
@@ -230,7 +230,8 @@ class EventCodec:
         timestamp_ns = self._number(cur, c.timestamp_bases) * c.timestamp_unit_ns
         if kind == "keyboard":
             vk = self._number(cur, (c.num_digit_tokens,))
-            action = "press" if cur.take(lambda t: t in (c.press_token, c.release_token), "press/release") == c.press_token else "release"
+            action_token = cur.take(lambda t: t in (c.press_token, c.release_token), "press/release")
+            action = "press" if action_token == c.press_token else "release"
             event = Event(kind="keyboard", timestamp_ns=timestamp_ns, vk=vk, action=action)
         elif kind == "mouse":
             pairs = [(self._number(cur, (b,)), self._number(cur, (b,))) for b in c.mouse_delta_bases]
@@ -240,7 +241,8 @@ class EventCodec:
             button_data = 0
             if cur.peek() in self._digit_value:
                 button_data = self._number(cur, c.scroll_bases, signed=True) * c.scroll_unit
-            event = Event(kind="mouse", timestamp_ns=timestamp_ns, dx=dx, dy=dy, button_flags=flags, button_data=button_data)
+            event = Event(kind="mouse", timestamp_ns=timestamp_ns, dx=dx, dy=dy, button_flags=flags,
+                          button_data=button_data)
         else:
             first = cur.pos
             while not cur.at_end() and (cur.peek() is None or cur.peek() in self._image_role):
