@@ -17,26 +17,14 @@ then the whole `OWAEventMetrics.compute()` after five 32 x 2048 updates.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import numpy as np
 import torch
 
 from owa_metrics import EventCodec, EventDecodeError, OWAEventMetrics, SignedPercentError, build_tokenizer
 from owa_metrics.metrics.per_event import compare_events
-from owa_metrics.events import simulate_session
 
-
-def make_batch(vocab, batch: int, seq_len: int, seed: int = 0):
-    """Targets from the simulator (image labels -100); predictions: the targets with 5 % of tokens replaced."""
-    events = simulate_session(duration_s=batch * seq_len / 25, seed=seed)
-    sequences = vocab.encode_sequences(events, seq_len, ignore_images=True)[:batch]
-    target = torch.tensor([s + [-100] * (seq_len - len(s)) for s in sequences])
-    g = torch.Generator().manual_seed(seed)
-    noise = torch.randint(0, vocab.size, target.shape, generator=g)
-    preds = torch.where(torch.rand(target.shape, generator=g) < 0.05, noise, target.clamp(min=0))
-    return preds, target
+from bench_decode import make_batch, timed  # scripts/ is on sys.path when run as a script
 
 
 class UpstreamStyleReference:
@@ -77,15 +65,6 @@ def reference_iqm_ci(values, resamples: int = 1000, seed: int = 42):
     return iqm(x), np.percentile(reps, [2.5, 97.5])
 
 
-def median_time(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        begin = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - begin)
-    return statistics.median(times)
-
-
 def bench_update(repeats: int) -> None:
     tokenizer = build_tokenizer()
     print(f"torch {torch.__version__}, default threads {torch.get_num_threads()}")
@@ -94,7 +73,7 @@ def bench_update(repeats: int) -> None:
         probe = OWAEventMetrics(tokenizer)
         preds, target = make_batch(probe.vocab, batch, seq_len)
         positions = target.numel()
-        ref_s = median_time(lambda: UpstreamStyleReference(tokenizer).update(preds, target), 3)
+        ref_s = timed(lambda: UpstreamStyleReference(tokenizer).update(preds, target), 3)
         print(f"{batch}x{seq_len:>5} {'upstream-style string path':<34} {'-':>7} {ref_s * 1e3:>10.1f} "
               f"{positions / ref_s:>13,.0f} {'1x':>12}")
         default_threads = torch.get_num_threads()
@@ -104,7 +83,7 @@ def bench_update(repeats: int) -> None:
                 metric = OWAEventMetrics(tokenizer, mode=mode)
                 for _ in range(2):
                     metric.update(preds, target)
-                s = median_time(lambda: metric.update(preds, target), repeats)
+                s = timed(lambda: metric.update(preds, target), repeats)
                 print(f"{batch}x{seq_len:>5} {'OWAEventMetrics.update (' + mode + ')':<34} {threads:>7} {s * 1e3:>10.2f} "
                       f"{positions / s:>13,.0f} {ref_s / s:>11.0f}x")
         torch.set_num_threads(default_threads)
@@ -126,11 +105,11 @@ def bench_compute(sizes: list[int], repeats: int) -> None:
                 metric._computed = None  # force a fresh compute (no cached result)
                 metric.compute()
 
-            s = median_time(run, repeats if mode == "sketch" or n <= 10**5 else 1)
+            s = timed(run, repeats if mode == "sketch" or n <= 10**5 else 1)
             print(f"{n:>9} {mode:<10} {s * 1e3:>11.1f} {nbytes:>12,}")
         if n <= 10**4:
             values = ((pred - true) / true * 100).numpy()
-            s = median_time(lambda: reference_iqm_ci(values), 1)
+            s = timed(lambda: reference_iqm_ci(values), 1)
             print(f"{n:>9} {'reference':<10} {s * 1e3:>11.1f} {'-':>12}")
     tokenizer = build_tokenizer()
     print("\nOWAEventMetrics.compute() after 5 updates of 32 x 2048 (7 bootstrap CIs, every key):")
@@ -143,7 +122,7 @@ def bench_compute(sizes: list[int], repeats: int) -> None:
             metric._computed = None
             return metric.compute()
 
-        s = median_time(run, 3)
+        s = timed(run, 3)
         print(f"{mode:<7} {int(run()['count/valid_target_events']):>7} events {s * 1e3:>9.1f} ms")
 
 

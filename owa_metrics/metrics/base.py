@@ -90,6 +90,10 @@ class SampleMetric(Metric):
         else:
             setattr(self, name, getattr(self, name) + sketch_counts(values, self.spec).to(self.device))
 
+    def plot(self, val=None, ax=None):
+        """Plot a result (or ``compute()``'s) with torchmetrics' plotting."""
+        return self._plot(val, ax)
+
     def _distribution(self, name: str) -> Distribution:
         state = getattr(self, name)
         if self.mode == "sketch":

@@ -33,10 +33,6 @@ class IQMPE(SampleMetric):
     def compute(self) -> torch.Tensor:
         return self._distribution("percent_errors").iqm()
 
-    def plot(self, val=None, ax=None):
-        return self._plot(val, ax)
-
-
 class DirectionError(SampleMetric):
     """Angle between predicted and true (dx, dy), ``min(|dθ|, 360 - |dθ|)`` degrees via atan2; true zero
     vectors left out. ``compute()`` -> ``{"p50_deg", "p95_deg"}``."""
@@ -55,10 +51,6 @@ class DirectionError(SampleMetric):
     def compute(self) -> dict[str, torch.Tensor]:
         p50, p95 = self._distribution("errors_deg").quantile([0.5, 0.95])
         return {"p50_deg": p50, "p95_deg": p95}
-
-    def plot(self, val=None, ax=None):
-        return self._plot(val, ax)
-
 
 class TimestampError(SampleMetric):
     """Timestamp errors, wrap-aware in the token format's window (15.99 s vs 0.01 s is +20 ms):
@@ -90,10 +82,6 @@ class TimestampError(SampleMetric):
                 "signed_error_ci_low_ms": low, "signed_error_ci_high_ms": high,
                 "iqmpe_pct": self._distribution("percent_errors").iqm()}
 
-    def plot(self, val=None, ax=None):
-        return self._plot(val, ax)
-
-
 class SignedPercentError(SampleMetric):
     """IQM of the signed percent error ``(pred - gt) / gt * 100`` (gt != 0) with its bootstrap CI:
     ``{"iqm_pct", "ci_low_pct", "ci_high_pct"}`` (positive: overshoot)."""
@@ -112,10 +100,6 @@ class SignedPercentError(SampleMetric):
         low, high = dist.iqm_ci(self.num_resamples, self.seed)
         return {"iqm_pct": dist.iqm(), "ci_low_pct": low, "ci_high_pct": high}
 
-    def plot(self, val=None, ax=None):
-        return self._plot(val, ax)
-
-
 class EuclideanPercentError(SampleMetric):
     """``||p - g|| / ||g|| * 100`` of movement vectors (g != 0): ``{"p95_pct", "iqmpe_pct"}``."""
 
@@ -133,10 +117,6 @@ class EuclideanPercentError(SampleMetric):
     def compute(self) -> dict[str, torch.Tensor]:
         dist = self._distribution("percent_errors")
         return {"p95_pct": dist.quantile(0.95), "iqmpe_pct": dist.iqm()}
-
-    def plot(self, val=None, ax=None):
-        return self._plot(val, ax)
-
 
 class MovementR2(Metric):
     """R² of movement vectors: ``1 - sum ||p - g||² / sum ||g - mean(g)||²`` from running sums."""
