@@ -104,3 +104,14 @@ def test_sequence_decoder_never_raises(codec, tokens):
     text = "".join(tokens)
     for d in codec.iter_decode(text):
         assert (d.event is None) == (d.status != Status.VALID)
+
+
+def test_codec_yaml_preset_is_the_default(codec):
+    import yaml
+
+    from owa_metrics import CodecConfig
+
+    path = __import__("pathlib").Path(__file__).resolve().parents[1] / "configs" / "codec.yaml"
+    assert CodecConfig.from_dict(yaml.safe_load(path.read_text())) == codec.config
+    with pytest.raises(ValueError, match="unknown CodecConfig keys"):
+        CodecConfig.from_dict({"timestamp_base": [10]})

@@ -304,3 +304,25 @@ def test_per_event_api_agrees_with_the_collection(codec, tokenizer, vocab):
     assert close(out["mouse/dx_iqmpe_pct"], r["mouse_metrics"]["dx_iqmpe"])
     assert close(out["mouse/euclidean_precision_p2"], r["mouse_metrics"]["euclidean_precision_accuracy"]["p2"])
     assert close(out["screen/timestamp/precision_p3"], r["screen_metrics"]["timestamp_precision_accuracy"]["p3"])
+
+
+def test_event_level_metric_classes_match_the_report(tokenizer, vocab):
+    from owa_metrics import decode_batch
+    from owa_metrics.functional.tokens import event_token_stats
+    from owa_metrics.metrics import EventTokenMetrics, EventTypeMetrics
+
+    rng = np.random.default_rng(12)
+    seqs = [(perturb(c, rng, change_kinds=False), c) for c in _chunks(simulate_session(20, seed=6), rng, (20, 60))]
+    preds, target, _ = _batch_from(vocab, seqs, rng)
+    preds = torch.where(target < 0, 0, preds)
+    logits = torch.randn(*target.shape, vocab.size)
+    report = OWAEventMetrics(tokenizer)
+    report.update(preds, target, logits=logits)
+    expected = report.compute()
+    batch = decode_batch(preds, target, vocab)
+    events, tokens = EventTypeMetrics(), EventTokenMetrics()
+    events.update(batch)
+    tokens.update(event_token_stats(batch, preds, target, vocab.config, logits))
+    for metric in (events, tokens):
+        for key, value in metric.compute().items():
+            assert close(value, expected[key]) if key in expected else math.isnan(value), key

@@ -68,8 +68,8 @@ def test_sketch_on_heavy_tailed_signed_data(capsys):
         / np.abs(np.percentile(x, [100 * q for q in qs]))
     assert (rel <= spec.relative_accuracy).all(), rel
     assert abs(sketch_iqm(counts, spec).item() - np_iqm(x)) <= 0.01 * abs(np_iqm(x))
-    exact_ci = bootstrap_iqm_ci(torch.from_numpy(x[:100_000]))
-    sketch_ci = sketch_bootstrap_iqm_ci(sketch_counts(torch.from_numpy(x[:100_000]), spec), spec)
+    exact_ci = bootstrap_iqm_ci(torch.from_numpy(x))
+    sketch_ci = sketch_bootstrap_iqm_ci(counts, spec)
     assert ((sketch_ci - exact_ci).abs() <= 0.02 * exact_ci.abs()).all(), (sketch_ci, exact_ci)
     sizes = {}
     for m in (10**4, 10**5, 10**6, 10**7):

@@ -9,6 +9,7 @@ import torch
 from ..decode.batch import EventBatch
 from ..events.event import CATEGORY_NAMES, Kind, Status
 from ..tokens.codec import CodecConfig
+from .events import ratio
 
 TOKEN_FIELDS = ("timestamp", "mouse_delta", "button_flags", "vk")
 
@@ -80,8 +81,6 @@ def token_sums(stats: EventTokenStats) -> tuple[torch.Tensor, torch.Tensor]:
 def token_report(fields: torch.Tensor, loss: torch.Tensor) -> dict[str, torch.Tensor]:
     """``token_accuracy/{field}``; ``{cat}/loss`` (summed token cross-entropy of an event, averaged over the
     category's target events, comparable or not) and ``{cat}/loss_sum``."""
-    from .events import ratio
-
     out = {f"token_accuracy/{name}": ratio(fields[0, i], fields[1, i]) for i, name in enumerate(TOKEN_FIELDS)}
     for i, cat in enumerate(CATEGORY_NAMES):
         out[f"{cat}/loss"] = ratio(loss[0, i], loss[1, i])

@@ -48,6 +48,13 @@ class Distribution:
         return Distribution(counts=folded, spec=self.spec)
 
 
+def cat_samples(state, device) -> torch.Tensor:
+    """The flat float64 samples of an exact-mode ``cat`` state (a list before sync, a tensor after)."""
+    if isinstance(state, list) and not state:
+        return torch.zeros(0, dtype=torch.float64, device=device)
+    return dim_zero_cat(state).reshape(-1)
+
+
 class SampleMetric(Metric):
     """Base of the quantile-based metrics: one switch between exact and constant-memory states.
 
@@ -98,6 +105,4 @@ class SampleMetric(Metric):
         state = getattr(self, name)
         if self.mode == "sketch":
             return Distribution(counts=state, spec=self.spec)
-        values = dim_zero_cat(state) if (not isinstance(state, list) or state) else torch.zeros(0, dtype=torch.float64,
-                                                                                               device=self.device)
-        return Distribution(values=values.reshape(-1))
+        return Distribution(values=cat_samples(state, self.device))

@@ -6,7 +6,6 @@ from typing import Optional, Union
 
 import torch
 from torchmetrics import Metric
-from torchmetrics.utilities.data import dim_zero_cat
 
 from ..decode.batch import Alignment, EventBatch, decode_batch
 from ..events.event import CATEGORY_NAMES, Category, Status
@@ -19,7 +18,7 @@ from ..functional.stats import SketchSpec, sketch_counts
 from ..functional.tokens import TOKEN_FIELDS, event_token_stats, token_report, token_sums
 from ..tokens.codec import CodecConfig
 from ..tokens.vocab import VocabMap
-from .base import Distribution, Mode
+from .base import Distribution, Mode, cat_samples
 
 N_CAT = len(CATEGORY_NAMES)
 GROUPS = ("all", *CATEGORY_NAMES)  # timestamp metrics: over all comparable events, then per category
@@ -209,9 +208,7 @@ class OWAEventMetrics(Metric):
 
 
 def _rows(state, width: int, device) -> torch.Tensor:
-    flat = dim_zero_cat(state) if (not isinstance(state, list) or state) else torch.zeros(0, dtype=torch.float64,
-                                                                                         device=device)
-    return flat.reshape(-1, width)
+    return cat_samples(state, device).reshape(-1, width)
 
 
 def _finite(values: torch.Tensor) -> torch.Tensor:
