@@ -60,10 +60,12 @@ def event_token_stats(batch: EventBatch, preds: torch.Tensor, target: torch.Tens
     field_correct = torch.bincount(bins, weights=(counted & (guesses == labels)).reshape(-1).double(),
                                    minlength=len(TOKEN_FIELDS))
     loss_sum = None
-    if logits is not None:
-        token_loss = torch.nn.functional.cross_entropy(logits.reshape(B * T, -1).float(), target.reshape(-1),
-                                                       ignore_index=-100, reduction="none")
-        cumulative = torch.cat([token_loss.new_zeros(1, dtype=torch.float64), token_loss.double().cumsum(0)])
+    if logits is not None:  # cross-entropy at the labelled positions only: no copy of the whole logits
+        scored = (target.reshape(-1) >= 0).nonzero().squeeze(1)
+        picked = logits[torch.div(scored, T, rounding_mode="floor"), scored % T].float()
+        token_loss = torch.zeros(B * T, dtype=torch.float64, device=target.device)
+        token_loss[scored] = torch.nn.functional.cross_entropy(picked, target.reshape(-1)[scored], reduction="none").double()
+        cumulative = torch.cat([token_loss.new_zeros(1), token_loss.cumsum(0)])
         loss_sum = cumulative[last + 1] - cumulative[first]
     return EventTokenStats(batch.target.category.index_select(0, rows), loss_sum, field_correct, field_total)
 

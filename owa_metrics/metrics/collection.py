@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Optional, Union
 
+import numpy as np
 import torch
 from torchmetrics import Metric
 
@@ -199,6 +200,29 @@ class OWAEventMetrics(Metric):
             return [Distribution(counts=self.mouse_sketch[i], spec=self.spec) for i in range(len(MOUSE_COLUMNS))]
         rows = _rows(self.mouse_samples, len(MOUSE_COLUMNS), self.device)
         return [Distribution(values=_finite(rows[:, i])) for i in range(len(MOUSE_COLUMNS))]
+
+    def error_histograms(self, bins: int = 50) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """``{name: (counts, edges)}`` of the signed timestamp error (ms), the mouse signed percent errors and
+        the direction error (deg) over all ranks (call on every rank); ranges cut to P1..P99 of the values."""
+        with self.sync_context():
+            signed, _ = self._timestamp_distributions(0)
+            _, signed_x, signed_y, direction = self._mouse_distributions()
+            named = {"timestamp/signed_error_ms": signed, "mouse/signed_pe_x_pct": signed_x,
+                     "mouse/signed_pe_y_pct": signed_y, "mouse/direction_error_deg": direction}
+            out = {}
+            for name, dist in named.items():
+                if dist.count == 0:
+                    continue
+                low, high = (float(v) for v in dist.quantile([0.01, 0.99]))
+                if dist.values is not None:
+                    values, weights = dist.values.cpu().numpy(), None
+                else:
+                    keep = dist.counts > 0
+                    values = self.spec.values(dist.counts.device)[keep].cpu().numpy()
+                    weights = dist.counts[keep].cpu().numpy()
+                out[name] = np.histogram(values, bins=bins, range=(low, high if high > low else low + 1),
+                                         weights=weights)
+            return out
 
     def confusion_matrix(self) -> torch.Tensor:
         """Category confusion counts over all ranks (call on every rank): rows are the target categories

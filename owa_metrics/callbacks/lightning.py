@@ -1,0 +1,259 @@
+"""`OWAEventMetricsCallback`: event metrics of every validation epoch, logged through the module's ``log``."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Callable, Literal, Optional
+
+import numpy as np
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.utilities import rank_zero_only
+
+from ..decode.batch import decode_batch
+from ..metrics.base import Mode
+from ..metrics.collection import OWAEventMetrics
+from ..report import format_report, sample_table
+from ..tokens.vocab import Role
+
+NEEDS = ("validation_step must return a dict with 'logits' (or 'preds': argmax token ids) and 'labels', or an HF "
+         "ModelOutput with logits while the batch holds 'labels' (or 'input_ids'); -100 marks ignored labels")
+
+
+class OWAEventMetricsCallback(Callback):
+    """Decode predicted (teacher forcing) or generated sequences every validation epoch and log the report of
+    `OWAEventMetrics` under ``prefix`` through ``pl_module.log_dict`` (any Lightning logger).
+
+    Teacher forcing (default): logits or argmax ids from what ``validation_step`` returns, labels from there or
+    the batch; HF convention (logits at t predict label t + 1), so both are shifted; argmax runs on the model's
+    device and nothing of the logits outlives the batch. Generation: every ``every_n_batches``-th batch, up to
+    ``max_sequences`` sequences per epoch, the sequence minus its last ``predict_events`` events is the prompt;
+    greedy ``generate`` (or ``generate_fn(input_ids, attention_mask) -> ids``) continues it, and the generated
+    events are paired with the true ones by index.
+
+    Every rank computes (the metric syncs); rank zero adds, each switchable: histograms of the errors, the
+    category confusion matrix as a figure, a sample table, and ``owa_metrics/epoch_{E}.json`` / ``.md`` in
+    the log dir. Loggers without a feature are skipped (CSVLogger: scalars only). Nothing is logged during
+    the sanity check unless ``log_sanity_check``.
+    """
+
+    SETTINGS = ("alignment", "mode", "prefix", "log_loss", "every_n_batches", "max_sequences", "predict_events",
+                "max_new_tokens", "histograms", "confusion_figure", "samples", "artifacts", "log_sanity_check")
+
+    def __init__(self, tokenizer, *, alignment: Literal["teacher_forcing", "generation"] = "teacher_forcing",
+                 mode: Mode = "exact", prefix: str = "val/owa/", log_loss: bool = True,
+                 every_n_batches: int = 1, max_sequences: int = 32, predict_events: int = 4,
+                 max_new_tokens: Optional[int] = None, generate_fn: Optional[Callable] = None,
+                 histograms: bool = True, confusion_figure: bool = True, samples: int = 2,
+                 artifacts: bool = True, log_sanity_check: bool = False, **metric_kwargs: Any):
+        self.tokenizer, self.generate_fn, self.metric_kwargs = tokenizer, generate_fn, metric_kwargs
+        self.alignment, self.mode, self.prefix, self.log_loss = alignment, mode, prefix, log_loss
+        self.every_n_batches, self.max_sequences, self.predict_events = every_n_batches, max_sequences, predict_events
+        self.max_new_tokens, self.histograms, self.confusion_figure = max_new_tokens, histograms, confusion_figure
+        self.samples, self.artifacts, self.log_sanity_check = samples, artifacts, log_sanity_check
+        self.metric = self._new_metric()
+        self._kept: list[tuple[torch.Tensor, torch.Tensor]] = []  # a few sequences for the sample table (CPU ids)
+        self._generated = 0
+
+    def _new_metric(self) -> OWAEventMetrics:
+        return OWAEventMetrics(self.tokenizer, alignment=self.alignment, mode=self.mode, **self.metric_kwargs)
+
+    # ------------------------------------------------------------------------------------------- hooks
+    def on_validation_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.metric = self.metric.to(pl_module.device)
+        self.metric.reset()
+        self._kept, self._generated = [], 0
+
+    def on_validation_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
+                                batch_idx: int, dataloader_idx: int = 0) -> None:
+        if trainer.sanity_checking and not self.log_sanity_check:
+            return
+        if self.alignment == "generation":
+            self._generate(pl_module, batch, batch_idx)
+            return
+        logits, preds, labels = _find(outputs, batch)
+        with torch.no_grad():
+            if preds is None:
+                preds = logits.argmax(-1)
+            preds, target = preds[:, :-1], labels[:, 1:]
+            self.metric.update(preds, target, logits=logits[:, :-1] if logits is not None and self.log_loss else None)
+            self._keep(preds, target)
+
+    def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.sanity_checking and not self.log_sanity_check:
+            return
+        report = self.metric.compute()  # every rank: the metric syncs its states
+        pl_module.log_dict({self.prefix + k: v.float() for k, v in report.items()}, on_step=False, on_epoch=True,
+                           sync_dist=False)  # already reduced over ranks
+        histograms = self.metric.error_histograms() if self.histograms else {}
+        confusion = self.metric.confusion_matrix() if self.confusion_figure else None
+        self._rank_zero_extras(trainer, {k: float(v) for k, v in report.items()}, histograms, confusion)
+        self.metric.reset()
+
+    # ----------------------------------------------------------------------------------------- helpers
+    def _keep(self, preds: torch.Tensor, target: torch.Tensor) -> None:
+        room = self.samples - len(self._kept)
+        for b in range(min(room, preds.shape[0])):  # at most `samples` sequences per epoch
+            self._kept.append((preds[b].detach().cpu(), target[b].detach().cpu()))
+
+    def _generate(self, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        if batch_idx % self.every_n_batches or self._generated >= self.max_sequences:
+            return
+        if not (isinstance(batch, Mapping) and "input_ids" in batch):
+            raise RuntimeError("generation mode reads the prompt from batch['input_ids'] (and targets from "
+                               "batch['labels'] when present)")
+        ids = batch["input_ids"]
+        labels = batch.get("labels", ids)
+        ids, labels = ids[:self.max_sequences - self._generated], labels[:self.max_sequences - self._generated]
+        self._generated += ids.shape[0]
+        prompt, mask, target = _split_prompt(ids, labels, self.metric.vocab, self.predict_events)
+        generate = self.generate_fn or _default_generate(pl_module, self.tokenizer)
+        max_new = self.max_new_tokens or self.predict_events * 80
+        with torch.no_grad():
+            generated = generate(prompt, mask, max_new)[:, prompt.shape[1]:]
+        pad = self.tokenizer.pad_token_id
+        if pad is not None:
+            generated = torch.where(generated == pad, -100, generated)
+        self.metric.update(generated, target)
+        self._keep(generated, target)
+
+    @rank_zero_only
+    def _rank_zero_extras(self, trainer: Trainer, report: dict, histograms: dict, confusion) -> None:
+        epoch, step = trainer.current_epoch, trainer.global_step
+        samples = self._samples_markdown()
+        for logger in trainer.loggers:
+            name = type(logger).__name__
+            if name == "TensorBoardLogger":
+                _tensorboard(logger.experiment, self.prefix, histograms, confusion, samples, step)
+            elif name == "WandbLogger":
+                _wandb(logger.experiment, self.prefix, histograms, confusion, self._samples_rows(), step)
+        if self.artifacts:
+            folder = Path(trainer.log_dir or trainer.default_root_dir) / "owa_metrics"
+            folder.mkdir(parents=True, exist_ok=True)
+            _atomic_write(folder / f"epoch_{epoch}.json", json.dumps({"epoch": epoch, "step": step, **report}, indent=1))
+            _atomic_write(folder / f"epoch_{epoch}.md", format_report(report, f"OWA event metrics, epoch {epoch}", samples))
+
+    def _samples_markdown(self) -> Optional[str]:
+        if not self._kept:
+            return None
+        preds, target = _stack(self._kept)
+        batch = decode_batch(preds, target, self.metric.vocab, self.alignment)
+        return sample_table(batch, preds, target, self.metric.vocab, sequences=range(len(self._kept)))
+
+    def _samples_rows(self) -> list[list[str]]:
+        table = self._samples_markdown()
+        return [[cell.strip() for cell in line.strip("|").split("|")] for line in table.splitlines()[2:]] if table else []
+
+    # ------------------------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """The callback's settings, so that a resumed run logs the same way (metric states reset each epoch)."""
+        return {name: getattr(self, name) for name in self.SETTINGS}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        for name in self.SETTINGS:
+            if name in state_dict:
+                setattr(self, name, state_dict[name])
+        self.metric = self._new_metric()
+
+
+def _find(outputs: Any, batch: Any):
+    """``(logits, preds, labels)`` from validation_step's output or the batch; raises saying what is needed."""
+    logits = preds = labels = None
+    if isinstance(outputs, Mapping):
+        logits, preds, labels = outputs.get("logits"), outputs.get("preds"), outputs.get("labels")
+    elif outputs is not None and hasattr(outputs, "logits"):
+        logits = outputs.logits
+    if labels is None and isinstance(batch, Mapping):
+        labels = batch.get("labels", batch.get("input_ids"))
+    if labels is None or (outputs is not None and logits is None and preds is None):
+        raise RuntimeError(f"OWAEventMetricsCallback cannot find predictions and labels: {NEEDS}")
+    return logits, preds, labels
+
+
+def _split_prompt(ids: torch.Tensor, labels: torch.Tensor, vocab, predict_events: int):
+    """Prompt = each row up to the start of its last ``predict_events`` events, keeping at least its first
+    event (left-padded, with a mask); target = the rest of the row's labels (left-aligned, -100 padded)."""
+    B, T = ids.shape
+    starts = (vocab.codes(ids) & 0xF) == int(Role.START)
+    count = starts.sum(1)
+    keep_events = torch.maximum(count - predict_events, count.clamp(max=1))  # keep one event as context
+    rank = starts.long().cumsum(1)
+    is_cut = starts & (rank == (keep_events + 1)[:, None])
+    cut = torch.where(is_cut.any(1), is_cut.long().argmax(1), torch.full_like(count, T))
+    width = max(int(cut.max()), 1)
+    pos = torch.arange(width, device=ids.device) - (width - cut)[:, None]
+    mask = pos >= 0
+    prompt = torch.where(mask, ids.gather(1, pos.clamp(min=0)), 0)
+    tail = torch.arange(T, device=ids.device) + cut[:, None]
+    target = torch.where(tail < T, labels.gather(1, tail.clamp(max=T - 1)), -100)
+    return prompt, mask.long(), target
+
+
+def _default_generate(pl_module: LightningModule, tokenizer) -> Callable:
+    model = getattr(pl_module, "model", pl_module)
+    if not hasattr(model, "generate"):
+        raise RuntimeError("generation mode needs pl_module.model.generate (an HF model) or generate_fn=")
+
+    def generate(input_ids, attention_mask, max_new_tokens):
+        return model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
+                              do_sample=False, pad_token_id=tokenizer.pad_token_id)
+
+    return generate
+
+
+def _stack(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(max(p.numel(), t.numel()) for p, t in pairs)
+    pad = lambda x: torch.nn.functional.pad(x, (0, width - x.numel()), value=-100)  # noqa: E731
+    return torch.stack([pad(p) for p, _ in pairs]), torch.stack([pad(t) for _, t in pairs])
+
+
+def _confusion_figure(confusion: torch.Tensor):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ..events.event import CATEGORY_NAMES
+
+    fig, ax = plt.subplots(figsize=(5, 4))
+    ax.imshow(confusion.cpu().numpy(), cmap="Blues")
+    ax.set_xticks(range(len(CATEGORY_NAMES) + 1), [*CATEGORY_NAMES, "invalid"], rotation=30)
+    ax.set_yticks(range(len(CATEGORY_NAMES)), CATEGORY_NAMES)
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("target")
+    for (i, j), value in np.ndenumerate(confusion.cpu().numpy()):
+        ax.text(j, i, f"{int(value)}", ha="center", va="center", fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def _tensorboard(writer, prefix: str, histograms: dict, confusion, samples: Optional[str], step: int) -> None:
+    for name, (counts, edges) in histograms.items():
+        centers = (edges[:-1] + edges[1:]) / 2
+        writer.add_histogram_raw(f"{prefix}{name}", min=float(edges[0]), max=float(edges[-1]), num=float(counts.sum()),
+                                 sum=float((counts * centers).sum()), sum_squares=float((counts * centers ** 2).sum()),
+                                 bucket_limits=edges[1:].tolist(), bucket_counts=counts.tolist(), global_step=step)
+    if confusion is not None:
+        writer.add_figure(f"{prefix}category_confusion", _confusion_figure(confusion), global_step=step)
+    if samples:
+        writer.add_text(f"{prefix}samples", samples, global_step=step)
+
+
+def _wandb(run, prefix: str, histograms: dict, confusion, rows: list, step: int) -> None:
+    import wandb
+
+    data = {f"{prefix}{name}": wandb.Histogram(np_histogram=(counts, edges)) for name, (counts, edges) in histograms.items()}
+    if confusion is not None:
+        data[f"{prefix}category_confusion"] = wandb.Image(_confusion_figure(confusion))
+    if rows:
+        data[f"{prefix}samples"] = wandb.Table(columns=["seq", "event", "status", "predicted", "true"], data=rows)
+    run.log({**data, "trainer/global_step": step})
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)

@@ -1,0 +1,170 @@
+import json
+import math
+from functools import partial
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from torch.utils.data import DataLoader
+
+from owa_metrics import OWAEventMetrics, align_teacher_forcing
+from owa_metrics.callbacks import OWAEventMetricsCallback
+from lightning_fixtures import TinyLM, collate, event_sequences
+from oracles import close
+
+HEADLINE = ["comparable_rate", "count_accuracy", "category/macro_f1", "keyboard/ratio", "screen/comparable_rate",
+            "token_accuracy/timestamp", "mouse_nop/loss", "count/target_events", "status/valid"]
+
+
+def _trainer(tmp_path, callback, logger, epochs=2, **kwargs):
+    return L.Trainer(max_epochs=epochs, accelerator="cpu", devices=1, logger=logger, callbacks=[callback],
+                     enable_checkpointing=False, enable_model_summary=False, enable_progress_bar=False,
+                     default_root_dir=tmp_path, num_sanity_val_steps=1, **kwargs)
+
+
+def _loaders(vocab, batch_size=4):
+    data = event_sequences(vocab)
+    load = partial(DataLoader, batch_size=batch_size, collate_fn=collate)
+    return load(data, shuffle=True), load(data)
+
+
+def _by_hand(tokenizer, recorded):
+    """OWAEventMetrics run by hand on what validation_step saw (HF shift, logits for the loss)."""
+    metric = OWAEventMetrics(tokenizer)
+    for logits, labels in recorded:
+        preds, target = align_teacher_forcing(logits, labels)
+        metric.update(preds, target, logits=logits[:, :-1])
+    return {k: float(v) for k, v in metric.compute().items()}
+
+
+@pytest.fixture(scope="module")
+def warm_state(vocab):
+    """Weights after 30 full-batch steps: enough for a share of well-formed predicted events."""
+    module = TinyLM(vocab.size)
+    batch = collate(event_sequences(vocab))
+    optimizer = torch.optim.AdamW(module.parameters(), lr=1e-2)
+    for _ in range(30):
+        loss = module.model(**batch).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return module.state_dict()
+
+
+def test_fit_logs_the_report_to_tensorboard(tmp_path, tokenizer, vocab, warm_state):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    module = TinyLM(vocab.size)
+    module.load_state_dict(warm_state)
+    callback = OWAEventMetricsCallback(tokenizer)
+    logger = TensorBoardLogger(tmp_path, name="tb")
+    train, val = _loaders(vocab)
+    _trainer(tmp_path, callback, logger).fit(module, train, val)
+
+    events = EventAccumulator(logger.log_dir, size_guidance={"scalars": 0, "histograms": 0, "images": 0, "tensors": 0})
+    events.Reload()
+    tags = events.Tags()
+    assert len(module.recorded) == 3  # the sanity check, then two epochs
+    by_hand = [_by_hand(tokenizer, module.recorded[epoch + 1]) for epoch in range(2)]
+    logged = {tag: events.Scalars(tag) for tag in tags["scalars"] if tag.startswith("val/owa/")}
+    for key in HEADLINE:
+        assert len(logged[f"val/owa/{key}"]) == 2, key  # both epochs, nothing from the sanity check
+    for epoch in range(2):  # every logged value equals the metric run by hand on the same predictions
+        assert {tag[len("val/owa/"):] for tag, points in logged.items() if len(points) > epoch} >= set(by_hand[epoch])
+        for key, value in by_hand[epoch].items():
+            assert close(logged[f"val/owa/{key}"][epoch].value, value, 1e-5), (key, epoch)
+    assert "val/owa/timestamp/signed_error_ms" in tags["histograms"]
+    assert "val/owa/category_confusion" in tags["images"]
+    assert any(tag.startswith("val/owa/samples") for tag in tags["tensors"])
+    artifact = json.loads((tmp_path / "tb" / "version_0" / "owa_metrics" / "epoch_1.json").read_text())
+    assert close(artifact["comparable_rate"], _by_hand(tokenizer, module.recorded[2])["comparable_rate"])
+    report = (tmp_path / "tb" / "version_0" / "owa_metrics" / "epoch_1.md").read_text()
+    assert "| keyboard |" in report and "## Samples" in report
+
+
+def test_csv_logger_gets_scalars_only_and_settings_survive_a_checkpoint(tmp_path, tokenizer, vocab, warm_state):
+    callback = OWAEventMetricsCallback(tokenizer, mode="sketch", prefix="v/", samples=0)
+    train, val = _loaders(vocab)
+    trainer = _trainer(tmp_path, callback, CSVLogger(tmp_path, name="csv"), epochs=1)
+    module = TinyLM(vocab.size)
+    module.load_state_dict(warm_state)
+    trainer.fit(module, train, val)
+    header = (tmp_path / "csv" / "version_0" / "metrics.csv").read_text().splitlines()[0]
+    assert "v/comparable_rate" in header and "v/mouse/direction_error_p95_deg" in header
+    restored = OWAEventMetricsCallback(tokenizer)
+    restored.load_state_dict(callback.state_dict())
+    assert (restored.mode, restored.prefix, restored.samples, restored.metric.mode) == ("sketch", "v/", 0, "sketch")
+
+
+def test_missing_outputs_raise_saying_what_validation_step_must_return(tmp_path, tokenizer, vocab):
+    class Silent(TinyLM):
+        def validation_step(self, batch, batch_idx):
+            return {"loss": torch.tensor(0.0)}
+
+    train, val = _loaders(vocab)
+    with pytest.raises(RuntimeError, match="validation_step must return"):
+        _trainer(tmp_path, OWAEventMetricsCallback(tokenizer), False, epochs=1).fit(Silent(vocab.size), train, val)
+
+
+def test_generation_mode_counts_and_survives_garbage(tmp_path, tokenizer, vocab):
+    _, val = _loaders(vocab)
+
+    def oracle_generate(input_ids, attention_mask, max_new_tokens):
+        """A perfect model: continues each prompt with the true remaining events."""
+        rows = []
+        for prompt, mask in zip(input_ids, attention_mask):
+            kept = prompt[mask.bool()].tolist()
+            full = next(x["input_ids"].tolist() for x in event_sequences(vocab) if x["input_ids"].tolist()[:len(kept)] == kept)
+            rows.append(prompt.tolist() + full[len(kept):])
+        width = max(map(len, rows))
+        return torch.tensor([r + [0] * (width - len(r)) for r in rows])
+
+    logs = {}
+    for name, generate_fn in (("perfect", oracle_generate), ("random", None)):
+        callback = OWAEventMetricsCallback(tokenizer, alignment="generation", predict_events=3, max_sequences=6,
+                                           generate_fn=generate_fn, max_new_tokens=120)
+        trainer = _trainer(tmp_path / name, callback, CSVLogger(tmp_path / name), epochs=1)
+        trainer.validate(TinyLM(vocab.size), val)
+        logs[name] = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    perfect, garbage = logs["perfect"], logs["random"]
+    starts = [int((x["input_ids"] == vocab.ids["<EVENT_START>"]).sum()) for x in event_sequences(vocab)[:6]]
+    expected = sum(n - max(n - 3, 1) for n in starts)  # the last 3 events, at least one kept as prompt
+    assert perfect["val/owa/count/target_events"] == expected > 0
+    assert perfect["val/owa/comparable_rate"] == 1.0 and perfect["val/owa/count_accuracy"] == 1.0
+    assert garbage["val/owa/count/target_events"] == expected and garbage["val/owa/status/valid"] < expected
+    assert garbage.get("val/owa/comparable_rate", 0.0) < 0.5
+    assert "val/owa/status/missing" in garbage and "val/owa/count/extra_events" in garbage
+
+
+def test_callback_holds_no_logits_across_batches(tmp_path, tokenizer, vocab):
+    """State bytes after every batch are the same for a 272-token and a 20,000-token vocabulary."""
+
+    class Probe(L.Callback):
+        def __init__(self, watched):
+            self.watched, self.bytes = watched, []
+
+        def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+            tensors = [t for _, s in self.watched.metric.metric_state.items() for t in (s if isinstance(s, list) else [s])]
+            tensors += [t for pair in self.watched._kept for t in pair]
+            self.bytes.append(sum(t.numel() * t.element_size() for t in tensors))
+
+    class FixedLogits(L.LightningModule):
+        def __init__(self, vocab_size):
+            super().__init__()
+            self.vocab_size, self.anchor = vocab_size, torch.nn.Parameter(torch.zeros(1))
+
+        def validation_step(self, batch, batch_idx):
+            logits = torch.nn.functional.one_hot(batch["input_ids"].roll(-1, 1), self.vocab_size).float()
+            return {"logits": logits, "labels": batch["labels"]}
+
+    _, val = _loaders(vocab, batch_size=2)
+    sizes = []
+    for vocab_size in (vocab.size, 20_000):
+        callback = OWAEventMetricsCallback(tokenizer, histograms=False, confusion_figure=False, artifacts=False)
+        probe = Probe(callback)
+        L.Trainer(accelerator="cpu", logger=False, callbacks=[callback, probe], enable_progress_bar=False,
+                  enable_model_summary=False, default_root_dir=tmp_path).validate(FixedLogits(vocab_size), val)
+        sizes.append(probe.bytes)
+    assert len(sizes[0]) == len(val) and sizes[0] == sizes[1]
+    assert math.isclose(sizes[0][-1], sizes[0][-1])
