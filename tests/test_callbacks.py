@@ -168,3 +168,71 @@ def test_callback_holds_no_logits_across_batches(tmp_path, tokenizer, vocab):
         sizes.append(probe.bytes)
     assert len(sizes[0]) == len(val) and sizes[0] == sizes[1]
     assert math.isclose(sizes[0][-1], sizes[0][-1])
+
+
+def _wandb_history(run_dir):
+    """History rows of an offline W&B run, read from its .wandb file (LevelDB-style log of protobuf records)."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    raw = next(run_dir.glob("*.wandb")).read_bytes()
+    block, pos, pending, rows = 32768, 7, b"", []
+    while pos + 7 <= len(raw):
+        if block - pos % block < 7:  # block trailer
+            pos += block - pos % block
+            continue
+        _, length, kind = struct.unpack("<IHB", raw[pos:pos + 7])
+        data, pos = raw[pos + 7:pos + 7 + length], pos + 7 + length
+        if kind in (1, 4):  # a full record, or the last piece of one
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending + data)
+            pending = b""
+            if record.WhichOneof("record_type") == "history":
+                rows.append({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item})
+        elif kind in (2, 3):
+            pending += data
+        else:
+            break
+    return rows
+
+
+def test_fit_logs_to_wandb_offline(tmp_path, tokenizer, vocab, warm_state, monkeypatch):
+    wandb = pytest.importorskip("wandb", reason="W&B is the optional 'wandb' extra")
+    from lightning.pytorch.loggers import WandbLogger
+
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    module = TinyLM(vocab.size)
+    module.load_state_dict(warm_state)
+    logger = WandbLogger(offline=True, save_dir=str(tmp_path), project="owa-metrics-test")
+    train, val = _loaders(vocab)
+    _trainer(tmp_path, OWAEventMetricsCallback(tokenizer), logger).fit(module, train, val)
+    wandb.finish()
+    rows = _wandb_history(next((tmp_path / "wandb").glob("offline-run-*")))
+    scalars = [r for r in rows if "val/owa/comparable_rate" in r]
+    assert len(scalars) == 2
+    for epoch, row in enumerate(scalars):
+        by_hand = _by_hand(tokenizer, module.recorded[epoch + 1])
+        for key in HEADLINE:
+            assert close(row[f"val/owa/{key}"], by_hand[key], 1e-5), (key, epoch)
+    extras = {k for r in rows for k in r}
+    assert {"val/owa/timestamp/signed_error_ms/_type", "val/owa/category_confusion/_type",
+            "val/owa/samples/_type"} <= extras
+
+
+def test_ddp_logs_the_same_values_as_one_process(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent / "ddp_validate.py"
+    results = {}
+    for devices in (1, 2):
+        out = tmp_path / f"report_{devices}.json"
+        subprocess.run([sys.executable, str(script), "--devices", str(devices), "--out", str(out)],
+                       check=True, timeout=600, cwd=Path(__file__).resolve().parents[1], capture_output=True)
+        results[devices] = json.loads(out.read_text())
+    one, two = results[1]["report"], results[2]["report"]
+    assert results[1]["sequences"] % 2 == 0  # no DistributedSampler padding (it would repeat sequences)
+    assert one.keys() == two.keys() and "val/owa/keyboard/accuracy" in one
+    assert all(close(two[k], one[k], 1e-6) for k in one), {k: (two[k], one[k]) for k in one if not close(two[k], one[k])}
