@@ -236,3 +236,28 @@ def test_ddp_logs_the_same_values_as_one_process(tmp_path):
     assert results[1]["sequences"] % 2 == 0  # no DistributedSampler padding (it would repeat sequences)
     assert one.keys() == two.keys() and "val/owa/keyboard/accuracy" in one
     assert all(close(two[k], one[k], 1e-6) for k in one), {k: (two[k], one[k]) for k in one if not close(two[k], one[k])}
+
+
+def test_hf_trainer_evaluate_matches_the_callback(tmp_path, tokenizer, vocab, warm_state):
+    from transformers import Trainer, TrainingArguments
+
+    from owa_metrics.callbacks import OWAEventMetricsForTrainer
+
+    module = TinyLM(vocab.size)
+    module.load_state_dict(warm_state)
+    data = event_sequences(vocab)
+    adapter = OWAEventMetricsForTrainer(tokenizer)
+    args = TrainingArguments(output_dir=str(tmp_path / "hf"), per_device_eval_batch_size=4, batch_eval_metrics=True,
+                             report_to="none", use_cpu=True)
+    hf = Trainer(model=module.model, args=args, eval_dataset=data, data_collator=collate, compute_metrics=adapter,
+                 preprocess_logits_for_metrics=adapter.preprocess_logits_for_metrics)
+    evaluated = hf.evaluate()
+
+    callback = OWAEventMetricsCallback(tokenizer, artifacts=False)
+    trainer = L.Trainer(accelerator="cpu", logger=False, callbacks=[callback], enable_progress_bar=False,
+                        enable_model_summary=False, default_root_dir=tmp_path)
+    trainer.validate(module, DataLoader(data, batch_size=4, collate_fn=collate))
+    logged = {k[len("val/owa/"):]: float(v) for k, v in trainer.callback_metrics.items()}
+    for key in ["comparable_rate", "category/macro_f1", "keyboard/ratio", "count/target_events", "status/valid",
+                "timestamp/abs_error_p95_ms", "timestamp/signed_error_iqm_ms", "token_accuracy/timestamp"]:
+        assert close(evaluated[f"eval_owa/{key}"], logged[key], 1e-6), key
