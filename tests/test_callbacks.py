@@ -261,3 +261,28 @@ def test_hf_trainer_evaluate_matches_the_callback(tmp_path, tokenizer, vocab, wa
     for key in ["comparable_rate", "category/macro_f1", "keyboard/ratio", "count/target_events", "status/valid",
                 "timestamp/abs_error_p95_ms", "timestamp/signed_error_iqm_ms", "token_accuracy/timestamp"]:
         assert close(evaluated[f"eval_owa/{key}"], logged[key], 1e-6), key
+
+
+def test_hf_trainer_two_processes_count_every_event_once(tmp_path):
+    """Trainer gathers across processes and calls compute_metrics on every rank: the adapter must not sync again."""
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    commands = {1: [sys.executable, "tests/hf_evaluate.py"],
+                2: [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
+                    "tests/hf_evaluate.py"]}
+    results = {}
+    for world, command in commands.items():
+        out = tmp_path / f"hf_{world}.json"
+        subprocess.run([*command, "--out", str(out)], check=True, timeout=600, cwd=root, capture_output=True)
+        results[world] = json.loads(out.read_text())
+    one, two = results[1]["report"], results[2]["report"]
+    assert results[2]["world"] == 2 and one["eval_owa/count/sequences"] == 14 == two["eval_owa/count/sequences"]
+    keys = [k for k in one if k.startswith("eval_owa/")]
+    assert keys and all(close(two[k], one[k], 1e-9) for k in keys)
