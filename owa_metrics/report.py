@@ -50,22 +50,31 @@ def format_report(metrics: dict, title: str = "OWA event metrics", samples: Opti
     return "\n".join(lines) + "\n"
 
 
-def sample_table(batch: EventBatch, preds: torch.Tensor, target: torch.Tensor, vocab: VocabMap,
-                 max_events: int = 20, sequences: Sequence[int] = (0,)) -> str:
-    """Markdown table of the first events of some sequences: predicted tokens next to the true ones, status.
+SAMPLE_COLUMNS = ("seq", "event", "status", "predicted", "true")
+
+
+def sample_rows(batch: EventBatch, preds: torch.Tensor, target: torch.Tensor, vocab: VocabMap,
+                max_events: int = 20, sequences: Sequence[int] = (0,)) -> list[list[str]]:
+    """The first events of some sequences: predicted tokens next to the true ones, and the status.
 
     Inspection only (a short loop over at most ``max_events`` rows per sequence, never in ``update``).
     """
-    rows = ["| seq | event | status | predicted | true |", "|---|---|---|---|---|"]
+    rows: list[list[str]] = []
     shown: dict[int, int] = {}
     for i, (b, status) in enumerate(zip(batch.seq_idx.tolist(), batch.status.tolist())):
         k = shown.get(b, 0)
         if b not in sequences or k >= max_events:
             continue
         shown[b] = k + 1
-        rows.append(f"| {b} | {k} | {Status(status).label} | {_span_text(preds[b], batch.pred, i, vocab)} | "
-                    f"{_span_text(target[b], batch.target, i, vocab)} |")
-    return "\n".join(rows)
+        rows.append([str(b), str(k), Status(status).label, _span_text(preds[b], batch.pred, i, vocab),
+                     _span_text(target[b], batch.target, i, vocab)])
+    return rows
+
+
+def markdown_table(rows: list[list[str]], columns: Sequence[str] = SAMPLE_COLUMNS) -> str:
+    escape = lambda cell: cell.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")  # noqa: E731
+    lines = ["| " + " | ".join(columns) + " |", "|---" * len(columns) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(escape(c) for c in row) + " |" for row in rows])
 
 
 def _span_text(row: torch.Tensor, side, i: int, vocab: VocabMap, limit: int = 12) -> str:
@@ -74,4 +83,4 @@ def _span_text(row: torch.Tensor, side, i: int, vocab: VocabMap, limit: int = 12
         return "(none)"
     tokens = [vocab.token(int(t)) for t in row[start:end + 1].tolist()]
     shown = "".join("·" if t is None else t for t in tokens[:limit])
-    return (shown + "…" if len(tokens) > limit else shown).replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+    return shown + "…" if len(tokens) > limit else shown

@@ -16,7 +16,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from ..decode.batch import decode_batch
 from ..metrics.base import Mode
 from ..metrics.collection import OWAEventMetrics
-from ..report import format_report, sample_table
+from ..report import SAMPLE_COLUMNS, format_report, markdown_table, sample_rows
 from ..tokens.vocab import Role
 
 NEEDS = ("validation_step must return a dict with 'logits' (or 'preds': argmax token ids) and 'labels', or an HF "
@@ -123,29 +123,26 @@ class OWAEventMetricsCallback(Callback):
     @rank_zero_only
     def _rank_zero_extras(self, trainer: Trainer, report: dict, histograms: dict, confusion) -> None:
         epoch, step = trainer.current_epoch, trainer.global_step
-        samples = self._samples_markdown()
+        rows = self._sample_rows()
+        samples = markdown_table(rows) if rows else None
         for logger in trainer.loggers:
             name = type(logger).__name__
             if name == "TensorBoardLogger":
                 _tensorboard(logger.experiment, self.prefix, histograms, confusion, samples, step)
             elif name == "WandbLogger":
-                _wandb(logger.experiment, self.prefix, histograms, confusion, self._samples_rows(), step)
+                _wandb(logger.experiment, self.prefix, histograms, confusion, rows, step)
         if self.artifacts:
             folder = Path(trainer.log_dir or trainer.default_root_dir) / "owa_metrics"
             folder.mkdir(parents=True, exist_ok=True)
             _atomic_write(folder / f"epoch_{epoch}.json", json.dumps({"epoch": epoch, "step": step, **report}, indent=1))
             _atomic_write(folder / f"epoch_{epoch}.md", format_report(report, f"OWA event metrics, epoch {epoch}", samples))
 
-    def _samples_markdown(self) -> Optional[str]:
+    def _sample_rows(self) -> list[list[str]]:
         if not self._kept:
-            return None
+            return []
         preds, target = _stack(self._kept)
         batch = decode_batch(preds, target, self.metric.vocab, self.alignment)
-        return sample_table(batch, preds, target, self.metric.vocab, sequences=range(len(self._kept)))
-
-    def _samples_rows(self) -> list[list[str]]:
-        table = self._samples_markdown()
-        return [[cell.strip() for cell in line.strip("|").split("|")] for line in table.splitlines()[2:]] if table else []
+        return sample_rows(batch, preds, target, self.metric.vocab, sequences=range(len(self._kept)))
 
     # ------------------------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
@@ -249,7 +246,7 @@ def _wandb(run, prefix: str, histograms: dict, confusion, rows: list, step: int)
     if confusion is not None:
         data[f"{prefix}category_confusion"] = wandb.Image(_confusion_figure(confusion))
     if rows:
-        data[f"{prefix}samples"] = wandb.Table(columns=["seq", "event", "status", "predicted", "true"], data=rows)
+        data[f"{prefix}samples"] = wandb.Table(columns=list(SAMPLE_COLUMNS), data=rows)
     run.log({**data, "trainer/global_step": step})
 
 
