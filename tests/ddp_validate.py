@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import DataLoader
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from lightning_fixtures import TinyLM, collate, event_sequences  # noqa: E402
+from lightning_fixtures import TinyLM, collate, event_sequences, warm_up  # noqa: E402
 
 from owa_metrics import VocabMap, build_tokenizer  # noqa: E402
 from owa_metrics.callbacks import OWAEventMetricsCallback  # noqa: E402
@@ -39,13 +39,7 @@ def main() -> None:
     ordered = [x for pair in zip(with_keys[:n], without[:n]) for x in pair]  # even: with keys, odd: without
 
     module = TinyLM(vocab.size, seed=0)
-    optimizer = torch.optim.AdamW(module.parameters(), lr=1e-2)
-    batch = collate(ordered)
-    for _ in range(40):  # the same deterministic warm-up in every process
-        loss = module.model(**batch).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+    warm_up(module, ordered, steps=40)  # the same deterministic warm-up in every process
 
     trainer = L.Trainer(accelerator="cpu", devices=args.devices, strategy="ddp" if args.devices > 1 else "auto",
                         logger=False, enable_progress_bar=False, enable_model_summary=False,

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from lightning_fixtures import TinyLM, collate, event_sequences  # noqa: E402
+from lightning_fixtures import TinyLM, collate, event_sequences, warm_up  # noqa: E402
 
 from owa_metrics import VocabMap, build_tokenizer  # noqa: E402
 from owa_metrics.callbacks import OWAEventMetricsForTrainer  # noqa: E402
@@ -32,13 +32,7 @@ def main() -> None:
     vocab = VocabMap.from_tokenizer(tokenizer)
     data = event_sequences(vocab, limit=14)  # 14 sequences: 7 per rank, batches of 3 -> the last one is short
     module = TinyLM(vocab.size, seed=0)
-    optimizer = torch.optim.AdamW(module.parameters(), lr=1e-2)
-    batch = collate(data)
-    for _ in range(30):  # the same deterministic warm-up in every process
-        loss = module.model(**batch).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+    warm_up(module, data)  # the same deterministic warm-up in every process
     adapter = OWAEventMetricsForTrainer(tokenizer)
     training = TrainingArguments(output_dir=str(Path(args.out).parent / "hf"), per_device_eval_batch_size=3,
                                  batch_eval_metrics=True, report_to="none", use_cpu=True)

@@ -40,6 +40,17 @@ def tiny_gpt2(vocab_size: int, seed: int = 0) -> GPT2LMHeadModel:
     return GPT2LMHeadModel(config)
 
 
+def warm_up(module, data, steps: int = 30, lr: float = 1e-2) -> None:
+    """Full-batch AdamW steps (deterministic on the CPU): enough for a share of well-formed predicted events."""
+    batch = collate(data)
+    optimizer = torch.optim.AdamW(module.parameters(), lr=lr)
+    for _ in range(steps):
+        loss = module.model(**batch).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
 class TinyLM(L.LightningModule):
     """validation_step returns {'logits', 'labels'}; ``recorded`` keeps each epoch's logits and labels (test only)."""
 

@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader
 
 from owa_metrics import OWAEventMetrics, align_teacher_forcing
 from owa_metrics.callbacks import OWAEventMetricsCallback
-from lightning_fixtures import TinyLM, collate, event_sequences
+from lightning_fixtures import TinyLM, collate, event_sequences, warm_up
 from oracles import close
 
 HEADLINE = ["comparable_rate", "count_accuracy", "category/macro_f1", "keyboard/ratio", "screen/comparable_rate",
@@ -42,13 +42,7 @@ def _by_hand(tokenizer, recorded):
 def warm_state(vocab):
     """Weights after 30 full-batch steps: enough for a share of well-formed predicted events."""
     module = TinyLM(vocab.size)
-    batch = collate(event_sequences(vocab))
-    optimizer = torch.optim.AdamW(module.parameters(), lr=1e-2)
-    for _ in range(30):
-        loss = module.model(**batch).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+    warm_up(module, event_sequences(vocab))
     return module.state_dict()
 
 
@@ -110,12 +104,14 @@ def test_missing_outputs_raise_saying_what_validation_step_must_return(tmp_path,
 def test_generation_mode_counts_and_survives_garbage(tmp_path, tokenizer, vocab):
     _, val = _loaders(vocab)
 
+    sequences = [x["input_ids"].tolist() for x in event_sequences(vocab)]
+
     def oracle_generate(input_ids, attention_mask, max_new_tokens):
         """A perfect model: continues each prompt with the true remaining events."""
         rows = []
         for prompt, mask in zip(input_ids, attention_mask):
             kept = prompt[mask.bool()].tolist()
-            full = next(x["input_ids"].tolist() for x in event_sequences(vocab) if x["input_ids"].tolist()[:len(kept)] == kept)
+            full = next(s for s in sequences if s[:len(kept)] == kept)
             rows.append(prompt.tolist() + full[len(kept):])
         width = max(map(len, rows))
         return torch.tensor([r + [0] * (width - len(r)) for r in rows])
