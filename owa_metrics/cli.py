@@ -18,10 +18,45 @@ def main(argv: list[str] | None = None) -> int:
     inspect = commands.add_parser("inspect", help="decode OWA recordings (MCAP) through the token format and report")
     inspect.add_argument("paths", nargs="+", type=Path, help="OWA .mcap recordings")
     inspect.add_argument("--max-tokens", type=int, default=2048, help="sequence length of the token batches")
+    demo = commands.add_parser("demo", help="train a tiny causal LM on event tokens and log the event metrics")
+    demo.add_argument("--config", help="YAML settings (configs/demo.yaml)")
+    demo.add_argument("--epochs", type=int)
+    demo.add_argument("--logger", choices=["tensorboard", "csv", "wandb"])
+    demo.add_argument("--mcap", nargs="+", type=Path, help="real OWA recordings instead of the simulator")
+    demo.add_argument("--out", help="log directory (default runs/demo)")
+    evaluate = commands.add_parser("evaluate", help="compare predicted with true event sequences from files")
+    evaluate.add_argument("--pred", required=True, type=Path, help="OWA .mcap, or text / .jsonl: one sequence a line")
+    evaluate.add_argument("--target", required=True, type=Path, help="the same, for the true events")
+    evaluate.add_argument("--mode", choices=["exact", "sketch"], default="exact")
+    evaluate.add_argument("--json", type=Path, help="also write every metric to this JSON file")
     args = parser.parse_args(argv)
     if args.command == "inspect":
         return _inspect(args.paths, args.max_tokens)
+    if args.command == "demo":
+        from .demo import main as demo_main
+
+        return demo_main(args.config, args.epochs, args.logger, args.mcap, args.out)
+    if args.command == "evaluate":
+        return _evaluate(args.pred, args.target, args.mode, args.json)
     parser.print_help()
+    return 0
+
+
+def _evaluate(pred: Path, target: Path, mode: str, json_path: Path | None) -> int:
+    import json
+
+    from .evaluate import evaluate
+    from .report import format_report
+
+    try:
+        report = evaluate(pred, target, mode)
+    except Exception as err:  # noqa: BLE001 - any unreadable input: one line, non-zero exit
+        print(f"owa-metrics evaluate: {type(err).__name__}: {err}".splitlines()[0], file=sys.stderr)
+        return 2
+    print(format_report(report, f"OWA event metrics: {pred.name} vs {target.name}"))
+    if json_path:
+        json_path.write_text(json.dumps(report, indent=1))
+        print(f"wrote {json_path}")
     return 0
 
 

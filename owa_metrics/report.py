@@ -14,7 +14,7 @@ HEADLINE = (
     ("comparable_rate", "comparable events", "ratio"),
     ("count_accuracy", "event count right (per sequence)", "ratio"),
     ("category/macro_f1", "category macro F1", "ratio"),
-    ("timestamp/abs_error_p95_ms", "timestamp |error| P95", "ms"),
+    ("timestamp/abs_error_p95_ms", "timestamp abs error P95", "ms"),
     ("timestamp/signed_error_iqm_ms", "timestamp signed error IQM", "ms"),
     ("mouse/euclidean_pe_p95_pct", "mouse euclidean error P95", "%"),
     ("mouse/direction_error_p50_deg", "mouse direction error P50", "deg"),

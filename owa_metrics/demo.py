@@ -1,0 +1,179 @@
+"""The demo: train a tiny causal LM on OWA event tokens with Lightning and watch the event metrics learn.
+
+``owa-metrics demo [--config configs/demo.yaml] [--epochs N] [--logger tensorboard|csv|wandb] [--mcap F ...]``
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from .events import read_recording, simulate_session
+from .events.event import Event
+from .tokens.vocab import VocabMap, build_tokenizer
+
+
+@dataclass
+class DemoConfig:
+    """Every setting of the demo; ``configs/demo.yaml`` holds the same keys."""
+
+    seed: int = 0
+    duration_s: float = 240.0  # simulated session length (ignored with mcap)
+    screen_hz: float = 4.0
+    mcap: list = field(default_factory=list)  # real recordings instead of the simulator
+    seq_len: int = 256
+    val_fraction: float = 0.2  # the last part of every session, by time
+    n_layer: int = 2
+    n_embd: int = 64
+    n_head: int = 2
+    epochs: int = 3
+    batch_size: int = 16
+    lr: float = 3e-3
+    metric_mode: str = "exact"
+    samples: int = 2
+    logger: str = "tensorboard"
+    out: str = "runs/demo"
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> "DemoConfig":
+        import yaml
+
+        data = yaml.safe_load(Path(path).read_text()) or {}
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"{path}: unknown keys {sorted(unknown)}; known: {sorted(known)}")
+        return cls(**data)
+
+
+def split_by_time(events: list[Event], val_fraction: float) -> tuple[list[Event], list[Event]]:
+    """The first (1 - val_fraction) of the session's time span trains, the rest validates."""
+    if not events:
+        return [], []
+    start, end = events[0].timestamp_ns, events[-1].timestamp_ns
+    cut = start + (end - start) * (1 - val_fraction)
+    return [e for e in events if e.timestamp_ns < cut], [e for e in events if e.timestamp_ns >= cut]
+
+
+def load_sessions(config: DemoConfig) -> list[list[Event]]:
+    if config.mcap:
+        return [read_recording(path) for path in config.mcap]
+    return [simulate_session(config.duration_s, seed=config.seed, screen_hz=config.screen_hz)]
+
+
+def build_data(config: DemoConfig, vocab: VocabMap):
+    """Train / validation token sequences (inputs with image tokens, labels with them as -100)."""
+    splits = {"train": [], "val": []}
+    for events in load_sessions(config):
+        for name, part in zip(("train", "val"), split_by_time(events, config.val_fraction)):
+            ids = vocab.encode_sequences(part, config.seq_len)
+            labels = vocab.encode_sequences(part, config.seq_len, ignore_images=True)
+            splits[name] += [{"input_ids": torch.tensor(i), "labels": torch.tensor(lab)} for i, lab in zip(ids, labels)]
+    return splits["train"], splits["val"]
+
+
+def collate(items, pad_id: int = 0) -> dict[str, torch.Tensor]:
+    width = max(len(x["input_ids"]) for x in items)
+    pad = lambda key, value: torch.stack(  # noqa: E731
+        [torch.nn.functional.pad(x[key], (0, width - len(x[key])), value=value) for x in items])
+    ids = pad("input_ids", pad_id)
+    return {"input_ids": ids, "labels": pad("labels", -100), "attention_mask": (ids != pad_id).long()}
+
+
+def run_demo(config: DemoConfig) -> dict:
+    """Train, log, and return ``{"log_dir", "first", "last"}`` (the first and last epoch's reports)."""
+    import lightning as L
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from .callbacks import OWAEventMetricsCallback
+
+    L.seed_everything(config.seed, verbose=False)
+    tokenizer = build_tokenizer()
+    vocab = VocabMap.from_tokenizer(tokenizer)
+    train, val = build_data(config, vocab)
+    if not train or not val:
+        raise ValueError("not enough events for a train and a validation split: use a longer session")
+
+    class DemoModel(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.model = GPT2LMHeadModel(GPT2Config(
+                vocab_size=vocab.size, n_positions=config.seq_len, n_embd=config.n_embd, n_layer=config.n_layer,
+                n_head=config.n_head, bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
+                pad_token_id=tokenizer.pad_token_id))
+
+        def training_step(self, batch, batch_idx):
+            loss = self.model(**batch).loss
+            self.log("train/loss", loss, prog_bar=True)
+            return loss
+
+        def validation_step(self, batch, batch_idx):
+            out = self.model(**batch)
+            self.log("val/loss", out.loss, prog_bar=True)
+            return {"logits": out.logits, "labels": batch["labels"]}
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=config.lr)
+
+    out = Path(config.out)
+    logger = _logger(config.logger, out)
+    callback = OWAEventMetricsCallback(tokenizer, mode=config.metric_mode, samples=config.samples)
+    trainer = L.Trainer(max_epochs=config.epochs, accelerator="cpu", devices=1, logger=logger, callbacks=[callback],
+                        enable_checkpointing=False, default_root_dir=out, log_every_n_steps=5,
+                        num_sanity_val_steps=0)
+    loader = torch.utils.data.DataLoader
+    trainer.fit(DemoModel(), loader(train, batch_size=config.batch_size, shuffle=True, collate_fn=collate),
+                loader(val, batch_size=config.batch_size, collate_fn=collate))
+    log_dir = Path(trainer.log_dir or out)
+    reports = sorted((log_dir / "owa_metrics").glob("epoch_*.json"), key=lambda p: int(p.stem.split("_")[1]))
+    first, last = (json.loads(p.read_text()) for p in (reports[0], reports[-1]))
+    return {"log_dir": str(log_dir), "first": first, "last": last, "config": asdict(config)}
+
+
+def _logger(kind: str, out: Path):
+    from lightning.pytorch import loggers
+
+    if kind == "tensorboard":
+        return loggers.TensorBoardLogger(out, name="tensorboard")
+    if kind == "csv":
+        return loggers.CSVLogger(out, name="csv")
+    if kind == "wandb":
+        return loggers.WandbLogger(save_dir=str(out), project="owa-metrics-demo", offline=True)
+    raise ValueError(f"--logger must be tensorboard, csv or wandb, got {kind!r}")
+
+
+COMPARED = (("comparable_rate", "comparable rate", True), ("keyboard/accuracy", "keyboard accuracy", True),
+            ("token_accuracy/timestamp", "timestamp token accuracy", True),
+            ("timestamp/abs_error_p95_ms", "timestamp abs error P95 (ms)", False),
+            ("mouse/direction_error_p50_deg", "mouse direction error P50 (deg)", False),
+            ("mouse_nop/loss", "mouse move loss per event", False))
+
+
+def summary(result: dict, logger: str) -> str:
+    """Where the logs are, how to look at them, and the first epoch next to the last."""
+    first, last = result["first"], result["last"]
+    lines = [f"logs: {result['log_dir']}"]
+    if logger == "tensorboard":
+        lines.append(f"open: tensorboard --logdir {Path(result['log_dir']).parent}")
+    lines += ["", f"{'metric':<34} {'epoch ' + str(first['epoch']):>10} {'epoch ' + str(last['epoch']):>10}  better"]
+    for key, name, higher in COMPARED:
+        a, b = first.get(key), last.get(key)
+        fmt = lambda v: "–" if v is None else f"{v:.4g}"  # noqa: E731
+        better = "" if a is None or b is None else ("yes" if (b > a) == higher and a != b else "no")
+        lines.append(f"{name:<34} {fmt(a):>10} {fmt(b):>10}  {better}")
+    return "\n".join(lines)
+
+
+def main(config_path: Optional[str], epochs: Optional[int], logger: Optional[str], mcap: Optional[list],
+         out: Optional[str]) -> int:
+    config = DemoConfig.from_yaml(config_path) if config_path else DemoConfig()
+    for name, value in (("epochs", epochs), ("logger", logger), ("mcap", mcap), ("out", out)):
+        if value:
+            setattr(config, name, [str(p) for p in value] if name == "mcap" else value)
+    result = run_demo(config)
+    print(summary(result, config.logger))
+    return 0

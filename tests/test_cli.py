@@ -1,0 +1,67 @@
+import dataclasses
+import json
+
+import pytest
+
+from owa_metrics import EventCodec, __version__
+from owa_metrics.cli import main
+from owa_metrics.demo import DemoConfig
+from owa_metrics.events import read_recording
+from conftest import recording_paths
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["--version"])
+    assert stop.value.code == 0 and __version__ in capsys.readouterr().out
+
+
+def test_evaluate_a_recording_against_itself_and_a_perturbed_copy(tmp_path, capsys):
+    path = recording_paths()[2]
+    assert main(["evaluate", "--pred", str(path), "--target", str(path), "--json", str(tmp_path / "self.json")]) == 0
+    same = json.loads((tmp_path / "self.json").read_text())
+    assert same["comparable_rate"] == 1.0 and same["count_accuracy"] == 1.0
+    assert same["timestamp/abs_error_p95_ms"] == 0 and same["mouse/euclidean_pe_p95_pct"] == 0
+    assert same["keyboard/accuracy"] == 1.0 and same["mouse/action_accuracy"] == 1.0
+
+    codec = EventCodec()
+    shifted = [dataclasses.replace(e, timestamp_ns=e.timestamp_ns + 50_000_000) for e in read_recording(path)]
+    (tmp_path / "pred.jsonl").write_text(json.dumps({"text": "".join(map(codec.encode, shifted))}) + "\n")
+    assert main(["evaluate", "--pred", str(tmp_path / "pred.jsonl"), "--target", str(path),
+                 "--json", str(tmp_path / "shift.json")]) == 0
+    late = json.loads((tmp_path / "shift.json").read_text())
+    assert late["comparable_rate"] == 1.0
+    assert late["timestamp/signed_error_iqm_ms"] == 50 and late["timestamp/abs_error_p95_ms"] == 50
+    assert late["timestamp/signed_error_ci_low_ms"] == 50 == late["timestamp/signed_error_ci_high_ms"]
+    assert "timestamp abs error P95 | 50 | ms" in capsys.readouterr().out
+
+
+def test_evaluate_rejects_unreadable_input_in_one_line(tmp_path, capsys):
+    (tmp_path / "bad.jsonl").write_text("{not json\n")
+    (tmp_path / "ok.txt").write_text("<EVENT_START><SCREEN><0><0><1><fake_image_placeholder><EVENT_END>\n")
+    assert main(["evaluate", "--pred", str(tmp_path / "bad.jsonl"), "--target", str(tmp_path / "ok.txt")]) == 2
+    assert main(["evaluate", "--pred", str(tmp_path / "missing.txt"), "--target", str(tmp_path / "ok.txt")]) == 2
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert len(errors) == 2 and "not JSON" in errors[0] and "missing.txt" in errors[1]
+
+
+def test_demo_config_yaml_is_the_default():
+    from pathlib import Path
+
+    config = DemoConfig.from_yaml(Path(__file__).resolve().parents[1] / "configs" / "demo.yaml")
+    assert config == DemoConfig()
+
+
+def test_demo_learns_and_logs_every_epoch(tmp_path, capsys):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    assert main(["demo", "--epochs", "3", "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert "tensorboard --logdir" in printed and "comparable rate" in printed
+    events = EventAccumulator(str(tmp_path / "tensorboard" / "version_0"), size_guidance={"scalars": 0})
+    events.Reload()
+    for key in ("comparable_rate", "category/macro_f1", "timestamp/precision_p1", "mouse_nop/comparable_rate",
+                "token_accuracy/timestamp", "screen/loss"):
+        assert len(events.Scalars(f"val/owa/{key}")) == 3, key
+    comparable = [p.value for p in events.Scalars("val/owa/comparable_rate")]
+    assert comparable[-1] > comparable[0]
