@@ -84,27 +84,18 @@ def collate(items, pad_id: int = 0) -> dict[str, torch.Tensor]:
     return {"input_ids": ids, "labels": pad("labels", -100), "attention_mask": (ids != pad_id).long()}
 
 
-def run_demo(config: DemoConfig) -> dict:
-    """Train, log, and return ``{"log_dir", "first", "last"}`` (the first and last epoch's reports)."""
+def demo_model(config: DemoConfig, vocab_size: int, pad_id: int, eos_id: int):
+    """A GPT-2 of ``config``'s size with random weights, as a LightningModule whose validation_step returns the
+    logits and labels the callback reads."""
     import lightning as L
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from .callbacks import OWAEventMetricsCallback
-
-    L.seed_everything(config.seed, verbose=False)
-    tokenizer = build_tokenizer()
-    vocab = VocabMap.from_tokenizer(tokenizer)
-    train, val = build_data(config, vocab)
-    if not train or not val:
-        raise ValueError("not enough events for a train and a validation split: use a longer session")
-
-    class DemoModel(L.LightningModule):
+    class _DemoModel(L.LightningModule):
         def __init__(self):
             super().__init__()
             self.model = GPT2LMHeadModel(GPT2Config(
-                vocab_size=vocab.size, n_positions=config.seq_len, n_embd=config.n_embd, n_layer=config.n_layer,
-                n_head=config.n_head, bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
-                pad_token_id=tokenizer.pad_token_id))
+                vocab_size=vocab_size, n_positions=config.seq_len, n_embd=config.n_embd, n_layer=config.n_layer,
+                n_head=config.n_head, bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=pad_id))
 
         def training_step(self, batch, batch_idx):
             loss = self.model(**batch).loss
@@ -119,14 +110,31 @@ def run_demo(config: DemoConfig) -> dict:
         def configure_optimizers(self):
             return torch.optim.AdamW(self.parameters(), lr=config.lr)
 
+    return _DemoModel()
+
+
+def run_demo(config: DemoConfig) -> dict:
+    """Train, log, and return ``{"log_dir", "first", "last"}`` (the first and last epoch's reports)."""
+    import lightning as L
+
+    from .callbacks import OWAEventMetricsCallback
+
+    L.seed_everything(config.seed, verbose=False)
+    tokenizer = build_tokenizer()
+    vocab = VocabMap.from_tokenizer(tokenizer)
+    train, val = build_data(config, vocab)
+    if not train or not val:
+        raise ValueError("not enough events for a train and a validation split: use a longer session")
+
     out = Path(config.out)
     logger = _logger(config.logger, out)
     callback = OWAEventMetricsCallback(tokenizer, mode=config.metric_mode, samples=config.samples)
+    model = demo_model(config, vocab.size, tokenizer.pad_token_id, tokenizer.eos_token_id)
     trainer = L.Trainer(max_epochs=config.epochs, accelerator="cpu", devices=1, logger=logger, callbacks=[callback],
                         enable_checkpointing=False, default_root_dir=out, log_every_n_steps=5,
                         num_sanity_val_steps=0)
     loader = torch.utils.data.DataLoader
-    trainer.fit(DemoModel(), loader(train, batch_size=config.batch_size, shuffle=True, collate_fn=collate),
+    trainer.fit(model, loader(train, batch_size=config.batch_size, shuffle=True, collate_fn=collate),
                 loader(val, batch_size=config.batch_size, collate_fn=collate))
     log_dir = Path(trainer.log_dir or out)
     reports = sorted((log_dir / "owa_metrics").glob("epoch_*.json"), key=lambda p: int(p.stem.split("_")[1]))

@@ -5,6 +5,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from owa_metrics import VocabMap
+from owa_metrics.demo import collate  # noqa: F401 - the tests' collate is the demo's
 from owa_metrics.events import simulate_session
 from conftest import SHARED_DATA, RECORDINGS
 
@@ -21,16 +22,6 @@ def event_sequences(vocab: VocabMap, max_tokens: int = 192, limit: int = 16, see
     ids = vocab.encode_sequences(events, max_tokens)[:limit]
     labels = vocab.encode_sequences(events, max_tokens, ignore_images=True)[:limit]
     return [{"input_ids": torch.tensor(i), "labels": torch.tensor(lab)} for i, lab in zip(ids, labels)]
-
-
-def collate(items, pad_id: int = 0):
-    width = max(len(x["input_ids"]) for x in items)
-
-    def pad(key, value):
-        return torch.stack([torch.nn.functional.pad(x[key], (0, width - len(x[key])), value=value) for x in items])
-
-    ids = pad("input_ids", pad_id)
-    return {"input_ids": ids, "labels": pad("labels", -100), "attention_mask": (ids != pad_id).long()}
 
 
 def tiny_gpt2(vocab_size: int, seed: int = 0) -> GPT2LMHeadModel:
