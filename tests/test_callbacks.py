@@ -282,3 +282,23 @@ def test_hf_trainer_two_processes_count_every_event_once(tmp_path):
     assert results[2]["world"] == 2 and one["eval_owa/count/sequences"] == 14 == two["eval_owa/count/sequences"]
     keys = [k for k in one if k.startswith("eval_owa/")]
     assert keys and all(close(two[k], one[k], 1e-9) for k in keys)
+
+
+@pytest.mark.parametrize("returns", ["model_output", "preds"])
+def test_validation_step_may_return_an_hf_output_or_argmax_ids(tmp_path, tokenizer, vocab, warm_state, returns):
+    class Variant(TinyLM):
+        def validation_step(self, batch, batch_idx):
+            out = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+            self.recorded[-1].append((out.logits.detach().cpu(), batch["labels"].cpu()))
+            return out if returns == "model_output" else {"preds": out.logits.argmax(-1), "labels": batch["labels"]}
+
+    module = Variant(vocab.size)
+    module.load_state_dict(warm_state)
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
+                        callbacks=[OWAEventMetricsCallback(tokenizer, artifacts=False)], default_root_dir=tmp_path)
+    trainer.validate(module, _loaders(vocab)[1])
+    by_hand = _by_hand(tokenizer, module.recorded[0])
+    logged = {k[len("val/owa/"):]: float(v) for k, v in trainer.callback_metrics.items()}
+    assert ("screen/loss" in logged) == (returns == "model_output")  # the loss needs logits
+    assert all(close(logged[k], v, 1e-6) for k, v in by_hand.items() if k in logged)
+    assert logged["comparable_rate"] == pytest.approx(by_hand["comparable_rate"])
