@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Optional, Union
 
 import numpy as np
@@ -158,6 +159,11 @@ class OWAEventMetrics(Metric):
 
     # ----------------------------------------------------------------------------------------- compute
     def compute(self) -> dict[str, torch.Tensor]:
+        with warnings.catch_warnings():  # a rank or an epoch without batches is fine: counts are 0, keys left out
+            warnings.filterwarnings("ignore", message=".*was called before the ``update`` method.*")
+            return self._compute()
+
+    def _compute(self) -> dict[str, torch.Tensor]:
         out = event_type_report(self.confusion, self.statuses, self.event_counts)
         if self.alignment == "teacher_forcing":
             out.update(token_report(self.token_fields, self.token_loss))
