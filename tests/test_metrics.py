@@ -10,6 +10,7 @@ from owa_metrics import (
     IQMPE, DigitPrecisionAccuracy, DirectionError, Event, EuclideanPercentError, KeyboardAccuracy,
     MouseActionAccuracy, MovementR2, OWAEventMetrics, SignedPercentError, TimestampError, compute_metrics_for_event,
 )
+from owa_metrics import functional as F
 from owa_metrics.events import read_recording, simulate_session
 from conftest import recording_paths
 from metric_oracle import oracle_report, perturb
@@ -39,7 +40,8 @@ def test_single_metrics_equal_numpy():
     m.update(torch.from_numpy(p[:100]), torch.from_numpy(t[:100]))
     m.update(torch.from_numpy(p[100:]), torch.from_numpy(t[100:]))
     keep = t != 0
-    assert close(m.compute(), np_iqm(np.abs(p[keep] - t[keep]) / np.abs(t[keep]) * 100))
+    want = np_iqm(np.abs(p[keep] - t[keep]) / np.abs(t[keep]) * 100)
+    assert close(m.compute(), want) and close(F.iqmpe(torch.from_numpy(p), torch.from_numpy(t)), want)
 
     signed = SignedPercentError()
     signed.update(torch.from_numpy(p), torch.from_numpy(t))
@@ -56,6 +58,8 @@ def test_single_metrics_equal_numpy():
     angles = np.degrees(np.minimum(delta, 2 * np.pi - delta))
     res = d.compute()
     assert close(res["p50_deg"], np.percentile(angles, 50)) and close(res["p95_deg"], np.percentile(angles, 95))
+    twin = F.direction_error(torch.from_numpy(vp), torch.from_numpy(vt))
+    assert close(twin["p50_deg"], np.percentile(angles, 50)) and close(twin["p95_deg"], np.percentile(angles, 95))
 
     e = EuclideanPercentError()
     e.update(torch.from_numpy(vp), torch.from_numpy(vt))
@@ -66,6 +70,8 @@ def test_single_metrics_equal_numpy():
     r2.update(torch.from_numpy(vp[:150]), torch.from_numpy(vt[:150]))
     r2.update(torch.from_numpy(vp[150:]), torch.from_numpy(vt[150:]))
     assert close(r2.compute(), 1 - ((vp - vt) ** 2).sum() / ((vt - vt.mean(0)) ** 2).sum())
+    assert close(F.movement_r2(torch.from_numpy(vp), torch.from_numpy(vt)),
+                 1 - ((vp - vt) ** 2).sum() / ((vt - vt.mean(0)) ** 2).sum())
 
     ts = TimestampError()
     pt, tt = rng.integers(0, 1600, size=(2, 400)) * 10_000_000
@@ -76,6 +82,9 @@ def test_single_metrics_equal_numpy():
     assert close(res["signed_error_iqm_ms"], np_iqm(s))
     assert close(res["signed_error_ci_high_ms"], np_bootstrap_ci(s)[1])
     assert close(res["iqmpe_pct"], np_iqm(np.abs(s[tt != 0]) / (tt[tt != 0] / 1e6) * 100))
+    twin = F.timestamp_error(torch.from_numpy(pt), torch.from_numpy(tt), 16 * 10**9)
+    assert close(twin["signed_error_ci_low_ms"], np_bootstrap_ci(s)[0]) and close(twin["abs_error_p95_ms"],
+                                                                                np.percentile(np.abs(s), 95))
 
 
 def test_discrete_metrics_by_hand():
@@ -88,10 +97,16 @@ def test_discrete_metrics_by_hand():
     res = kb.compute()
     assert (res["vk_accuracy"], res["action_accuracy"], res["accuracy"]) == (0.75, 0.75, 0.5)
     assert res["accuracy_seq_macro"] == pytest.approx(2 / 3)  # sequence 0: 1 of 3 right, sequence 1: 1 of 1
+    twin = F.keyboard_accuracy(torch.tensor([65, 66, 67, 68]), torch.tensor([0, 1, 0, 0]), torch.tensor([65, 66, 0, 68]),
+                               torch.tensor([0, 0, 0, 0]))
+    assert (twin["vk_accuracy"], twin["action_accuracy"], twin["accuracy"]) == (0.75, 0.75, 0.5)
     ma = MouseActionAccuracy()
     ma.update(torch.tensor([1, 2, 0, 0x400]), torch.tensor([0, 0, 0, -120]), torch.tensor([1, 4, 0, 0x400]),
               torch.tensor([0, 0, 0, 120]))
     assert ma.compute()["action_accuracy"] == pytest.approx(2 / 3) and ma.compute()["scroll_accuracy"] == 0
+    twin = F.mouse_action_accuracy(torch.tensor([1, 2, 0, 0x400]), torch.tensor([0, 0, 0, -120]),
+                                   torch.tensor([1, 4, 0, 0x400]), torch.tensor([0, 0, 0, 120]))
+    assert twin["action_accuracy"] == pytest.approx(2 / 3) and twin["scroll_accuracy"] == 0
 
 
 def test_torchmetrics_conventions():

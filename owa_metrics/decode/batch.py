@@ -115,10 +115,6 @@ class EventBatch:
     def comparable(self) -> torch.Tensor:
         return self.status == int(Status.VALID)
 
-    @property
-    def device(self) -> torch.device:
-        return self.seq_idx.device
-
 
 def align_teacher_forcing(preds_or_logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """HF causal-LM convention (position t predicts label t + 1) -> ``(preds, target)`` aligned position by position.

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from typing import Iterator, NamedTuple, Optional, Sequence
 
 from ..events.event import Event, Status
@@ -68,9 +68,6 @@ class CodecConfig:
         if unknown:
             raise ValueError(f"unknown CodecConfig keys {sorted(unknown)}; known keys: {sorted(known)}")
         return cls(**data)
-
-    def to_dict(self) -> dict:
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
 
     @property
     def timestamp_window_ns(self) -> int:
