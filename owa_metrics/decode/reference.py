@@ -45,7 +45,7 @@ def reference_decode(preds: Sequence[Sequence[int]], target: Sequence[Sequence[i
 def _side(codec: EventCodec, tokens: list[Optional[str]], span: tuple[int, int, bool]) -> dict:
     first, last, cut = span
     event_tokens = ([codec.config.event_start] if cut else []) + tokens[first:last + 1]
-    kind = _KINDS.get(codec._kinds.get(event_tokens[1]) if len(event_tokens) > 1 else None, -1)
+    kind = _KINDS.get(codec.kind_of(event_tokens[1]) if len(event_tokens) > 1 else None, -1)
     try:
         event = codec.decode_tokens(event_tokens)
     except EventDecodeError as err:

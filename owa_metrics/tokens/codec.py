@@ -214,6 +214,10 @@ class EventCodec:
         return min(max(int(value), self.config.mouse_delta_min), self.config.mouse_delta_max)
 
     # ----------------------------------------------------------------------------------------- decode
+    def kind_of(self, token: Optional[str]) -> Optional[str]:
+        """The event kind a type token names ("keyboard" | "mouse" | "screen"), None for any other token."""
+        return self._kinds.get(token)
+
     def decode(self, text: str) -> Event:
         """One event string -> ``Event``; raises `EventDecodeError` (with a `Status`) on malformed input."""
         return self.decode_tokens(split_tokens(text))
