@@ -13,7 +13,7 @@ from .metrics import (
     IQMPE, DigitPrecisionAccuracy, DirectionError, EuclideanPercentError, KeyboardAccuracy, MouseActionAccuracy,
     MovementR2, OWAEventMetrics, SignedPercentError, TimestampError, compute_metrics_for_event,
 )
-from .tokens import CodecConfig, EventCodec, EventDecodeError, Role, VocabMap, build_tokenizer
+from .tokens import CodecConfig, EventCodec, EventDecodeError, EventEncodeError, Role, VocabMap, build_tokenizer
 
 try:
     __version__ = version("owa-metrics")
@@ -24,7 +24,7 @@ __all__ = [
     "IQMPE", "DigitPrecisionAccuracy", "DirectionError", "EuclideanPercentError", "KeyboardAccuracy",
     "MouseActionAccuracy", "MovementR2", "OWAEventMetrics", "SignedPercentError", "TimestampError",
     "compute_metrics_for_event", "CATEGORY_NAMES", "Category", "CodecConfig", "Event", "EventBatch", "EventCodec",
-    "EventDecodeError",
+    "EventDecodeError", "EventEncodeError",
     "EventFields", "Kind", "Role", "Status", "VocabMap", "align_teacher_forcing", "build_tokenizer",
     "decode_batch", "reference_decode", "__version__",
 ]

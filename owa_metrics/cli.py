@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+FORMAT_NAMES = ("hierarchical", "factorized")
+
 
 def main(argv: list[str] | None = None) -> int:
     from . import __version__
@@ -18,38 +20,41 @@ def main(argv: list[str] | None = None) -> int:
     inspect = commands.add_parser("inspect", help="decode OWA recordings (MCAP) through the token format and report")
     inspect.add_argument("paths", nargs="+", type=Path, help="OWA .mcap recordings")
     inspect.add_argument("--max-tokens", type=int, default=2048, help="sequence length of the token batches")
+    inspect.add_argument("--format", choices=FORMAT_NAMES, default="hierarchical", help="the token format")
     demo = commands.add_parser("demo", help="train a tiny causal LM on event tokens and log the event metrics")
     demo.add_argument("--config", help="YAML settings (configs/demo.yaml)")
     demo.add_argument("--epochs", type=int)
     demo.add_argument("--logger", choices=["tensorboard", "csv", "wandb"])
     demo.add_argument("--mcap", nargs="+", type=Path, help="real OWA recordings instead of the simulator")
     demo.add_argument("--out", help="log directory (default runs/demo)")
+    demo.add_argument("--format", choices=FORMAT_NAMES, help="the token format (default hierarchical)")
     evaluate = commands.add_parser("evaluate", help="compare predicted with true event sequences from files")
     evaluate.add_argument("--pred", required=True, type=Path, help="OWA .mcap, or text / .jsonl: one sequence a line")
     evaluate.add_argument("--target", required=True, type=Path, help="the same, for the true events")
     evaluate.add_argument("--mode", choices=["exact", "sketch"], default="exact")
     evaluate.add_argument("--json", type=Path, help="also write every metric to this JSON file")
+    evaluate.add_argument("--format", choices=FORMAT_NAMES, help="the token format (default: the target file's)")
     args = parser.parse_args(argv)
     if args.command == "inspect":
-        return _inspect(args.paths, args.max_tokens)
+        return _inspect(args.paths, args.max_tokens, args.format)
     if args.command == "demo":
         from .demo import main as demo_main
 
-        return demo_main(args.config, args.epochs, args.logger, args.mcap, args.out)
+        return demo_main(args.config, args.epochs, args.logger, args.mcap, args.out, args.format)
     if args.command == "evaluate":
-        return _evaluate(args.pred, args.target, args.mode, args.json)
+        return _evaluate(args.pred, args.target, args.mode, args.json, args.format)
     parser.print_help()
     return 0
 
 
-def _evaluate(pred: Path, target: Path, mode: str, json_path: Path | None) -> int:
+def _evaluate(pred: Path, target: Path, mode: str, json_path: Path | None, format: str | None) -> int:
     import json
 
     from .evaluate import evaluate
     from .report import format_report
 
     try:
-        report = evaluate(pred, target, mode)
+        report = evaluate(pred, target, mode, format=format)
     except Exception as err:  # noqa: BLE001 - any unreadable input: one line, non-zero exit
         print(f"owa-metrics evaluate: {type(err).__name__}: {err}".splitlines()[0], file=sys.stderr)
         return 2
@@ -60,21 +65,21 @@ def _evaluate(pred: Path, target: Path, mode: str, json_path: Path | None) -> in
     return 0
 
 
-def _inspect(paths: list[Path], max_tokens: int) -> int:
+def _inspect(paths: list[Path], max_tokens: int, format: str) -> int:
     """Each recording -> events -> tokens -> batch decoder; prints what came back and how fast."""
     import torch
 
     from . import Category, EventCodec, Status, VocabMap, build_tokenizer, decode_batch
     from .events import read_recording
 
-    vocab = VocabMap.from_tokenizer(build_tokenizer())
+    vocab = VocabMap.from_tokenizer(build_tokenizer(format=format))
     codec = EventCodec(vocab.config)
     header = ("recording", "events", "keyboard", "mouse_op", "mouse_nop", "screen", "tokens", "round_trip",
               "decoded_ok", "decode_ms")
     rows = []
     for path in paths:
         try:
-            events = read_recording(path)
+            events = read_recording(path, format=format)
         except Exception as err:  # noqa: BLE001 - report any unreadable file in one line
             print(f"owa-metrics: cannot read {path}: {err}", file=sys.stderr)
             return 2

@@ -22,6 +22,7 @@ class DemoConfig:
     """Every setting of the demo; ``configs/demo.yaml`` holds the same keys."""
 
     seed: int = 0
+    format: str = "hierarchical"  # the token format: hierarchical | factorized
     duration_s: float = 240.0  # simulated session length (ignored with mcap)
     screen_hz: float = 4.0
     mcap: list = field(default_factory=list)  # real recordings instead of the simulator
@@ -61,8 +62,8 @@ def split_by_time(events: list[Event], val_fraction: float) -> tuple[list[Event]
 
 def load_sessions(config: DemoConfig) -> list[list[Event]]:
     if config.mcap:
-        return [read_recording(path) for path in config.mcap]
-    return [simulate_session(config.duration_s, seed=config.seed, screen_hz=config.screen_hz)]
+        return [read_recording(path, format=config.format) for path in config.mcap]
+    return [simulate_session(config.duration_s, seed=config.seed, screen_hz=config.screen_hz, format=config.format)]
 
 
 def build_data(config: DemoConfig, vocab: VocabMap):
@@ -120,7 +121,7 @@ def run_demo(config: DemoConfig) -> dict:
     from .callbacks import OWAEventMetricsCallback
 
     L.seed_everything(config.seed, verbose=False)
-    tokenizer = build_tokenizer()
+    tokenizer = build_tokenizer(format=config.format)
     vocab = VocabMap.from_tokenizer(tokenizer)
     train, val = build_data(config, vocab)
     if not train or not val:
@@ -177,9 +178,9 @@ def summary(result: dict, logger: str) -> str:
 
 
 def main(config_path: Optional[str], epochs: Optional[int], logger: Optional[str], mcap: Optional[list],
-         out: Optional[str]) -> int:
+         out: Optional[str], format: Optional[str] = None) -> int:
     config = DemoConfig.from_yaml(config_path) if config_path else DemoConfig()
-    for name, value in (("epochs", epochs), ("logger", logger), ("mcap", mcap), ("out", out)):
+    for name, value in (("epochs", epochs), ("logger", logger), ("mcap", mcap), ("out", out), ("format", format)):
         if value:
             setattr(config, name, [str(p) for p in value] if name == "mcap" else value)
     result = run_demo(config)

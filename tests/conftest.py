@@ -28,3 +28,9 @@ def tokenizer():
 @pytest.fixture(scope="session")
 def vocab(tokenizer):
     return VocabMap.from_tokenizer(tokenizer)
+
+
+@pytest.fixture(scope="session", params=["hierarchical", "factorized"])
+def format_vocab(request):
+    """The offline tokenizer's map in each format (SmolVLM image tokens)."""
+    return VocabMap.from_tokenizer(build_tokenizer(format=request.param))

@@ -7,7 +7,6 @@ import numpy as np
 from owa_metrics import Category, Event
 from oracles import np_bootstrap_ci, np_iqm
 
-WINDOW_NS = 16_000_000_000
 CATS = ["keyboard", "mouse_op", "mouse_nop", "screen"]
 
 
@@ -18,6 +17,37 @@ def digits(value, bases):
         out.append(value % b)
         value //= b
     return out[::-1]
+
+
+class Hierarchical:
+    """Issue 2's format: a 16 s window; timestamp digits over 16, 10, 10; dx / dy modulo 4000 over 2, 20, 10, 10."""
+
+    window_ns = 16_000_000_000
+
+    @staticmethod
+    def timestamp_digits(ns):
+        return digits(ns // 10**7, [16, 10, 10])
+
+    @staticmethod
+    def delta_digits(value):
+        return digits(value, [2, 20, 10, 10])
+
+
+class Factorized:
+    """Issue 8's format: a 10 s window; 3 decimal timestamp digits; a sign (plus 0, minus 1) then |value| over 2, 10, 10, 10."""
+
+    window_ns = 10_000_000_000
+
+    @staticmethod
+    def timestamp_digits(ns):
+        return digits(ns // 10**7 % 1000, [10, 10, 10])
+
+    @staticmethod
+    def delta_digits(value):
+        return [int(value < 0)] + digits(abs(value), [2, 10, 10, 10])
+
+
+FORMATS = {"hierarchical": Hierarchical, "factorized": Factorized}
 
 
 def precision(pairs):
@@ -40,11 +70,12 @@ def add_distribution(out, prefix, signed_ms, targets_ms):
             out[f"{prefix}/iqmpe_pct"] = np_iqm(pe)
 
 
-def oracle_report(sequences):
+def oracle_report(sequences, fmt=Hierarchical):
     """``sequences``: list of (pred_events, true_events, pred_valid_flags), events already normalized.
 
-    Pairs the k-th predicted with the k-th true event of each sequence.
+    Pairs the k-th predicted with the k-th true event of each sequence; ``fmt`` gives the window and digits.
     """
+    window = fmt.window_ns
     pairs, seq_rates, count_match = [], [], []
     for preds, truths, valid in sequences:
         count_match.append(len(preds) == len(truths))
@@ -72,11 +103,10 @@ def oracle_report(sequences):
             out[f"{cat}/comparable_rate"] = np.mean([p is not None and p.kind == t.kind for p, t in in_cat])
 
     def timestamp_part(prefix, group):
-        signed = [((p.timestamp_ns - t.timestamp_ns + WINDOW_NS // 2) % WINDOW_NS - WINDOW_NS // 2) / 1e6
-                  for p, t in group]
+        signed = [((p.timestamp_ns - t.timestamp_ns + window // 2) % window - window // 2) / 1e6 for p, t in group]
         add_distribution(out, prefix, signed, [t.timestamp_ns / 1e6 for _, t in group])
-        for j, v in enumerate(precision([(digits(p.timestamp_ns // 10**7, [16, 10, 10]),
-                                          digits(t.timestamp_ns // 10**7, [16, 10, 10])) for p, t in group])):
+        for j, v in enumerate(precision([(fmt.timestamp_digits(p.timestamp_ns), fmt.timestamp_digits(t.timestamp_ns))
+                                         for p, t in group])):
             out[f"{prefix}/precision_p{j + 1}"] = v
 
     timestamp_part("timestamp", comp)
@@ -116,9 +146,8 @@ def oracle_report(sequences):
                 angles.append(math.degrees(min(d, 2 * math.pi - d)))
         if angles:
             out["mouse/direction_error_p50_deg"], out["mouse/direction_error_p95_deg"] = np.percentile(angles, [50, 95])
-        bases = [2, 20, 10, 10]
-        dx = [(digits(p.dx, bases), digits(t.dx, bases)) for p, t in mouse]
-        dy = [(digits(p.dy, bases), digits(t.dy, bases)) for p, t in mouse]
+        dx = [(fmt.delta_digits(p.dx), fmt.delta_digits(t.dx)) for p, t in mouse]
+        dy = [(fmt.delta_digits(p.dy), fmt.delta_digits(t.dy)) for p, t in mouse]
         joint = [(list(zip(a[0], b[0])), list(zip(a[1], b[1]))) for a, b in zip(dx, dy)]
         for name, group in (("dx", dx), ("dy", dy), ("euclidean", joint)):
             for j, v in enumerate(precision(group)):

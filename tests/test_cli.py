@@ -53,15 +53,16 @@ def test_demo_config_yaml_is_the_default():
 
 
 def test_demo_learns_and_logs_every_epoch(tmp_path, capsys):
+    """In upstream OWA's default (factorized) format; the callback tests cover the hierarchical one."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    assert main(["demo", "--epochs", "3", "--out", str(tmp_path)]) == 0
+    assert main(["demo", "--epochs", "3", "--out", str(tmp_path), "--format", "factorized"]) == 0
     printed = capsys.readouterr().out
     assert "tensorboard --logdir" in printed and "comparable rate" in printed
     events = EventAccumulator(str(tmp_path / "tensorboard" / "version_0"), size_guidance={"scalars": 0})
     events.Reload()
     for key in ("comparable_rate", "category/macro_f1", "timestamp/precision_p1", "mouse_nop/comparable_rate",
-                "token_accuracy/timestamp", "screen/loss"):
+                "token_accuracy/timestamp", "screen/loss", "mouse/dx_precision_p5", "status/invalid_target_rate"):
         assert len(events.Scalars(f"val/owa/{key}")) == 3, key
     comparable = [p.value for p in events.Scalars("val/owa/comparable_rate")]
     assert comparable[-1] > comparable[0]

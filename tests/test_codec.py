@@ -113,5 +113,7 @@ def test_codec_yaml_preset_is_the_default(codec):
 
     path = __import__("pathlib").Path(__file__).resolve().parents[1] / "configs" / "codec.yaml"
     assert CodecConfig.from_dict(yaml.safe_load(path.read_text())) == codec.config
+    factorized = path.with_name("codec_factorized.yaml")
+    assert CodecConfig.from_dict(yaml.safe_load(factorized.read_text())) == CodecConfig.preset("factorized")
     with pytest.raises(ValueError, match="unknown CodecConfig keys"):
         CodecConfig.from_dict({"timestamp_base": [10]})

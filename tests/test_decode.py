@@ -4,7 +4,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from owa_metrics import Category, Event, Status, align_teacher_forcing, decode_batch, reference_decode
+from owa_metrics import Category, Event, EventCodec, Status, align_teacher_forcing, decode_batch, reference_decode
 from oracles import batch_rows
 
 KEY = Event(kind="keyboard", timestamp_ns=1_230_000_000, vk=65, action="press")
@@ -33,6 +33,28 @@ def test_perfect_predictions_decode_to_the_events(vocab):
     assert batch.target.timestamp_digits.tolist()[0] == [1, 2, 3]
     assert batch.target.dx_digits.tolist()[1] == [1, 19, 9, 7] and batch.target.dy_digits.tolist()[1] == [0, 0, 6, 4]
     assert batch.target.start.tolist() == [0, 8, 25, 42, 61] and batch.target.end.tolist()[-1] == 61 + 72
+
+
+def test_factorized_worked_examples_decode_in_a_batch():
+    """The issue's upstream strings, tokenized and decoded by the batch decoder: values and digit levels."""
+    from owa_metrics import VocabMap, build_tokenizer
+
+    tokenizer = build_tokenizer(format="factorized")
+    vocab = VocabMap.from_tokenizer(tokenizer)
+    text = ("<EVENT_START><MOUSE><3><1><8><SIGN_MINUS><0><0><3><7><SIGN_PLUS><0><0><3><4><MB_0><MB_0><MB_0><EVENT_END>"
+            "<EVENT_START><MOUSE><6><9><5><SIGN_MINUS><0><3><0><0><SIGN_PLUS><0><2><5><0><MB_4><MB_0><MB_2>"
+            "<SIGN_MINUS><3><EVENT_END><EVENT_START><KEYBOARD><0><0><5><VK_65><press><EVENT_END>")
+    ids = torch.tensor([tokenizer(text)["input_ids"]])
+    batch = decode_batch(ids, ids, vocab)
+    assert batch.status.tolist() == [Status.VALID] * 3
+    t = batch.target
+    assert t.timestamp_ns.tolist() == [3_180_000_000, 6_950_000_000, 50_000_000]
+    assert t.dx.tolist() == [-37, -300, 0] and t.dy.tolist() == [34, 250, 0]
+    assert t.button_flags.tolist() == [0, 0x402, 0] and t.button_data.tolist() == [0, -360, 0]
+    assert t.vk.tolist()[2] == 65 and t.action.tolist()[2] == 0
+    assert t.dx_digits.tolist()[0] == [1, 0, 0, 3, 7] and t.dy_digits.tolist()[1] == [0, 0, 2, 5, 0]
+    assert t.timestamp_digits.tolist()[2] == [0, 0, 5]
+    assert t.category.tolist() == [Category.MOUSE_NOP, Category.MOUSE_OP, Category.KEYBOARD]
 
 
 def test_teacher_forcing_shift_keeps_the_first_event(vocab):
@@ -117,9 +139,11 @@ events = st.one_of(
 def corrupted(draw, vocab, ids):
     """Random edits: replace / delete / insert tokens, ignored runs, truncation."""
     ids = list(ids)
-    pool = st.one_of(st.integers(0, vocab.size - 1), st.sampled_from(sorted(vocab.ids.values())[:12]))
+    named = sorted(vocab.ids.values())
+    pool = st.one_of(st.integers(0, vocab.size - 1), st.sampled_from(named[:12]), st.sampled_from(named))
+    signs = [vocab.ids[t] for t in vocab.config.sign_tokens if t in vocab.ids]
     for _ in range(draw(st.integers(0, 4))):
-        op = draw(st.sampled_from(["replace", "delete", "insert", "ignore", "truncate"]))
+        op = draw(st.sampled_from(["replace", "delete", "insert", "ignore", "truncate", "swap_sign"]))
         if not ids and op != "insert":
             continue
         at = draw(st.integers(0, max(len(ids) - 1, 0)))
@@ -129,6 +153,13 @@ def corrupted(draw, vocab, ids):
             del ids[at]
         elif op == "insert":
             ids.insert(at, draw(pool))
+        elif op == "swap_sign":  # factorized: <SIGN_PLUS> <-> <SIGN_MINUS>; hierarchical: any named token
+            hits = [i for i, t in enumerate(ids) if t in signs]
+            if hits:
+                i = draw(st.sampled_from(hits))
+                ids[i] = signs[1 - signs.index(ids[i])]
+            else:
+                ids[at] = draw(st.sampled_from(named))
         elif op == "ignore":
             ids[at:at + draw(st.integers(1, 5))] = [-100] * len(ids[at:at + 5])
         else:
@@ -139,8 +170,9 @@ def corrupted(draw, vocab, ids):
 @st.composite
 def batches(draw, vocab, alignment):
     targets, preds = [], []
+    fit = EventCodec(vocab.config).fit  # wheel steps the format cannot write are clamped
     for _ in range(draw(st.integers(1, 4))):
-        evs = draw(st.lists(events, max_size=6))
+        evs = [fit(e) for e in draw(st.lists(events, max_size=6))]
         target = vocab.encode(evs, ignore_images=draw(st.booleans()))
         if draw(st.booleans()):
             target = [vocab.ids["<EPISODE_START>"]] + target
@@ -150,7 +182,7 @@ def batches(draw, vocab, alignment):
             if draw(st.booleans()) and target:  # the HF shift: the first event loses its start
                 pred, target = pred[1:], target[1:]
         else:
-            pred = draw(corrupted(vocab, vocab.encode(draw(st.lists(events, max_size=6)))))
+            pred = draw(corrupted(vocab, vocab.encode([fit(e) for e in draw(st.lists(events, max_size=6))])))
         targets.append(target)
         preds.append(pred)
     return preds, targets
@@ -171,22 +203,24 @@ def _check_against_reference(vocab, preds, targets, alignment):
 
 @settings(max_examples=300, deadline=None)
 @given(st.data())
-def test_teacher_forcing_agrees_with_the_string_reference(vocab, data):
-    preds, targets = data.draw(batches(vocab, "teacher_forcing"))
-    _check_against_reference(vocab, preds, targets, "teacher_forcing")
+def test_teacher_forcing_agrees_with_the_string_reference(format_vocab, data):
+    preds, targets = data.draw(batches(format_vocab, "teacher_forcing"))
+    _check_against_reference(format_vocab, preds, targets, "teacher_forcing")
 
 
 @settings(max_examples=300, deadline=None)
 @given(st.data())
-def test_generation_agrees_with_the_string_reference(vocab, data):
-    preds, targets = data.draw(batches(vocab, "generation"))
-    _check_against_reference(vocab, preds, targets, "generation")
+def test_generation_agrees_with_the_string_reference(format_vocab, data):
+    preds, targets = data.draw(batches(format_vocab, "generation"))
+    _check_against_reference(format_vocab, preds, targets, "generation")
 
 
-def test_ten_thousand_random_sequences_every_target_event_once(vocab, codec):
+def test_ten_thousand_random_sequences_every_target_event_once(format_vocab):
     """Any ids, any length (0 and 1 included): no exception, one row per target span, same fields as the reference."""
+    vocab, codec = format_vocab, EventCodec(format_vocab.config)
     rng = np.random.default_rng(0)
-    structural = np.array(sorted(vocab.ids.values())[:14] + [-100])
+    signs = [vocab.ids[t] for t in vocab.config.sign_tokens if t in vocab.ids]
+    structural = np.array(sorted(vocab.ids.values())[:14] + signs + [-100])
     vocab_size = vocab.size
     seqs = []
     for _ in range(10_000):

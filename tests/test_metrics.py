@@ -144,7 +144,7 @@ def test_empty_metrics_return_nan_and_the_report_leaves_them_out(tokenizer):
 
 
 # --------------------------------------------------------------------------- the report vs the oracle
-def _batch_from(vocab, sequences, rng, corrupt=0.0):
+def _batch_from(vocab, sequences, rng, corrupt=0.0, normalize=normalized, ignore_images=True):
     """Token ids of (pred_events, true_events) sequences; some predicted events get their end token replaced
     by a digit (so they do not decode). Returns preds, target and the oracle's input."""
     preds, targets, oracle_input = [], [], []
@@ -161,8 +161,8 @@ def _batch_from(vocab, sequences, rng, corrupt=0.0):
             ids += tokens
         # a corrupted event runs into the next one: its span is cut at the next start, the next one is intact
         preds.append(ids)
-        targets.append(vocab.encode(true_events, ignore_images=True))
-        oracle_input.append(([normalized(e) for e in pred_events], [normalized(e) for e in true_events], valid))
+        targets.append(vocab.encode(true_events, ignore_images=ignore_images))
+        oracle_input.append(([normalize(e) for e in pred_events], [normalize(e) for e in true_events], valid))
     pad = lambda rows: torch.tensor([r + [-100] * (max(map(len, rows)) - len(r)) for r in rows])  # noqa: E731
     return pad(preds), pad(targets), oracle_input
 

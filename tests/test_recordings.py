@@ -3,9 +3,10 @@ import collections
 import numpy as np
 import torch
 
-from owa_metrics import Category, Status, align_teacher_forcing, decode_batch, reference_decode
+from owa_metrics import CodecConfig, Category, EventCodec, Status, align_teacher_forcing, decode_batch, reference_decode
 from owa_metrics.events import read_recording
 from conftest import recording_paths
+from factorized_oracle import encode_factorized, normalized_factorized
 from oracles import batch_rows, normalized
 
 # from ../shared/data/README.md: (mouse clicks press+release, keyboard, screen, mouse moves)
@@ -24,25 +25,32 @@ def test_recordings_hold_the_documented_events():
 
 
 def test_every_recorded_event_round_trips(codec):
+    factorized = EventCodec(CodecConfig.preset("factorized"))
     for path in recording_paths():
         for event in read_recording(path):
             assert codec.decode(codec.encode(event)) == normalized(event)
+            assert factorized.decode(encode_factorized(event)) == normalized_factorized(event)
 
 
-def test_batch_decoder_agrees_with_reference_on_recordings(vocab):
+def test_batch_decoder_agrees_with_reference_on_recordings(format_vocab):
+    vocab = format_vocab
     rng = np.random.default_rng(7)
-    sequences = []
+    sequences, with_images = [], []  # labels (image tokens ignored), model inputs (image tokens)
     for path in recording_paths():
-        events = read_recording(path)
+        events = read_recording(path, format=vocab.config.format)
         cuts = np.sort(rng.choice(np.arange(1, len(events)), size=5, replace=False))
         for chunk in np.split(np.arange(len(events)), cuts):
             sequences.append(vocab.encode([events[i] for i in chunk], ignore_images=True))
+            with_images.append(vocab.encode([events[i] for i in chunk]))
     assert len({len(s) for s in sequences}) == len(sequences)  # all lengths differ: real padding
     width = max(len(s) for s in sequences)
     target = torch.tensor([s + [-100] * (width - len(s)) for s in sequences])
-    noise = torch.from_numpy(rng.integers(0, vocab.size, size=target.shape))
+    structural = np.array(sorted(vocab.ids.values())[:7])  # start, end, types, press, release: early ends, cuts
+    noise = torch.from_numpy(np.where(rng.random(target.shape) < 0.8, rng.integers(0, vocab.size, size=target.shape),
+                                      rng.choice(structural, size=target.shape)))
     flip = torch.from_numpy(rng.random(target.shape) < 0.01)
-    preds = torch.where(flip, noise, target.clamp(min=0))
+    inputs = torch.tensor([s + [0] * (width - len(s)) for s in with_images])
+    preds = torch.where(flip, noise, inputs)
 
     perfect = decode_batch(target.clamp(min=0), target, vocab)
     assert len(perfect) == sum(sum(EXPECTED[p.name]) for p in recording_paths())

@@ -13,7 +13,7 @@ def test_built_tokenizer_round_trips_text_and_maps_roles(tokenizer, vocab):
     ids = tokenizer(TEXT)["input_ids"]
     assert len(ids) == 15 and tokenizer.decode(ids) == TEXT
     roles, values = vocab.lookup(torch.tensor(ids + [-100, 10_000]))
-    assert roles.tolist() == [Role.START, Role.KEYBOARD, Role.DIGIT, Role.DIGIT, Role.DIGIT, Role.DIGIT, Role.PRESS,
+    assert roles.tolist() == [Role.START, Role.KEYBOARD, Role.DIGIT, Role.DIGIT, Role.DIGIT, Role.DIGIT, Role.ACTION,
                               Role.END, Role.START, Role.SCREEN, Role.DIGIT, Role.DIGIT, Role.DIGIT, Role.IMAGE,
                               Role.END, Role.IGNORED, Role.OTHER]
     assert values.tolist()[:6] == [-1, -1, 1, 2, 3, 65]
@@ -45,7 +45,7 @@ def test_any_hf_tokenizer_with_added_event_tokens_decodes_the_same(codec, vocab,
 
 
 def test_tokenizer_without_event_tokens_is_refused_with_the_missing_names():
-    with pytest.raises(ValueError, match=r"lacks OWA event tokens: <EVENT_START>, <EVENT_END>.*add_tokens"):
+    with pytest.raises(ValueError, match=r"lacks OWA event tokens \(hierarchical misses <EVENT_START>, <EVENT_END>.*add_tokens"):
         VocabMap.from_tokenizer(_user_tokenizer(add_event_tokens=False))
 
 

@@ -17,7 +17,8 @@ class OWAEventMetricsForTrainer:
     token ids travel), gathers predictions and labels across processes, and calls this object on every rank
     with the gathered batch: the metric therefore never syncs its states itself (``sync_on_compute=False``),
     which would count every event world-size times. Labels follow the HF convention (logits at t predict
-    label t + 1) and are shifted here; the Trainer's -100 padding reads as ignored.
+    label t + 1) and are shifted here; the Trainer's -100 padding reads as ignored. ``format=`` / ``config=``
+    and the other keywords go to `OWAEventMetrics` (by default the format is detected from the tokenizer).
     """
 
     def __init__(self, tokenizer, prefix: str = "owa/", **metric_kwargs: Any):

@@ -11,7 +11,7 @@ from typing import Any, Callable, Literal, Optional
 import numpy as np
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
 from ..decode.batch import decode_batch
 from ..metrics.base import Mode
@@ -37,7 +37,8 @@ class OWAEventMetricsCallback(Callback):
     Every rank computes (the metric syncs); rank zero adds, each switchable: histograms of the errors, the
     category confusion matrix as a figure, a sample table, and ``owa_metrics/epoch_{E}.json`` / ``.md`` in
     the log dir. Loggers without a feature are skipped (CSVLogger: scalars only). Nothing is logged during
-    the sanity check unless ``log_sanity_check``.
+    the sanity check unless ``log_sanity_check``. ``format=`` / ``config=`` (and every other keyword) go to
+    `OWAEventMetrics`; the format and image tokens in use are the first line the callback logs.
     """
 
     SETTINGS = ("alignment", "mode", "prefix", "log_loss", "every_n_batches", "max_sequences", "predict_events",
@@ -62,6 +63,10 @@ class OWAEventMetricsCallback(Callback):
         return OWAEventMetrics(self.tokenizer, alignment=self.alignment, mode=self.mode, **self.metric_kwargs)
 
     # ------------------------------------------------------------------------------------------- hooks
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        rank_zero_info(f"OWAEventMetricsCallback: {self.metric.vocab.describe()}; alignment={self.alignment}, "
+                       f"mode={self.mode}")
+
     def on_validation_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.metric = self.metric.to(pl_module.device)
         self.metric.reset()

@@ -17,7 +17,6 @@ The decoder never loops over events or tokens in Python. It works in three steps
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from typing import Literal, NamedTuple
 
@@ -25,7 +24,8 @@ import torch
 
 from ..events.event import Category, Kind, Status
 from ..tokens.codec import CodecConfig
-from ..tokens.vocab import IMAGE_BIT, ROLE_MASK, SKIP_BIT, STRUCT_BIT, VALUE_SHIFT, Role, VocabMap
+from ..tokens.format import FIELDS, Role
+from ..tokens.vocab import IMAGE_BIT, ROLE_MASK, SKIP_BIT, STRUCT_BIT, VALUE_SHIFT, VocabMap
 
 Alignment = Literal["teacher_forcing", "generation"]
 IGNORE_INDEX = -100
@@ -82,8 +82,7 @@ class EventFields:
         """The ``values`` and ``digits`` of ``n`` rows that did not decode."""
         values = torch.zeros((n, len(VALUE_COLUMNS)), dtype=torch.int64, device=device)
         values[:, 0] = int(Category.INVALID)
-        digits = torch.full((n, len(config.timestamp_bases) + 2 * len(config.mouse_delta_bases)), -1,
-                            dtype=torch.int32, device=device)
+        digits = torch.full((n, len(config.token_format.digit_columns)), -1, dtype=torch.int32, device=device)
         return values, digits
 
 
@@ -138,7 +137,7 @@ def decode_batch(preds: torch.Tensor, target: torch.Tensor, vocab: VocabMap,
     status; nothing raises.
     """
     preds, target = _check_inputs(preds, target, alignment)
-    layouts = _Layouts.get(vocab.config, target.device)
+    layouts = _Tables.get(vocab.config, target.device)
     t_code = vocab.codes(target)
     t_spans = _spans(t_code)
     tgt = _decode_side(t_code, t_spans, layouts)
@@ -238,68 +237,71 @@ def _first_kept_after(kept: torch.Tensor, before: torch.Tensor, window: int = 16
     return torch.searchsorted(counts, torch.where(before >= 0, counts[before.clamp(min=0)], 0) + 1)
 
 
-class _Layouts:
-    """Per-slot expectations of each event layout, as tensors: allowed roles (bit mask) and digit bound."""
+class _Tables:
+    """The format's layouts (`TokenFormat`) as tensors, one row per layout.
 
-    KEYBOARD, MOUSE, MOUSE_SCROLL, SCREEN = range(4)
+    ``rules`` [layouts, width]: per slot from ``<EVENT_START>``, the accepted roles (bit mask, low 16 bits) and
+    the value bound (<< 16); a run layout (screen) stops before its image run, which is checked with a count.
+    ``fields`` [2 * layouts * F, width]: place values, then sign selectors, so that one matrix product reads
+    every field of every layout; ``modulus`` [layouts, F]; ``digit_slots`` [layouts, D]: the slot of each
+    digit-precision level (-1: the layout has none).
+    """
+
     _cache: dict = {}
 
     def __init__(self, c: CodecConfig, device):
-        def digits(bases):
-            return [(1 << int(Role.DIGIT), b) for b in bases]
-
-        head = [(1 << int(Role.START), 0),
-                ((1 << int(Role.KEYBOARD)) | (1 << int(Role.MOUSE)) | (1 << int(Role.SCREEN)), 0),
-                *digits(c.timestamp_bases)]
-        end = [(1 << int(Role.END), 0)]
-        deltas = digits(b for base in c.mouse_delta_bases for b in (base, base))
-        mouse = head + deltas + digits(c.button_flag_bases)
-        layouts = [
-            head + digits([c.num_digit_tokens]) + [((1 << int(Role.PRESS)) | (1 << int(Role.RELEASE)), 0)] + end,
-            mouse + end,
-            mouse + digits(c.scroll_bases) + end,
-            head,  # + image data and <EVENT_END>, checked with a count
-        ]
-        self.width = max(len(slots) for slots in layouts)
+        fmt = c.token_format
+        type_roles = (1 << int(Role.KEYBOARD)) | (1 << int(Role.MOUSE)) | (1 << int(Role.SCREEN))
+        head = [(1 << int(Role.START), 0), (type_roles, 0)]
+        slot_rules, runs = [], []
+        for lay in fmt.layouts:
+            run = next((i for i, s in enumerate(lay.slots) if s.run), None)
+            slots = lay.slots if run is None else lay.slots[:run]
+            slot_rules.append(head + [(1 << int(s.role), s.bound) for s in slots]
+                              + ([(1 << int(Role.END), 0)] if run is None else []))
+            runs.append(-1 if run is None else 2 + run)
+        self.width = max(len(r) for r in slot_rules)
         anything = [(0xFFFF, 0)] * self.width  # slots past a layout's end are not checked
-        # per layout and slot: allowed roles (bit mask, low 16 bits) | digit bound << 16
-        rules = [[a | min(b or 0x7FFF, 0x7FFF) << 16 for a, b in (s + anything)[:self.width]] for s in layouts]
+        rules = [[a | min(b or 0x7FFF, 0x7FFF) << 16 for a, b in (r + anything)[:self.width]] for r in slot_rules]
         self.rules = torch.tensor(rules, dtype=torch.int32, device=device)
-        self.length = torch.tensor([len(s) for s in layouts], device=device)
+        self.length = torch.tensor([len(r) for r in slot_rules], device=device)
+        self.run_start = torch.tensor(runs, device=device)
+        self.kind_layout = torch.tensor([fmt.layout_index(k) for k in ("keyboard", "mouse", "screen")], device=device)
+        # a layout that extends another is chosen by the role of the token after the shorter one's slots
+        self.variants = [(lay.extends, i, 2 + len(fmt.layouts[lay.extends].slots),
+                          int(lay.slots[len(fmt.layouts[lay.extends].slots)].role))
+                         for i, lay in enumerate(fmt.layouts) if lay.extends is not None]
+        n_lay, n_f = len(fmt.layouts), len(FIELDS)
+        place = torch.zeros(2, n_lay, n_f, self.width, dtype=torch.float64)
+        for li, lay in enumerate(fmt.layouts):
+            for si, slot in enumerate(lay.slots):
+                if slot.field is not None and not slot.run:
+                    place[int(slot.sign), li, FIELDS.index(slot.field), 2 + si] = 1 if slot.sign else slot.place
+        self.fields = place.view(2 * n_lay * n_f, self.width).to(device)
+        self.modulus = torch.tensor([[fmt.modulus.get(f, 0) for f in FIELDS] for _ in fmt.layouts], device=device)
+        columns = fmt.digit_columns
+        digit_slots = torch.full((n_lay, len(columns)), -1, dtype=torch.int64)
+        for li, lay in enumerate(fmt.layouts):
+            for name in set(columns):
+                where = [2 + si for si, s in enumerate(lay.slots) if s.field == name]
+                at = [i for i, col in enumerate(columns) if col == name]
+                digit_slots[li, at[:len(where)]] = torch.tensor(where[:len(at)], dtype=torch.int64)
+        self.digit_slots = digit_slots.to(device)
+        self.n_ts = columns.count("timestamp")
+        self.unit_ns, self.scroll_unit = fmt.timestamp_unit_ns, fmt.scroll_unit
         self.offsets = torch.arange(self.width, dtype=torch.int32, device=device)[:, None]
-        self.n_ts, self.n_delta = len(c.timestamp_bases), len(c.mouse_delta_bases)
-        self.head, self.scroll_slot = len(head), len(mouse)
-        self.vk_slot, self.action_slot = 2 + self.n_ts, 3 + self.n_ts
-        self.delta_slots = slice(2 + self.n_ts, 2 + self.n_ts + 2 * self.n_delta)
-        # mixed-radix place values per slot: one matrix product reads timestamp, dx, dy, flags and scroll
-        radix = torch.zeros(5, self.width, dtype=torch.float64)
-        n_d = len(c.mouse_delta_bases)
-        for row, (first, step, bases) in enumerate([
-                (2, 1, c.timestamp_bases), (2 + self.n_ts, 2, c.mouse_delta_bases),
-                (3 + self.n_ts, 2, c.mouse_delta_bases), (2 + self.n_ts + 2 * n_d, 1, c.button_flag_bases),
-                (len(mouse), 1, c.scroll_bases)]):
-            for i, _ in enumerate(bases):
-                radix[row, first + i * step] = math.prod(bases[i + 1:])
-        self.radix = radix.to(device)
-        self.delta_range, self.scroll_range = math.prod(c.mouse_delta_bases), math.prod(c.scroll_bases)
-        self.unit_ns, self.scroll_unit = c.timestamp_unit_ns, c.scroll_unit
         # values of a row that does not decode: category INVALID, numbers 0
         self.blank = torch.tensor([int(Category.INVALID)] + [0] * 7, device=device)
-        self.digit_is_delta = (torch.arange(self.n_ts + 2 * self.n_delta, device=device) >= self.n_ts)[:, None]
 
     @classmethod
-    def get(cls, config: CodecConfig, device) -> "_Layouts":
+    def get(cls, config: CodecConfig, device) -> "_Tables":
         key = (config, torch.device(device))
         if key not in cls._cache:
             cls._cache[key] = cls(config, device)
         return cls._cache[key]
 
 
-def _signed(value: torch.Tensor, total: int) -> torch.Tensor:
-    return torch.where(value >= total // 2, value - total, value)
-
-
-def _decode_side(code: torch.Tensor, spans: _Spans, L: _Layouts) -> EventFields:
+def _decode_side(code: torch.Tensor, spans: _Spans, L: _Tables) -> EventFields:
     """Check and decode the events at ``spans`` in one side's packed token codes.
 
     Works slot-major: ``r`` / ``v`` are [width, N] (slot j of every event in row j).
@@ -313,11 +315,11 @@ def _decode_side(code: torch.Tensor, spans: _Spans, L: _Layouts) -> EventFields:
 
     kind = torch.where((span_len > 1) & (r[1] >= int(Role.KEYBOARD)) & (r[1] <= int(Role.SCREEN)),
                        r[1] - int(Role.KEYBOARD), -1)
-    is_kb, is_mouse, is_screen = kind == int(Kind.KEYBOARD), kind == int(Kind.MOUSE), kind == int(Kind.SCREEN)
-    has_scroll = (span_len > L.scroll_slot) & (r[L.scroll_slot] == int(Role.DIGIT))
-    lay = torch.where(is_mouse, torch.where(has_scroll, L.MOUSE_SCROLL, L.MOUSE),
-                      torch.where(is_screen, L.SCREEN, L.KEYBOARD))
-    length = L.length[lay]
+    lay = L.kind_layout[kind.clamp(min=0)]
+    for base, longer, at, role in L.variants:  # the format's extended layouts (a mouse event with a scroll)
+        lay = torch.where((lay == base) & (span_len > at) & (r[min(at, L.width - 1)] == role), longer, lay)
+    length, run_start = L.length[lay], L.run_start[lay]
+    is_run = run_start >= 0
 
     # slot by slot: the first slot whose token is not accepted, or the first past the span, gives the status
     rules = torch.nn.functional.embedding(lay, L.rules).T.contiguous()  # [width, N]: this row's layout
@@ -332,39 +334,39 @@ def _decode_side(code: torch.Tensor, spans: _Spans, L: _Layouts) -> EventFields:
                     int(Status.MISSING_FIELDS), int(Status.INVALID_FORMAT)),
         torch.where(span_len < length, int(Status.TRUNCATED), int(Status.VALID)))
 
-    # screen data: a run of image tokens (or ignored labels) closed by <EVENT_END> at the span's last token
-    data_start = slot0 + L.head
+    # a run (screen data): image tokens (or ignored labels) closed by <EVENT_END> at the span's last token
+    data_start = slot0 + run_start.clamp(min=0)
     not_image = ((flat & IMAGE_BIT) == 0).cumsum(0, dtype=torch.int32)
-    others = not_image[spans.last] - not_image[(data_start - 1).clamp(max=flat.numel() - 1)]
-    first_data, last_role = r[L.head], flat.index_select(0, spans.last) & ROLE_MASK
+    others = not_image[spans.last] - not_image[(data_start - 1).clamp(0, flat.numel() - 1)]
+    first_data = r.gather(0, run_start.clamp(0, L.width - 1)[None]).squeeze(0)
+    last_role = flat.index_select(0, spans.last) & ROLE_MASK
     first_is_data = (first_data == int(Role.IMAGE)) | (first_data == int(Role.IGNORED))
-    screen_status = torch.where(
+    run_status = torch.where(
         others <= 0, int(Status.TRUNCATED),
         torch.where(~first_is_data, torch.where(first_data == int(Role.END), int(Status.MISSING_FIELDS),
                                                 int(Status.INVALID_FORMAT)),
                     torch.where((others == 1) & (last_role == int(Role.END)), int(Status.VALID),
                                 int(Status.INVALID_FORMAT))))
-    status = torch.where(is_screen & (status == int(Status.VALID)), screen_status, status)
+    status = torch.where(is_run & (status == int(Status.VALID)), run_status, status)
     # tokens after the layout's <EVENT_END> inside the span (a teacher-forced prediction ending early)
-    extra = ~is_screen & (length < span_len)
-    status = torch.where((status == int(Status.VALID)) & extra, int(Status.INVALID_FORMAT), status)
+    status = torch.where((status == int(Status.VALID)) & ~is_run & (length < span_len), int(Status.INVALID_FORMAT),
+                         status)
     ok = status == int(Status.VALID)
 
-    ts_digits = v[2:2 + L.n_ts]
-    dx_digits, dy_digits = v[L.delta_slots][0::2], v[L.delta_slots][1::2]  # interleaved dx0 dy0 dx1 dy1 ...
-    ts_units, dx, dy, flags, scroll = (L.radix @ v.double()).round().long()
-    flags = flags * is_mouse
+    # every field of every layout in one product, then each row's layout: (-1)^minus * sum(value * place)
+    per_layout = (L.fields @ v.double()).view(2, L.modulus.shape[0], len(FIELDS), n)
+    magnitude, minus = per_layout.gather(1, lay.view(1, 1, 1, n).expand(2, 1, len(FIELDS), n)).squeeze(1)
+    number = (magnitude * (1 - 2 * minus)).round().long()
+    modulus = L.modulus.index_select(0, lay).T
+    number = torch.where((modulus > 0) & (number >= modulus // 2), number - modulus, number)
+    ts_units, vk, action, dx, dy, flags, scroll = number
+    is_mouse = kind == int(Kind.MOUSE)
     category = torch.where(is_mouse, torch.where(flags != 0, int(Category.MOUSE_OP), int(Category.MOUSE_NOP)),
-                           torch.where(is_screen, int(Category.SCREEN), int(Category.KEYBOARD)))
-    values = torch.stack([
-        category, ts_units * L.unit_ns, v[L.vk_slot].long() * is_kb,
-        (is_kb & (r[L.action_slot] == int(Role.RELEASE))).long(),
-        _signed(dx, L.delta_range) * is_mouse, _signed(dy, L.delta_range) * is_mouse, flags,
-        _signed(scroll, L.scroll_range) * (is_mouse & has_scroll) * L.scroll_unit,
-    ])
+                           torch.where(kind == int(Kind.SCREEN), int(Category.SCREEN), int(Category.KEYBOARD)))
+    values = torch.stack([category, ts_units * L.unit_ns, vk, action, dx, dy, flags, scroll * L.scroll_unit])
     values = torch.where(ok, values, L.blank[:, None]).T.contiguous()
-    digits = torch.cat([ts_digits, dx_digits, dy_digits])
-    digits = torch.where(torch.where(L.digit_is_delta, ok & is_mouse, ok), digits, -1).T.contiguous()
+    slots = L.digit_slots.index_select(0, lay).T  # [D, N]
+    digits = torch.where(ok & (slots >= 0), v.gather(0, slots.clamp(min=0)), -1).T.contiguous()
     row_start = spans.seq * spans.row_len
     return EventFields(status=status, kind=kind, values=values, digits=digits, start=spans.first - row_start,
                        end=spans.last - row_start, start_cut=spans.cut, n_timestamp_digits=L.n_ts)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from ..events.event import Category, Event, Kind, Status
-from ..tokens.codec import EventCodec, EventDecodeError, to_digits
+from ..tokens.codec import EventCodec, EventDecodeError
 from ..tokens.vocab import VocabMap
 
 _KINDS = {"keyboard": int(Kind.KEYBOARD), "mouse": int(Kind.MOUSE), "screen": int(Kind.SCREEN)}
@@ -56,7 +56,7 @@ def _side(codec: EventCodec, tokens: list[Optional[str]], span: tuple[int, int, 
 
 def event_fields(codec: EventCodec, event: Event) -> dict:
     """The batch decoder's per-row fields of one valid event (0 for fields its kind does not use)."""
-    c = codec.config
+    n_delta = codec.format.digit_columns.count("dx")
     mouse = event.kind == "mouse"
     return {
         "category": int(event.category),
@@ -65,17 +65,16 @@ def event_fields(codec: EventCodec, event: Event) -> dict:
         "action": int(event.action == "release"),
         "dx": event.dx or 0, "dy": event.dy or 0,
         "button_flags": event.button_flags or 0, "button_data": event.button_data or 0,
-        "timestamp_digits": to_digits(event.timestamp_ns // c.timestamp_unit_ns, c.timestamp_bases),
-        "dx_digits": to_digits(event.dx, c.mouse_delta_bases) if mouse else [-1] * len(c.mouse_delta_bases),
-        "dy_digits": to_digits(event.dy, c.mouse_delta_bases) if mouse else [-1] * len(c.mouse_delta_bases),
+        "timestamp_digits": codec.field_digits(event, "timestamp"),
+        "dx_digits": codec.field_digits(event, "dx") if mouse else [-1] * n_delta,
+        "dy_digits": codec.field_digits(event, "dy") if mouse else [-1] * n_delta,
     }
 
 
 def _missing(codec: EventCodec) -> dict:
-    c = codec.config
+    columns = codec.format.digit_columns
     return {
         "status": Status.MISSING, "kind": -1, "category": int(Category.INVALID), "timestamp_ns": 0, "vk": 0,
         "action": 0, "dx": 0, "dy": 0, "button_flags": 0, "button_data": 0,
-        "timestamp_digits": [-1] * len(c.timestamp_bases), "dx_digits": [-1] * len(c.mouse_delta_bases),
-        "dy_digits": [-1] * len(c.mouse_delta_bases), "start": -1, "end": -1, "start_cut": False,
+        **{f"{name}_digits": [-1] * columns.count(name) for name in ("timestamp", "dx", "dy")}, "start": -1, "end": -1, "start_cut": False,
     }

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from typing import Optional
 
 from .event import Event
 
@@ -19,8 +20,9 @@ _WHEEL, _HWHEEL = 0x400, 0x800
 _TOPICS = ["keyboard", "mouse", "screen", "mouse/state"]
 
 
-def read_recording(path: str | Path) -> list[Event]:
-    """Every keyboard, mouse and screen event of an OWA MCAP file, in time order."""
+def read_recording(path: str | Path, format: Optional[str] = None) -> list[Event]:
+    """Every keyboard, mouse and screen event of an OWA MCAP file, in time order; with ``format``
+    (``"hierarchical"`` | ``"factorized"``) mouse deltas and wheel steps are clamped into that format's range."""
     try:
         from mcap_owa.highlevel import OWAMcapReader
     except ImportError as err:  # pragma: no cover - depends on the optional extra
@@ -50,4 +52,14 @@ def read_recording(path: str | Path) -> list[Event]:
                         flags, data = (_WHEEL, d.dy * 120) if vertical else (_HWHEEL, (d.dx or 0) * 120)
                     events.append(Event(kind="mouse", timestamp_ns=msg.timestamp, dx=dx, dy=dy,
                                         button_flags=flags, button_data=data))
-    return events
+    return fit_to_format(events, format)
+
+
+def fit_to_format(events: list[Event], format: Optional[str]) -> list[Event]:
+    """``events`` as the format can write them (`EventCodec.fit`); unchanged when ``format`` is None."""
+    if format is None:
+        return events
+    from ..tokens.codec import CodecConfig, EventCodec
+
+    codec = EventCodec(CodecConfig.preset(format))
+    return [codec.fit(e) for e in events]

@@ -6,16 +6,20 @@ wheel scrolls, and screen frames at a fixed rate. Used by the demo, benchmarks a
 
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 
 from .event import Event
+from .recordings import fit_to_format
 
 _MS = 1_000_000
 _KEYS = [*range(65, 91), 32, 13, 8]  # letters, space, enter, backspace
 
 
-def simulate_session(duration_s: float = 60.0, seed: int = 0, screen_hz: float = 10.0, start_ns: int = 0) -> list[Event]:
-    """Events of a ``duration_s`` desktop session, sorted by time."""
+def simulate_session(duration_s: float = 60.0, seed: int = 0, screen_hz: float = 10.0, start_ns: int = 0,
+                     format: Optional[str] = None) -> list[Event]:
+    """Events of a ``duration_s`` desktop session, sorted by time (fitted to ``format``'s ranges when given)."""
     rng = np.random.default_rng(seed)
     end_ns = start_ns + int(duration_s * 1e9)
     events = [Event(kind="screen", timestamp_ns=int(t))
@@ -54,4 +58,4 @@ def simulate_session(duration_s: float = 60.0, seed: int = 0, screen_hz: float =
         else:
             t += int(rng.integers(200, 2000)) * _MS
     events.sort(key=lambda e: e.timestamp_ns)
-    return [e for e in events if e.timestamp_ns < end_ns]
+    return fit_to_format([e for e in events if e.timestamp_ns < end_ns], format)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple, Optional
 
 import torch
@@ -12,17 +13,22 @@ from ..tokens.codec import CodecConfig
 from .events import ratio
 
 TOKEN_FIELDS = ("timestamp", "mouse_delta", "button_flags", "vk")
+_TOKEN_FIELD_OF = {"timestamp": "timestamp", "dx": "mouse_delta", "dy": "mouse_delta", "button_flags": "button_flags",
+                   "vk": "vk"}
 
 
+@functools.lru_cache(maxsize=None)
 def field_table(config: CodecConfig, device=None) -> torch.Tensor:
-    """[3 kinds, width + 1]: the `TOKEN_FIELDS` index of each slot of an event (-1: none), slot 0 = start."""
-    n_ts, n_d, n_f = len(config.timestamp_bases), 2 * len(config.mouse_delta_bases), len(config.button_flag_bases)
-    width = 2 + n_ts + n_d + n_f + len(config.scroll_bases) + 2
+    """[3 kinds, width + 1]: the `TOKEN_FIELDS` index of each token of the kind's first layout (-1: none), slot 0 =
+    ``<EVENT_START>``, read from the format's table (a sign token counts with its field's digits)."""
+    fmt = config.token_format
+    slots = [fmt.window_slots(kind) for kind in ("keyboard", "mouse", "screen")]
+    width = max(len(s) for s in slots)
     table = torch.full((3, width + 1), -1, dtype=torch.int64)
-    table[:, 2:2 + n_ts] = TOKEN_FIELDS.index("timestamp")
-    table[int(Kind.KEYBOARD), 2 + n_ts] = TOKEN_FIELDS.index("vk")
-    table[int(Kind.MOUSE), 2 + n_ts:2 + n_ts + n_d] = TOKEN_FIELDS.index("mouse_delta")
-    table[int(Kind.MOUSE), 2 + n_ts + n_d:2 + n_ts + n_d + n_f] = TOKEN_FIELDS.index("button_flags")
+    for k, names in enumerate(slots):
+        for i, name in enumerate(names):
+            if name in _TOKEN_FIELD_OF:
+                table[k, i] = TOKEN_FIELDS.index(_TOKEN_FIELD_OF[name])
     return table.to(device)
 
 

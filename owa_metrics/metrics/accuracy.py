@@ -10,6 +10,7 @@ from torchmetrics import Metric
 from ..functional.events import (
     digit_precision_sums, keyboard_report, keyboard_sums, mouse_action_report, mouse_action_sums, ratio,
 )
+from ..tokens.codec import CodecConfig
 
 
 class _SumMetric(Metric):
@@ -33,9 +34,16 @@ class DigitPrecisionAccuracy(_SumMetric):
 
     ``update(pred_digits, target_digits)`` with [N, k] digit tensors, or [N, k, m] for a joint field (e.g. the
     mouse vector: dx and dy digits stacked, p_j = both match through digit j). ``compute()`` -> tensor [k].
+    ``DigitPrecisionAccuracy(field="dx", format="factorized")`` takes k from the format (there 5: the sign
+    token, then 4 digits); ``field`` is ``timestamp``, ``dx`` or ``dy``.
     """
 
-    def __init__(self, num_digits: int, **kwargs):
+    def __init__(self, num_digits: Optional[int] = None, *, field: Optional[str] = None, format: str = "hierarchical",
+                 **kwargs):
+        if num_digits is None:
+            if field not in ("timestamp", "dx", "dy"):
+                raise ValueError("DigitPrecisionAccuracy needs num_digits, or field='timestamp' | 'dx' | 'dy' (with format=)")
+            num_digits = CodecConfig.preset(format).token_format.digit_columns.count(field)
         super().__init__(num_digits + 1, **kwargs)
         self.num_digits = num_digits
 

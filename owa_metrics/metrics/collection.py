@@ -8,6 +8,7 @@ from typing import Optional, Union
 import numpy as np
 import torch
 from torchmetrics import Metric
+from torchmetrics.utilities import rank_zero_warn
 
 from ..decode.batch import Alignment, EventBatch, decode_batch
 from ..events.event import CATEGORY_NAMES, Category, Status
@@ -52,14 +53,14 @@ class OWAEventMetrics(Metric):
     higher_is_better = None
 
     def __init__(self, tokenizer=None, *, vocab: Optional[VocabMap] = None, config: Optional[CodecConfig] = None,
-                 alignment: Alignment = "teacher_forcing", mode: Mode = "exact", relative_accuracy: float = 0.005,
+                 format: Optional[str] = None, alignment: Alignment = "teacher_forcing", mode: Mode = "exact", relative_accuracy: float = 0.005,
                  sketch_range: tuple[float, float] = (1e-4, 1e8), num_resamples: int = 1000, seed: int = 42,
                  **kwargs):
         super().__init__(**kwargs)
         if vocab is None:
             if tokenizer is None:
                 raise ValueError("OWAEventMetrics needs the model's tokenizer (with the event tokens) or vocab=VocabMap")
-            vocab = VocabMap.from_tokenizer(tokenizer, config)
+            vocab = VocabMap.from_tokenizer(tokenizer, config, format)
         if alignment not in ("teacher_forcing", "generation"):
             raise ValueError(f"alignment must be 'teacher_forcing' or 'generation', got {alignment!r}")
         if mode not in ("exact", "sketch"):
@@ -68,13 +69,15 @@ class OWAEventMetrics(Metric):
         self.spec = SketchSpec(relative_accuracy, *sketch_range)
         self.num_resamples, self.seed = num_resamples, seed
         self.window_ns = vocab.config.timestamp_window_ns
-        self.n_ts, self.n_delta = len(vocab.config.timestamp_bases), len(vocab.config.mouse_delta_bases)
+        columns = vocab.config.token_format.digit_columns
+        self.n_ts, self.n_delta = columns.count("timestamp"), columns.count("dx")
 
         def sums(name, *shape):
             self.add_state(name, default=torch.zeros(shape, dtype=torch.float64), dist_reduce_fx="sum")
 
         sums("confusion", N_CAT, N_CAT + 1)  # target category x predicted category + invalid
         sums("statuses", len(Status))
+        sums("target_statuses", len(Status))  # each target event's own decode status
         sums("event_counts", len(EVENT_COUNTS))
         sums("timestamp_digits", len(GROUPS), self.n_ts + 1)  # digit-prefix matches, then the number of events
         sums("mouse_digits", 3, self.n_delta + 1)  # dx, dy, both
@@ -111,6 +114,7 @@ class OWAEventMetrics(Metric):
         confusion, statuses, counts = event_type_sums(batch)
         self.confusion += confusion
         self.statuses += statuses
+        self.target_statuses += torch.bincount(batch.target.status, minlength=len(Status)).double()
         self.event_counts += counts
         index = batch.comparable.nonzero().squeeze(1)
         pred, true = batch.pred.take(index), batch.target.take(index)
@@ -165,6 +169,7 @@ class OWAEventMetrics(Metric):
 
     def _compute(self) -> dict[str, torch.Tensor]:
         out = event_type_report(self.confusion, self.statuses, self.event_counts)
+        out["status/invalid_target_rate"] = self._warn_invalid_targets()
         if self.alignment == "teacher_forcing":
             out.update(token_report(self.token_fields, self.token_loss))
         for g, group in enumerate(GROUPS):
@@ -192,6 +197,23 @@ class OWAEventMetrics(Metric):
         out["mouse/r2"] = movement_r2_report(self.movement)
         return {k: torch.as_tensor(v, dtype=torch.float64).to(self.device) for k, v in out.items()
                 if not bool(torch.isnan(torch.as_tensor(v)))}
+
+    def _warn_invalid_targets(self, threshold: float = 0.05) -> torch.Tensor:
+        """invalid targets / target events (0 without events); above ``threshold`` one warning on rank zero
+        naming the most frequent decode failure and the likely fix."""
+        rate = self.statuses[int(Status.INVALID_TARGET)] / self.event_counts[0].clamp(min=1)
+        if float(rate) > threshold:
+            reason = Status(int(self.target_statuses.argmax())).label
+            rank_zero_warn(
+                f"{float(rate):.0%} of the target events do not decode (most often: {reason}); they are left out of "
+                f"every rate. This metric reads the {self.vocab.describe()}: if the labels are in the other format, "
+                "pass format='hierarchical' | 'factorized'; if screens use other image tokens, pass a CodecConfig with "
+                "your image_prefix / image_token / image_suffix (or let the tokenizer's be detected by not passing "
+                "config). status/invalid_target_rate logs this rate.", category=UserWarning)
+        return rate
+
+    def extra_repr(self) -> str:
+        return f"{self.vocab.describe()}, alignment={self.alignment}, mode={self.mode}"
 
     def _timestamp_distributions(self, group: int) -> tuple[Distribution, Distribution]:
         if self.mode == "sketch":

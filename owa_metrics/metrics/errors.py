@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torchmetrics import Metric
 
@@ -9,10 +11,8 @@ from ..functional.events import (
     direction_error_deg, euclidean_percent_error, movement_r2_report, movement_sums, percent_error,
     signed_percent_error, timestamp_errors,
 )
+from ..tokens.codec import CodecConfig
 from .base import SampleMetric
-
-DEFAULT_WINDOW_NS = 16_000_000_000
-
 
 class IQMPE(SampleMetric):
     """Interquartile mean percent error: ``IQM(|pred - gt| / |gt| * 100)`` over samples with gt != 0 (in %).
@@ -59,14 +59,15 @@ class TimestampError(SampleMetric):
     - ``signed_error_iqm_ms`` and its bootstrap CI (``_ci_low_ms``, ``_ci_high_ms``): IQM of pred - gt;
     - ``iqmpe_pct``: IQM of |pred - gt| / |gt| * 100 (gt = the true timestamp within the window, 0 left out).
 
-    ``update(preds_ns, target_ns)`` with integer nanosecond tensors.
+    ``update(preds_ns, target_ns)`` with integer nanosecond tensors. The window: ``window_ns``, else the
+    ``format``'s (hierarchical 16 s, factorized 10 s).
     """
 
     higher_is_better = False
 
-    def __init__(self, window_ns: int = DEFAULT_WINDOW_NS, **kwargs):
+    def __init__(self, window_ns: Optional[int] = None, format: str = "hierarchical", **kwargs):
         super().__init__(**kwargs)
-        self.window_ns = window_ns
+        self.window_ns = window_ns or CodecConfig.preset(format).timestamp_window_ns
         self._add_sample_state("signed_errors_ms")
         self._add_sample_state("percent_errors")
 

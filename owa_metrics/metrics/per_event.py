@@ -13,12 +13,14 @@ import torch
 
 from ..events.event import Event, Status
 from ..functional.stats import iqm
-from ..tokens.codec import CodecConfig, EventCodec, to_digits
+from ..tokens.codec import CodecConfig, EventCodec
+from ..tokens.vocab import resolve_config
 
 TYPE_NAMES = {"keyboard": "keyboard", "mouse": "mouse/raw", "screen": "screen"}
 
 
-def compute_metrics_for_event(prediction: str, ground_truth: str, config: Optional[CodecConfig] = None) -> dict:
+def compute_metrics_for_event(prediction: str, ground_truth: str, config: Optional[CodecConfig] = None,
+                              format: Optional[str] = None) -> dict:
     """Compare the k-th predicted event with the k-th true event of two token strings.
 
     Returns ``event_comparisons`` (one record per true event: position, comparable, comparison_status,
@@ -27,8 +29,7 @@ def compute_metrics_for_event(prediction: str, ground_truth: str, config: Option
     ``timestamp_metrics`` / ``mouse_metrics`` / ``keyboard_metrics`` / ``screen_metrics`` aggregated over
     comparable events. Loss fields are None (no logits here); statistics without samples are None.
     """
-    codec = EventCodec(config)
-    c = codec.config
+    codec = EventCodec(resolve_config(config, format))
     preds = list(codec.iter_decode(prediction))
     truths = list(codec.iter_decode(ground_truth))
     comparisons = []
@@ -58,8 +59,8 @@ def compute_metrics_for_event(prediction: str, ground_truth: str, config: Option
     both_decoded = [r for r in valid_truths if r["predicted_type"] is not None]
     by_type = {name: [r for r in comparable if r["ground_truth_type"] == name] for name in TYPE_NAMES.values()}
     totals = {name: sum(r["ground_truth_type"] == name for r in valid_truths) for name in TYPE_NAMES.values()}
-    ts_levels = len(c.timestamp_bases)
-    delta_levels = len(c.mouse_delta_bases)
+    ts_levels = codec.format.digit_columns.count("timestamp")
+    delta_levels = codec.format.digit_columns.count("dx")
 
     def timestamp_part(records):
         return {"timestamp_iqmpe": _iqm([r["timestamp_percent_error"] for r in records]),
@@ -106,16 +107,15 @@ def compare_events(codec: EventCodec, pred: Event, truth: Event) -> dict:
     c = codec.config
     window = c.timestamp_window_ns
     error_ns = (pred.timestamp_ns - truth.timestamp_ns + window // 2) % window - window // 2
-    unit = c.timestamp_unit_ns
     out = {
         "timestamp_error_ms": error_ns / 1e6,
         "timestamp_percent_error": _pe(abs(error_ns), truth.timestamp_ns),
-        "timestamp_precision_match": _matches(to_digits(pred.timestamp_ns // unit, c.timestamp_bases),
-                                              to_digits(truth.timestamp_ns // unit, c.timestamp_bases)),
+        "timestamp_precision_match": _matches(codec.field_digits(pred, "timestamp"),
+                                              codec.field_digits(truth, "timestamp")),
     }
     if truth.kind == "mouse":
-        dx_p, dx_t = to_digits(pred.dx, c.mouse_delta_bases), to_digits(truth.dx, c.mouse_delta_bases)
-        dy_p, dy_t = to_digits(pred.dy, c.mouse_delta_bases), to_digits(truth.dy, c.mouse_delta_bases)
+        dx_p, dx_t = codec.field_digits(pred, "dx"), codec.field_digits(truth, "dx")
+        dy_p, dy_t = codec.field_digits(pred, "dy"), codec.field_digits(truth, "dy")
         norm = math.hypot(truth.dx, truth.dy)
         direction = None
         if norm:

@@ -1,9 +1,13 @@
-"""Tokens: the OWA event token format (string codec) and the tokenizer's vocabulary map."""
+"""Tokens: the OWA event token formats (a table per format, a string codec) and the tokenizer's vocabulary map."""
 
-from .codec import CodecConfig, DecodedEvent, EventCodec, EventDecodeError, from_digits, split_tokens, to_digits
-from .vocab import Role, VocabMap, build_tokenizer
+from .codec import (
+    CodecConfig, DecodedEvent, EventCodec, EventDecodeError, EventEncodeError, from_digits, split_tokens, to_digits,
+)
+from .format import FORMATS, Layout, Role, Slot, TokenFormat
+from .vocab import IMAGE_CONVENTIONS, VocabMap, build_tokenizer, detect_format
 
 __all__ = [
-    "CodecConfig", "DecodedEvent", "EventCodec", "EventDecodeError", "Role", "VocabMap", "build_tokenizer",
+    "CodecConfig", "DecodedEvent", "EventCodec", "EventDecodeError", "EventEncodeError", "FORMATS",
+    "IMAGE_CONVENTIONS", "Layout", "Role", "Slot", "TokenFormat", "VocabMap", "build_tokenizer", "detect_format",
     "from_digits", "split_tokens", "to_digits",
 ]

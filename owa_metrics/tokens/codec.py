@@ -1,15 +1,18 @@
-"""The OWA hierarchical event token format, as a readable per-event string codec.
+"""The OWA event token formats, as a readable per-event string codec.
 
-An event is ``<EVENT_START> TYPE TIMESTAMP DATA <EVENT_END>``:
+An event is ``<EVENT_START> TYPE TIMESTAMP DATA <EVENT_END>``; the slots of each layout and what they mean
+are the format's table (`owa_metrics.tokens.format`), which this codec walks token by token. Two presets:
 
-- TIMESTAMP: ``timestamp_ns // unit`` modulo the window, as mixed-radix digits (default bases 16, 10, 10
-  of 10 ms units: a 16 s window, 1.23 s -> ``<1><2><3>``).
-- KEYBOARD: ``<vk>`` then ``<press>`` | ``<release>``.
-- MOUSE: dx and dy clamped to [-R/2, R/2 - 1] (R = 4000), each written as the digits of ``value mod R``
-  over bases 2, 20, 10, 10, interleaved dx0 dy0 dx1 dy1 ...; then button_flags as 3 hex digits; then, only
-  when button_data != 0, ``signed16(button_data) // 120`` over bases 2, 10 (range -10..9).
-- SCREEN: ``<fake_image_placeholder>`` in the text form, or prefix + N image tokens + suffix in token ids.
+- ``hierarchical`` (the default): TIMESTAMP ``timestamp_ns // 10 ms`` modulo 1600 over bases 16, 10, 10 (a
+  16 s window); KEYBOARD ``<vk>`` ``<press>|<release>``; MOUSE dx, dy modulo 4000 over bases 2, 20, 10, 10,
+  interleaved dx0 dy0 dx1 dy1 ..., 3 hex digits of button_flags, then only when button_data != 0
+  ``signed16(button_data) // 120`` over bases 2, 10; digits ``<0>``..``<255>``.
+- ``factorized`` (upstream OWA's default): TIMESTAMP 3 decimal digits of the 10 ms units modulo 1000 (a 10 s
+  window); KEYBOARD ``<VK_n>`` ``<press>|<release>``; MOUSE a sign token then 4 digits of |dx| over bases
+  2, 10, 10, 10, the same for dy, button_flags as 3 ``<MB_h>``, then only when button_data != 0 a sign and
+  one digit of the wheel steps (-9..9); digits ``<0>``..``<9>``.
 
+SCREEN: ``<fake_image_placeholder>`` in the text form, or prefix + N image tokens + suffix in token ids.
 This module is the reference: the vectorized batch decoder (``owa_metrics.decode``) must agree with it.
 """
 
@@ -17,18 +20,25 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
+from functools import cached_property
 from typing import Iterator, NamedTuple, Optional, Sequence
 
 from ..events.event import Event, Status
+from .format import CLAMP, FORMATS, REFUSE, TYPE_ROLES, Role, TokenFormat
 
 _TOKEN_RE = re.compile(r"<[^<>]*>|[^<]+|<")
 
 
 @dataclass(frozen=True)
 class CodecConfig:
-    """Every number and token of the format; the defaults are the upstream OWA hierarchical encoder's."""
+    """Every number and token of a format; the defaults are the upstream OWA hierarchical encoder's.
 
+    ``CodecConfig.preset("factorized")`` gives upstream's factorized encoder; ``format`` names the layout
+    table the numbers are read into (`owa_metrics.tokens.format.FORMATS`).
+    """
+
+    format: str = "hierarchical"
     event_start: str = "<EVENT_START>"
     event_end: str = "<EVENT_END>"
     keyboard_token: str = "<KEYBOARD>"
@@ -38,6 +48,11 @@ class CodecConfig:
     release_token: str = "<release>"
     digit_format: str = "<{}>"
     num_digit_tokens: int = 256
+    sign_tokens: tuple[str, str] = ("<SIGN_PLUS>", "<SIGN_MINUS>")  # factorized only
+    vk_format: str = "<VK_{}>"  # factorized only
+    num_vk_tokens: int = 256
+    mb_format: str = "<MB_{}>"  # factorized only
+    num_mb_tokens: int = 16
     timestamp_unit_ns: int = 10_000_000
     timestamp_bases: tuple[int, ...] = (16, 10, 10)
     mouse_delta_bases: tuple[int, ...] = (2, 20, 10, 10)
@@ -53,13 +68,20 @@ class CodecConfig:
     episode_end: str = "<EPISODE_END>"
 
     def __post_init__(self) -> None:
+        if self.format not in FORMATS:
+            raise ValueError(f"CodecConfig.format must be one of {sorted(FORMATS)}, got {self.format!r}")
         for name in ("timestamp_bases", "mouse_delta_bases", "button_flag_bases", "scroll_bases"):
-            bases = tuple(int(b) for b in getattr(self, name))
-            object.__setattr__(self, name, bases)
-            if not bases or min(bases) < 2 or max(bases) > self.num_digit_tokens:
-                raise ValueError(f"CodecConfig.{name} must be bases in [2, {self.num_digit_tokens}], got {bases}")
-        for name in ("image_prefix", "image_suffix"):
+            object.__setattr__(self, name, tuple(int(b) for b in getattr(self, name)))
+        for name in ("image_prefix", "image_suffix", "sign_tokens"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
+        self.token_format  # noqa: B018 - checks the numbers against the format now, not at first use
+
+    @classmethod
+    def preset(cls, name: str, **overrides) -> "CodecConfig":
+        """``"hierarchical"`` (= ``CodecConfig()``) or ``"factorized"``, upstream OWA's defaults, with ``overrides``."""
+        if name not in PRESETS:
+            raise ValueError(f"unknown format {name!r}: choose one of {sorted(PRESETS)}")
+        return replace(PRESETS[name], **overrides)
 
     @classmethod
     def from_dict(cls, data: dict) -> "CodecConfig":
@@ -69,28 +91,14 @@ class CodecConfig:
             raise ValueError(f"unknown CodecConfig keys {sorted(unknown)}; known keys: {sorted(known)}")
         return cls(**data)
 
+    @cached_property
+    def token_format(self) -> TokenFormat:
+        """The format's table: vocabulary and layouts (see `owa_metrics.tokens.format`)."""
+        return FORMATS[self.format](self)
+
     @property
     def timestamp_window_ns(self) -> int:
         return math.prod(self.timestamp_bases) * self.timestamp_unit_ns
-
-    @property
-    def mouse_delta_range(self) -> int:
-        return math.prod(self.mouse_delta_bases)
-
-    @property
-    def mouse_delta_min(self) -> int:
-        return -(self.mouse_delta_range // 2)
-
-    @property
-    def mouse_delta_max(self) -> int:
-        return self.mouse_delta_range // 2 - 1
-
-    @property
-    def scroll_range(self) -> int:
-        return math.prod(self.scroll_bases)
-
-    def digit(self, value: int) -> str:
-        return self.digit_format.format(value)
 
     @property
     def image_tokens(self) -> tuple[str, ...]:
@@ -105,10 +113,7 @@ class CodecConfig:
     @property
     def event_tokens(self) -> tuple[str, ...]:
         """The tokens a tokenizer must have for the format (image and episode tokens are extra)."""
-        return (
-            self.event_start, self.event_end, self.keyboard_token, self.mouse_token, self.screen_token,
-            self.press_token, self.release_token,
-        ) + tuple(self.digit(i) for i in range(self.num_digit_tokens))
+        return self.token_format.event_tokens
 
     @property
     def extra_tokens(self) -> tuple[str, ...]:
@@ -116,6 +121,18 @@ class CodecConfig:
         seq = (self.screen_placeholder, *self.image_prefix, self.image_token, *self.image_suffix,
                self.episode_start, self.episode_end)
         return tuple(dict.fromkeys(seq))
+
+    @property
+    def image_description(self) -> str:
+        """``<img> <IMG_CONTEXT> x 256 </img>``: the image tokens of a screen, in words."""
+        return " ".join([*self.image_prefix, f"{self.image_token} x {self.image_token_count}", *self.image_suffix])
+
+
+PRESETS = {
+    "hierarchical": CodecConfig(),
+    "factorized": CodecConfig(format="factorized", num_digit_tokens=10, timestamp_bases=(10, 10, 10),
+                              mouse_delta_bases=(2, 10, 10, 10), button_flag_bases=(16, 16, 16), scroll_bases=(10,)),
+}
 
 
 def to_digits(value: int, bases: Sequence[int]) -> list[int]:
@@ -151,6 +168,10 @@ class EventDecodeError(ValueError):
         self.position = position
 
 
+class EventEncodeError(ValueError):
+    """An event the format cannot write (a vk without a token, button flags or a scroll out of range)."""
+
+
 class DecodedEvent(NamedTuple):
     """One event of a sequence: its status, the event when valid, and its token span (inclusive)."""
 
@@ -166,102 +187,140 @@ def split_tokens(text: str) -> list[str]:
     return _TOKEN_RE.findall(text)
 
 
+_KIND_OF_ROLE = {role: kind for kind, role in TYPE_ROLES.items()}
+
+
 class EventCodec:
     """Encode `Event` objects to token strings and decode them back (the readable per-event reference)."""
 
     def __init__(self, config: CodecConfig | None = None):
         self.config = config or CodecConfig()
-        c = self.config
-        self._digit_value = {c.digit(i): i for i in range(c.num_digit_tokens)}
-        self._kinds = {c.keyboard_token: "keyboard", c.mouse_token: "mouse", c.screen_token: "screen"}
-        self._image_role = c.image_role_tokens
-        self._skip = {None, c.episode_start, c.episode_end}
+        self.format = self.config.token_format
+        self._role = dict(self.format.tokens)
+        self._role.update({t: (Role.IMAGE, 0) for t in self.config.image_role_tokens})
+        self._skip = {None, self.config.episode_start, self.config.episode_end}
 
     # ----------------------------------------------------------------------------------------- encode
     def tokens(self, event: Event, expand_images: bool = False) -> list[str]:
-        """The token strings of one event; ``expand_images`` writes a screen's image tokens, not the placeholder."""
-        c = self.config
-        units = event.timestamp_ns // c.timestamp_unit_ns
-        out = [c.event_start, {"keyboard": c.keyboard_token, "mouse": c.mouse_token, "screen": c.screen_token}[event.kind]]
-        out += [c.digit(d) for d in to_digits(units, c.timestamp_bases)]
-        if event.kind == "keyboard":
-            if not 0 <= event.vk < c.num_digit_tokens:
-                raise ValueError(f"vk must be in [0, {c.num_digit_tokens - 1}], got {event.vk}")
-            out += [c.digit(event.vk), c.press_token if event.action == "press" else c.release_token]
-        elif event.kind == "mouse":
-            dx_digits = to_digits(self._clamp_delta(event.dx), c.mouse_delta_bases)
-            dy_digits = to_digits(self._clamp_delta(event.dy), c.mouse_delta_bases)
-            for a, b in zip(dx_digits, dy_digits):
-                out += [c.digit(a), c.digit(b)]
-            flag_range = math.prod(c.button_flag_bases)
-            if not 0 <= event.button_flags < flag_range:
-                raise ValueError(f"button_flags must be in [0, {flag_range - 1}], got {event.button_flags}")
-            out += [c.digit(d) for d in to_digits(event.button_flags, c.button_flag_bases)]
-            if event.button_data != 0:
-                half = c.scroll_range // 2
-                scroll = min(max(signed16(event.button_data) // c.scroll_unit, -half), half - 1)
-                out += [c.digit(d) for d in to_digits(scroll, c.scroll_bases)]
-        else:
-            out += list(c.image_tokens) if expand_images else [c.screen_placeholder]
+        """The token strings of one event; ``expand_images`` writes a screen's image tokens, not the placeholder.
+
+        Raises `EventEncodeError` for a number the format cannot write (see the format's field policies).
+        """
+        fmt, c = self.format, self.config
+        layout = fmt.layouts[fmt.layout_index(event.kind, extended=bool(event.kind == "mouse" and event.button_data))]
+        numbers = self._numbers(event)
+        out = [c.event_start, fmt.token(TYPE_ROLES[event.kind])]
+        for slot, value in zip(layout.slots, fmt.slot_values(layout, numbers)):
+            if slot.run:
+                out += list(c.image_tokens) if expand_images else [c.screen_placeholder]
+            else:
+                out.append(fmt.token(slot.role, value))
         out.append(c.event_end)
         return out
+
+    def _numbers(self, event: Event) -> dict[str, int]:
+        """The event's field numbers, brought into the format's range by each field's policy."""
+        fmt = self.format
+        raw = {"timestamp": event.timestamp_ns // fmt.timestamp_unit_ns}
+        if event.kind == "keyboard":
+            raw.update(vk=event.vk, action=int(event.action == "release"))
+        elif event.kind == "mouse":
+            raw.update(dx=int(event.dx), dy=int(event.dy), button_flags=event.button_flags)
+            if event.button_data:
+                raw["scroll"] = signed16(event.button_data) // fmt.scroll_unit
+        out = {}
+        for name, value in raw.items():
+            if name == "action":
+                out[name] = value
+                continue
+            low, high = fmt.field_range(name)
+            policy = fmt.policy[name]
+            if policy == CLAMP:
+                value = min(max(value, low), high)
+            elif policy == REFUSE and not low <= value <= high:
+                raise EventEncodeError(f"{name} must be in [{low}, {high}] in the {fmt.name} format, got {value}")
+            out[name] = value % (high + 1) if low == 0 else value
+        return out
+
+    def fit(self, event: Event) -> Event:
+        """``event`` with dx, dy and the wheel steps clamped into the format's range, so that it encodes."""
+        if event.kind != "mouse":
+            return event
+        fmt = self.format
+        clamp = lambda name, v: min(max(v, fmt.field_range(name)[0]), fmt.field_range(name)[1])  # noqa: E731
+        steps = signed16(event.button_data) // fmt.scroll_unit
+        data = event.button_data if not event.button_data or clamp("scroll", steps) == steps \
+            else clamp("scroll", steps) * fmt.scroll_unit
+        return replace(event, dx=clamp("dx", event.dx), dy=clamp("dy", event.dy), button_data=data)
 
     def encode(self, event: Event) -> str:
         """``Event`` -> its text form, e.g. ``<EVENT_START><KEYBOARD><1><2><3><65><press><EVENT_END>``."""
         return "".join(self.tokens(event))
 
-    def _clamp_delta(self, value: int) -> int:
-        return min(max(int(value), self.config.mouse_delta_min), self.config.mouse_delta_max)
+    def field_digits(self, event: Event, name: str) -> list[int]:
+        """The token values of one field of a valid event, in slot order (a sign token first): the digits that
+        digit-precision accuracy compares level by level."""
+        fmt = self.format
+        layout = fmt.layouts[fmt.layout_index(event.kind)]
+        values = fmt.slot_values(layout, self._numbers(event))
+        return [v for s, v in zip(layout.slots, values) if s.field == name]
 
     # ----------------------------------------------------------------------------------------- decode
     def kind_of(self, token: Optional[str]) -> Optional[str]:
         """The event kind a type token names ("keyboard" | "mouse" | "screen"), None for any other token."""
-        return self._kinds.get(token)
+        return _KIND_OF_ROLE.get(self._role.get(token, (None,))[0])
 
     def decode(self, text: str) -> Event:
         """One event string -> ``Event``; raises `EventDecodeError` (with a `Status`) on malformed input."""
         return self.decode_tokens(split_tokens(text))
 
     def decode_tokens(self, tokens: Sequence[Optional[str]]) -> Event:
-        """One event's tokens (``None`` = an ignored label, e.g. -100) -> ``Event``; raises `EventDecodeError`."""
-        c = self.config
+        """One event's tokens (``None`` = an ignored label, e.g. -100) -> ``Event``; raises `EventDecodeError`.
+
+        Walks the layout of the type token slot by slot; a mouse layout continues into its scroll layout when
+        the token after its slots belongs to the scroll's first slot's family.
+        """
+        c, fmt = self.config, self.format
         cur = _Cursor(tokens, c.event_end)
         cur.take(lambda t: t == c.event_start, "<EVENT_START>")
-        kind = self._kinds[cur.take(lambda t: t in self._kinds, "a type token")]
-        timestamp_ns = self._number(cur, c.timestamp_bases) * c.timestamp_unit_ns
-        if kind == "keyboard":
-            vk = self._number(cur, (c.num_digit_tokens,))
-            action_token = cur.take(lambda t: t in (c.press_token, c.release_token), "press/release")
-            action = "press" if action_token == c.press_token else "release"
-            event = Event(kind="keyboard", timestamp_ns=timestamp_ns, vk=vk, action=action)
-        elif kind == "mouse":
-            pairs = [(self._number(cur, (b,)), self._number(cur, (b,))) for b in c.mouse_delta_bases]
-            dx = from_digits([p[0] for p in pairs], c.mouse_delta_bases, signed=True)
-            dy = from_digits([p[1] for p in pairs], c.mouse_delta_bases, signed=True)
-            flags = self._number(cur, c.button_flag_bases)
-            button_data = 0
-            if cur.peek() in self._digit_value:
-                button_data = self._number(cur, c.scroll_bases, signed=True) * c.scroll_unit
-            event = Event(kind="mouse", timestamp_ns=timestamp_ns, dx=dx, dy=dy, button_flags=flags,
-                          button_data=button_data)
-        else:
-            first = cur.pos
-            while not cur.at_end() and (cur.peek() is None or cur.peek() in self._image_role):
-                cur.pos += 1  # image tokens, or their ignored labels
-            if cur.pos == first:
-                cur.take(lambda t: False, "image data")  # raises with the status of what stands there
-            event = Event(kind="screen", timestamp_ns=timestamp_ns)
+        kind = self.kind_of(cur.take(lambda t: self.kind_of(t) is not None, "a type token"))
+        index = fmt.layout_index(kind)
+        longer = fmt.layouts[fmt.layout_index(kind, extended=True)]
+        layout, values, i = fmt.layouts[index], [], 0
+        while i < len(layout.slots):
+            slot = layout.slots[i]
+            if slot.run:
+                first = cur.pos
+                while not cur.at_end() and (cur.peek() is None or self._role.get(cur.peek(), (None,))[0] == Role.IMAGE):
+                    cur.pos += 1  # image tokens, or their ignored labels
+                if cur.pos == first:
+                    cur.take(lambda t: False, "image data")  # raises with the status of what stands there
+                values.append(0)
+            else:
+                token = cur.take(lambda t, s=slot: self._accepts(s, t), f"a {slot.role.name.lower()} token < {slot.bound}")
+                values.append(self._role[token][1])
+            i += 1
+            if i == len(layout.slots) and len(longer.slots) > i and self._role_of(cur.peek()) == longer.slots[i].role:
+                layout = longer
+        numbers = fmt.field_numbers(layout, values)
+        timestamp_ns = numbers["timestamp"] * fmt.timestamp_unit_ns
         cur.take(lambda t: t == c.event_end, "<EVENT_END>", end_expected=True)
         if not cur.at_end():
             raise EventDecodeError(Status.INVALID_FORMAT, cur.pos, f"extra tokens after <EVENT_END>: {cur.peek()!r}")
-        return event
+        if kind == "keyboard":
+            return Event(kind="keyboard", timestamp_ns=timestamp_ns, vk=numbers["vk"],
+                         action="release" if numbers["action"] else "press")
+        if kind == "mouse":
+            return Event(kind="mouse", timestamp_ns=timestamp_ns, dx=numbers["dx"], dy=numbers["dy"],
+                         button_flags=numbers["button_flags"], button_data=numbers.get("scroll", 0) * fmt.scroll_unit)
+        return Event(kind="screen", timestamp_ns=timestamp_ns)
 
-    def _number(self, cur: "_Cursor", bases: Sequence[int], signed: bool = False) -> int:
-        digits = []
-        for base in bases:
-            token = cur.take(lambda t: self._digit_value.get(t, base) < base, f"a digit < {base}")
-            digits.append(self._digit_value[token])
-        return from_digits(digits, bases, signed)
+    def _role_of(self, token: Optional[str]) -> Optional[Role]:
+        return self._role.get(token, (None,))[0]
+
+    def _accepts(self, slot, token: str) -> bool:
+        role, value = self._role.get(token, (None, 0))
+        return role == slot.role and value < slot.bound
 
     def iter_decode(self, text: str | Sequence[Optional[str]]) -> Iterator[DecodedEvent]:
         """Every event of a whole sequence with its status; never raises.

@@ -2,33 +2,22 @@
 
 from __future__ import annotations
 
-from enum import IntEnum
+from dataclasses import replace
 from typing import Optional, Sequence
 
 import torch
 
-from .codec import CodecConfig
+from .codec import PRESETS, CodecConfig
+from .format import Role
 
-
-class Role(IntEnum):
-    """What a token id means to the decoder."""
-
-    OTHER = 0
-    START = 1
-    END = 2
-    KEYBOARD = 3
-    MOUSE = 4
-    SCREEN = 5
-    PRESS = 6
-    RELEASE = 7
-    DIGIT = 8
-    IMAGE = 9  # screen placeholder, image prefix / image / suffix tokens
-    EPISODE = 10  # <EPISODE_START> / <EPISODE_END>
-    IGNORED = 11  # a negative id (-100 labels)
-
-
-# A token's packed code: role in bits 0-3, flag bits, digit value + 1 from bit 8 (0: not a digit).
+# A token's packed code: role in bits 0-3, flag bits, token value + 1 from bit 8 (0: no value).
 ROLE_MASK, STRUCT_BIT, SKIP_BIT, IMAGE_BIT, VALUE_SHIFT = 0xF, 1 << 4, 1 << 5, 1 << 6, 8
+
+# Image-token conventions of VLMs, recognised in a vocabulary: (prefix, image token, count, suffix)
+IMAGE_CONVENTIONS = {
+    "InternVL": (("<img>",), "<IMG_CONTEXT>", 256, ("</img>",)),
+    "SmolVLM": (("<fake_token_around_image>", "<global-img>"), "<image>", 64, ("<fake_token_around_image>",)),
+}
 
 
 def _pack(roles: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
@@ -40,19 +29,30 @@ def _pack(roles: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
             | any_of(Role.IMAGE, Role.IGNORED) * IMAGE_BIT | (values + 1) << VALUE_SHIFT)
 
 
+VALUED = (Role.DIGIT, Role.ACTION, Role.SIGN, Role.VK, Role.MB)  # families whose tokens carry a value
+
+
 SPECIAL_TOKENS = {"pad_token": "<pad>", "unk_token": "<unk>", "eos_token": "<eos>"}
 
 
-def build_tokenizer(config: CodecConfig | None = None, extra_tokens: Sequence[str] = ()):
+def resolve_config(config: Optional[CodecConfig] = None, format: Optional[str] = None) -> CodecConfig:
+    """``config`` as given, else the preset named ``format`` (hierarchical when neither is given)."""
+    if config is not None and format is not None and config.format != format:
+        raise ValueError(f"format={format!r} contradicts config.format={config.format!r}: pass one of them")
+    return config or CodecConfig.preset(format or "hierarchical")
+
+
+def build_tokenizer(config: CodecConfig | None = None, extra_tokens: Sequence[str] = (), format: Optional[str] = None):
     """An offline ``PreTrainedTokenizerFast`` (WordLevel) whose vocabulary is exactly the event format.
 
     Ids: ``<pad>`` 0, ``<unk>`` 1, ``<eos>`` 2, then the event tokens, image / episode tokens, ``extra_tokens``.
     Text splits at every ``<...>``; ``decode`` joins tokens without spaces, so ``decode(encode(s)) == s``.
+    ``format="factorized"`` (or a ``config``) picks the format; hierarchical by default.
     """
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    c = config or CodecConfig()
+    c = resolve_config(config, format)
     words = dict.fromkeys([*SPECIAL_TOKENS.values(), *c.event_tokens, *c.extra_tokens, *extra_tokens])
     backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token=SPECIAL_TOKENS["unk_token"]))
     backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"<[^<>]*>"), behavior="isolated")
@@ -60,8 +60,39 @@ def build_tokenizer(config: CodecConfig | None = None, extra_tokens: Sequence[st
     return PreTrainedTokenizerFast(tokenizer_object=backend, **SPECIAL_TOKENS)
 
 
+def detect_format(vocab: dict[str, int]) -> str:
+    """The format whose tokens the vocabulary holds: ``<VK_0>``, ``<MB_0>``, ``<SIGN_PLUS>`` -> factorized;
+    ``<0>``..``<255>`` -> hierarchical. Both or neither: a ValueError saying what to do."""
+    found = [name for name, preset in PRESETS.items() if all(t in vocab for t in preset.event_tokens)]
+    if len(found) == 1:
+        return found[0]
+    if found:
+        raise ValueError(f"the tokenizer holds the tokens of several formats ({', '.join(found)}): pass "
+                         "format='hierarchical' or format='factorized' (or config=CodecConfig.preset(...))")
+    needs = "; ".join(f"{name} misses {_missing_text(preset, vocab)}" for name, preset in PRESETS.items())
+    raise ValueError(
+        f"the tokenizer lacks OWA event tokens ({needs}). Add a format's tokens with "
+        "tokenizer.add_tokens(sorted(owa_metrics.CodecConfig.preset(NAME).event_tokens)) and resize the model's "
+        "embeddings, or build one with owa_metrics.build_tokenizer(format=NAME); if your tokens are named "
+        "differently, pass a matching CodecConfig.")
+
+
+def detect_images(vocab: dict[str, int], config: CodecConfig) -> CodecConfig:
+    """``config`` with the image tokens of the first known VLM convention the vocabulary holds (`IMAGE_CONVENTIONS`);
+    unchanged when it holds none (screens then decode from the placeholder or ignored labels)."""
+    for prefix, token, count, suffix in IMAGE_CONVENTIONS.values():
+        if all(t in vocab for t in (*prefix, token, *suffix)):
+            return replace(config, image_prefix=prefix, image_token=token, image_token_count=count, image_suffix=suffix)
+    return config
+
+
+def _missing_text(config: CodecConfig, vocab) -> str:
+    missing = [t for t in config.event_tokens if t not in vocab]
+    return ", ".join(missing[:6]) + (f", ... ({len(missing)} in all)" if len(missing) > 6 else "")
+
+
 class VocabMap:
-    """Token id -> (`Role`, digit value) lookup tables for a tokenizer that has the event tokens.
+    """Token id -> (`Role`, token value) lookup tables for a tokenizer that has the event tokens.
 
     Works with any HF tokenizer whose vocabulary holds the format's tokens (as OWA training adds them with
     ``tokenizer.add_tokens``). Negative ids (-100) map to ``Role.IGNORED``, ids past the vocabulary to OTHER.
@@ -71,40 +102,50 @@ class VocabMap:
         self.config = c = config or CodecConfig()
         missing = [t for t in c.event_tokens if t not in vocab]
         if missing:
-            shown = ", ".join(missing[:10]) + (f", ... ({len(missing)} in all)" if len(missing) > 10 else "")
             raise ValueError(
-                f"the tokenizer lacks OWA event tokens: {shown}. Add them with "
-                "tokenizer.add_tokens(list(owa_metrics.CodecConfig().event_tokens)) and resize the model's "
-                "embeddings, or build one with owa_metrics.build_tokenizer(); if your tokens are named "
-                "differently, pass a matching CodecConfig."
-            )
+                f"the tokenizer lacks the {c.format} format's OWA event tokens: {_missing_text(c, vocab)}. Add them "
+                f"with tokenizer.add_tokens(sorted(owa_metrics.CodecConfig.preset({c.format!r}).event_tokens)) and "
+                "resize the model's embeddings, or build one with owa_metrics.build_tokenizer(); if your tokens are "
+                "named differently, pass a matching CodecConfig.")
         self.size = max(size or 0, max(vocab.values()) + 1)
-        named = {
-            c.event_start: Role.START, c.event_end: Role.END, c.keyboard_token: Role.KEYBOARD,
-            c.mouse_token: Role.MOUSE, c.screen_token: Role.SCREEN, c.press_token: Role.PRESS,
-            c.release_token: Role.RELEASE, c.episode_start: Role.EPISODE, c.episode_end: Role.EPISODE,
-            **{t: Role.IMAGE for t in c.image_role_tokens}, **{c.digit(i): Role.DIGIT for i in range(c.num_digit_tokens)},
-        }
+        named = dict(c.token_format.tokens)
+        named.update({t: (Role.EPISODE, 0) for t in (c.episode_start, c.episode_end)})
+        named.update({t: (Role.IMAGE, 0) for t in c.image_role_tokens})
         self.ids = {token: vocab[token] for token in named if token in vocab}
         # codes[id + 1]: index 0 is an ignored label (any negative id), the last index any id past the vocabulary
         roles = torch.full((self.size + 2,), int(Role.OTHER), dtype=torch.int64)
         values = torch.full((self.size + 2,), -1, dtype=torch.int64)
         for token, token_id in self.ids.items():
-            roles[token_id + 1] = int(named[token])
-        for i in range(c.num_digit_tokens):
-            values[vocab[c.digit(i)] + 1] = i
+            role, value = named[token]
+            roles[token_id + 1] = int(role)
+            if role in VALUED:
+                values[token_id + 1] = value
         roles[0] = int(Role.IGNORED)
         self.codes_table = _pack(roles, values).to(torch.int32)
         self._id_to_token = {i: t for t, i in vocab.items()}
         self._tables: dict[torch.device, torch.Tensor] = {}
 
     @classmethod
-    def from_tokenizer(cls, tokenizer, config: CodecConfig | None = None) -> "VocabMap":
-        """From any HF tokenizer (``get_vocab()`` includes added tokens)."""
-        return cls(tokenizer.get_vocab(), config, size=len(tokenizer))
+    def from_tokenizer(cls, tokenizer, config: CodecConfig | None = None, format: Optional[str] = None) -> "VocabMap":
+        """From any HF tokenizer (``get_vocab()`` includes added tokens).
+
+        With neither ``config`` nor ``format`` the format is detected from the vocabulary (`detect_format`);
+        without ``config`` the image tokens are too (`IMAGE_CONVENTIONS`). A ``config`` is used as given.
+        """
+        if not hasattr(tokenizer, "get_vocab"):
+            raise TypeError(f"expected a Hugging Face tokenizer (with get_vocab()), got {type(tokenizer).__name__}; "
+                            "load it first, e.g. AutoTokenizer.from_pretrained(...), with the event tokens added")
+        vocab = tokenizer.get_vocab()
+        if config is None:
+            config = detect_images(vocab, CodecConfig.preset(format or detect_format(vocab)))
+        return cls(vocab, resolve_config(config, format), size=len(tokenizer))
+
+    def describe(self) -> str:
+        """``factorized format, screens as <img> <IMG_CONTEXT> x 256 </img>``: what this map decodes."""
+        return f"{self.config.format} format, screens as {self.config.image_description}"
 
     def codes(self, ids: torch.Tensor) -> torch.Tensor:
-        """Packed per-token codes shaped like ``ids``, on its device: role, flag bits and digit value (see `_pack`)."""
+        """Packed per-token codes shaped like ``ids``, on its device: role, flag bits and token value (see `_pack`)."""
         table = self._tables.get(ids.device)
         if table is None:
             table = self._tables[ids.device] = self.codes_table.to(ids.device)
@@ -112,7 +153,7 @@ class VocabMap:
         return table.index_select(0, index).view(ids.shape)
 
     def lookup(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(role, digit_value)`` tensors shaped like ``ids``, on its device (digit_value -1 for non-digits)."""
+        """``(role, value)`` tensors shaped like ``ids``, on its device (value -1 for tokens without one)."""
         codes = self.codes(ids)
         return codes & ROLE_MASK, (codes >> VALUE_SHIFT) - 1
 
