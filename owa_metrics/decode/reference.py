@@ -58,6 +58,7 @@ def event_fields(codec: EventCodec, event: Event) -> dict:
     """The batch decoder's per-row fields of one valid event (0 for fields its kind does not use)."""
     n_delta = codec.format.digit_columns.count("dx")
     mouse = event.kind == "mouse"
+    digits = codec.digits(event)
     return {
         "category": int(event.category),
         "timestamp_ns": event.timestamp_ns,
@@ -65,9 +66,9 @@ def event_fields(codec: EventCodec, event: Event) -> dict:
         "action": int(event.action == "release"),
         "dx": event.dx or 0, "dy": event.dy or 0,
         "button_flags": event.button_flags or 0, "button_data": event.button_data or 0,
-        "timestamp_digits": codec.field_digits(event, "timestamp"),
-        "dx_digits": codec.field_digits(event, "dx") if mouse else [-1] * n_delta,
-        "dy_digits": codec.field_digits(event, "dy") if mouse else [-1] * n_delta,
+        "timestamp_digits": digits["timestamp"],
+        "dx_digits": digits["dx"] if mouse else [-1] * n_delta,
+        "dy_digits": digits["dy"] if mouse else [-1] * n_delta,
     }
 
 

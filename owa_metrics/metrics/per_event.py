@@ -106,16 +106,16 @@ def compare_events(codec: EventCodec, pred: Event, truth: Event) -> dict:
     """Field comparisons of a comparable pair (same kind, both decoded): one event comparison record's fields."""
     c = codec.config
     window = c.timestamp_window_ns
+    p_digits, t_digits = codec.digits(pred), codec.digits(truth)
     error_ns = (pred.timestamp_ns - truth.timestamp_ns + window // 2) % window - window // 2
     out = {
         "timestamp_error_ms": error_ns / 1e6,
         "timestamp_percent_error": _pe(abs(error_ns), truth.timestamp_ns),
-        "timestamp_precision_match": _matches(codec.field_digits(pred, "timestamp"),
-                                              codec.field_digits(truth, "timestamp")),
+        "timestamp_precision_match": _matches(p_digits["timestamp"], t_digits["timestamp"]),
     }
     if truth.kind == "mouse":
-        dx_p, dx_t = codec.field_digits(pred, "dx"), codec.field_digits(truth, "dx")
-        dy_p, dy_t = codec.field_digits(pred, "dy"), codec.field_digits(truth, "dy")
+        dx_p, dx_t = p_digits["dx"], t_digits["dx"]
+        dy_p, dy_t = p_digits["dy"], t_digits["dy"]
         norm = math.hypot(truth.dx, truth.dy)
         direction = None
         if norm:

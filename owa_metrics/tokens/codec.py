@@ -198,6 +198,7 @@ class EventCodec:
         self.format = self.config.token_format
         self._role = dict(self.format.tokens)
         self._role.update({t: (Role.IMAGE, 0) for t in self.config.image_role_tokens})
+        self._image_data = {None, *self.config.image_role_tokens}
         self._skip = {None, self.config.episode_start, self.config.episode_end}
 
     # ----------------------------------------------------------------------------------------- encode
@@ -257,13 +258,15 @@ class EventCodec:
         """``Event`` -> its text form, e.g. ``<EVENT_START><KEYBOARD><1><2><3><65><press><EVENT_END>``."""
         return "".join(self.tokens(event))
 
-    def field_digits(self, event: Event, name: str) -> list[int]:
-        """The token values of one field of a valid event, in slot order (a sign token first): the digits that
+    def digits(self, event: Event) -> dict[str, list[int]]:
+        """The token values of each field of a valid event, in slot order (a sign token first): the digits that
         digit-precision accuracy compares level by level."""
         fmt = self.format
         layout = fmt.layouts[fmt.layout_index(event.kind)]
-        values = fmt.slot_values(layout, self._numbers(event))
-        return [v for s, v in zip(layout.slots, values) if s.field == name]
+        out: dict[str, list[int]] = {}
+        for slot, value in zip(layout.slots, fmt.slot_values(layout, self._numbers(event))):
+            out.setdefault(slot.field, []).append(value)
+        return out
 
     # ----------------------------------------------------------------------------------------- decode
     def kind_of(self, token: Optional[str]) -> Optional[str]:
@@ -291,13 +294,13 @@ class EventCodec:
             slot = layout.slots[i]
             if slot.run:
                 first = cur.pos
-                while not cur.at_end() and (cur.peek() is None or self._role.get(cur.peek(), (None,))[0] == Role.IMAGE):
+                while cur.pos < len(tokens) and tokens[cur.pos] in self._image_data:
                     cur.pos += 1  # image tokens, or their ignored labels
                 if cur.pos == first:
                     cur.take(lambda t: False, "image data")  # raises with the status of what stands there
                 values.append(0)
             else:
-                token = cur.take(lambda t, s=slot: self._accepts(s, t), f"a {slot.role.name.lower()} token < {slot.bound}")
+                token = cur.take(lambda t, s=slot: self._accepts(s, t), slot)
                 values.append(self._role[token][1])
             i += 1
             if i == len(layout.slots) and len(longer.slots) > i and self._role_of(cur.peek()) == longer.slots[i].role:
@@ -381,13 +384,16 @@ class _Cursor:
     def peek(self) -> Optional[str]:
         return None if self.at_end() else self.tokens[self.pos]
 
-    def take(self, ok, what: str, end_expected: bool = False) -> Optional[str]:
+    def take(self, ok, what, end_expected: bool = False) -> Optional[str]:
+        """The next token if ``ok(token)``; else raises, saying ``what`` (a text, or the `Slot`) was expected."""
+        if self.pos < len(self.tokens) and self.tokens[self.pos] is not None and ok(self.tokens[self.pos]):
+            self.pos += 1
+            return self.tokens[self.pos - 1]
+        if not isinstance(what, str):
+            what = f"a {what.role.name.lower()} token < {what.bound}"
         if self.at_end():
             raise EventDecodeError(Status.TRUNCATED, self.pos, f"sequence ended where {what} was expected")
         token = self.tokens[self.pos]
-        if token is not None and ok(token):
-            self.pos += 1
-            return token
         if token is None or (token == self.end_token and not end_expected):
             label = "an ignored label" if token is None else "<EVENT_END>"
             raise EventDecodeError(Status.MISSING_FIELDS, self.pos, f"{label} where {what} was expected")

@@ -96,7 +96,18 @@ class TokenFormat:
         families: dict[Role, dict[int, str]] = {}
         for token, (role, value) in self.tokens.items():
             families.setdefault(role, {})[value] = token
+        index = {}
+        for i, lay in enumerate(self.layouts):
+            index.setdefault((lay.kind, False), i) if lay.extends is None else index.setdefault((lay.kind, True), i)
+        for kind, extended in list(index):
+            index.setdefault((kind, True), index[kind, False])
+        ranges = {}
+        for lay in self.layouts:
+            for name in {s.field for s in lay.slots} - {None} - set(ranges):
+                ranges[name] = self._range(name, [s for s in lay.slots if s.field == name])
         object.__setattr__(self, "families", families)
+        object.__setattr__(self, "_layout_index", index)
+        object.__setattr__(self, "_ranges", ranges)
 
     @property
     def event_tokens(self) -> tuple[str, ...]:
@@ -108,17 +119,13 @@ class TokenFormat:
 
     def layout_index(self, kind: str, extended: bool = False) -> int:
         """The kind's first layout, or the layout that extends it."""
-        base = next(i for i, lay in enumerate(self.layouts) if lay.kind == kind and lay.extends is None)
-        if extended:
-            return next((i for i, lay in enumerate(self.layouts) if lay.extends == base), base)
-        return base
-
-    def field_slots(self, layout: Layout, name: str) -> list[Slot]:
-        return [s for s in layout.slots if s.field == name]
+        return self._layout_index[kind, extended]
 
     def field_range(self, name: str) -> tuple[int, int]:
         """The numbers a field can hold: sign + magnitude, modulus (signed) or plain digits (unsigned)."""
-        slots = next(self.field_slots(lay, name) for lay in self.layouts if self.field_slots(lay, name))
+        return self._ranges[name]
+
+    def _range(self, name: str, slots: list[Slot]) -> tuple[int, int]:
         total = math.prod(s.bound for s in slots if not s.sign)
         if any(s.sign for s in slots):
             return -(total - 1), total - 1
