@@ -36,6 +36,23 @@ def test_evaluate_a_recording_against_itself_and_a_perturbed_copy(tmp_path, caps
     assert "timestamp abs error P95 | 50 | ms" in capsys.readouterr().out
 
 
+def test_evaluate_guesses_the_factorized_format_from_the_target_file(tmp_path, capsys):
+    from factorized_oracle import encode_factorized
+
+    events = read_recording(recording_paths()[2], format="factorized")
+    truth = "".join(encode_factorized(e) for e in events)
+    moved = [dataclasses.replace(e, dx=e.dx + (1 if e.dx >= 0 else -1)) if e.kind == "mouse" else e for e in events]
+    (tmp_path / "true.txt").write_text(truth + "\n")
+    (tmp_path / "pred.txt").write_text("".join(encode_factorized(e) for e in moved) + "\n")
+    assert main(["evaluate", "--pred", str(tmp_path / "pred.txt"), "--target", str(tmp_path / "true.txt"),
+                 "--json", str(tmp_path / "out.json")]) == 0
+    report = json.loads((tmp_path / "out.json").read_text())
+    assert report["comparable_rate"] == 1.0 and report["status/invalid_target_rate"] == 0
+    assert report["mouse/dx_precision_p1"] == 1.0 and "mouse/dx_precision_p5" in report  # 5 levels, sign first
+    assert report["mouse/dy_precision_p5"] == 1.0 and report["mouse/dx_precision_p5"] < 1.0
+    capsys.readouterr()
+
+
 def test_evaluate_rejects_unreadable_input_in_one_line(tmp_path, capsys):
     (tmp_path / "bad.jsonl").write_text("{not json\n")
     (tmp_path / "ok.txt").write_text("<EVENT_START><SCREEN><0><0><1><fake_image_placeholder><EVENT_END>\n")
