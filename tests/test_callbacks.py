@@ -91,14 +91,34 @@ def test_csv_logger_gets_scalars_only_and_settings_survive_a_checkpoint(tmp_path
     assert (restored.mode, restored.prefix, restored.samples, restored.metric.mode) == ("sketch", "v/", 0, "sketch")
 
 
-def test_missing_outputs_raise_saying_what_validation_step_must_return(tmp_path, tokenizer, vocab):
+@pytest.mark.parametrize("returned", [None, "loss tensor", "dict without logits"])
+def test_missing_outputs_raise_saying_what_validation_step_must_return(tmp_path, tokenizer, vocab, returned):
     class Silent(TinyLM):
         def validation_step(self, batch, batch_idx):
-            return {"loss": torch.tensor(0.0)}
+            loss = self.model(**batch).loss
+            self.log("val_loss", loss)
+            return {None: None, "loss tensor": loss, "dict without logits": {"loss": loss}}[returned]
 
     train, val = _loaders(vocab)
-    with pytest.raises(RuntimeError, match="validation_step must return"):
-        _trainer(tmp_path, OWAEventMetricsCallback(tokenizer), False, epochs=1).fit(Silent(vocab.size), train, val)
+    trainer = _trainer(tmp_path, OWAEventMetricsCallback(tokenizer), False, epochs=1)
+    with pytest.raises(RuntimeError, match=r"cannot find predictions and labels \(validation_step returned .*"
+                                           r"validation_step must return a dict with 'logits'"):
+        trainer.fit(Silent(vocab.size), train, val)
+    assert trainer.global_step == 0  # stopped in the sanity check, before any training step
+
+
+def test_a_failing_generate_fn_is_named_with_its_batch(tmp_path, tokenizer, vocab):
+    def broken(input_ids, attention_mask, max_new_tokens):
+        raise ValueError("out of memory, say")
+
+    _, val = _loaders(vocab)
+    callback = OWAEventMetricsCallback(tokenizer, alignment="generation", generate_fn=broken)
+    with pytest.raises(RuntimeError, match=r"generate_fn failed at validation batch 0 \(ValueError: out of memory, "
+                                           r"say\)\. generate_fn\(input_ids, attention_mask, max_new_tokens\) must"):
+        _trainer(tmp_path, callback, False, epochs=1).validate(TinyLM(vocab.size), val)
+    callback = OWAEventMetricsCallback(tokenizer, alignment="generation", generate_fn=lambda *args: "text")
+    with pytest.raises(RuntimeError, match=r"batch 0 \(TypeError: got str\)"):
+        _trainer(tmp_path, callback, False, epochs=1).validate(TinyLM(vocab.size), val)
 
 
 def test_generation_mode_counts_and_survives_garbage(tmp_path, tokenizer, vocab):
@@ -117,13 +137,18 @@ def test_generation_mode_counts_and_survives_garbage(tmp_path, tokenizer, vocab)
         return torch.tensor([r + [0] * (width - len(r)) for r in rows])
 
     logs = {}
-    for name, generate_fn in (("perfect", oracle_generate), ("random", None)):
+    def oracle_lists(input_ids, attention_mask, max_new_tokens):  # the same, as ragged lists (right padding cut)
+        rows = oracle_generate(input_ids, attention_mask, max_new_tokens).tolist()
+        return [row[:max(i + 1 for i, t in enumerate(row) if t != 0)] for row in rows]
+
+    for name, generate_fn in (("perfect", oracle_generate), ("lists", oracle_lists), ("random", None)):
         callback = OWAEventMetricsCallback(tokenizer, alignment="generation", predict_events=3, max_sequences=6,
                                            generate_fn=generate_fn, max_new_tokens=120)
         trainer = _trainer(tmp_path / name, callback, CSVLogger(tmp_path / name), epochs=1)
         trainer.validate(TinyLM(vocab.size), val)
         logs[name] = {k: float(v) for k, v in trainer.callback_metrics.items()}
     perfect, garbage = logs["perfect"], logs["random"]
+    assert logs["lists"] == perfect
     starts = [int((x["input_ids"] == vocab.ids["<EVENT_START>"]).sum()) for x in event_sequences(vocab)[:6]]
     expected = sum(n - max(n - 3, 1) for n in starts)  # the last 3 events, at least one kept as prompt
     assert perfect["val/owa/count/target_events"] == expected > 0

@@ -86,9 +86,17 @@ def test_malformed_predictions_are_rows_with_a_status(vocab):
     preds[0, 25 + 1] = vocab.ids["<MOUSE>"]  # the second keyboard event predicted as mouse: <65> is no sign digit
     preds[0, 33 + 6] = vocab.ids["<EVENT_END>"]  # the screen's image data ends early
     batch = decode_batch(preds, target, vocab)
-    assert batch.status.tolist() == [Status.INVALID_FORMAT] * 4
+    # a type token of another kind is a type mismatch whatever follows it (teacher forcing)
+    assert batch.status.tolist() == [Status.INVALID_FORMAT, Status.TYPE_MISMATCH, Status.TYPE_MISMATCH,
+                                     Status.INVALID_FORMAT]
+    assert batch.pred.status.tolist() == [Status.INVALID_FORMAT] * 4
     assert batch.pred.kind.tolist() == [0, 0, 1, 2] and batch.pred.category.tolist() == [Category.INVALID] * 4
     assert batch.target.status.tolist() == [Status.VALID] * 4
+    from owa_metrics.functional.events import event_type_sums
+
+    confusion = event_type_sums(batch)[0]  # rows: target category; the mismatches in their type's column
+    assert confusion[Category.MOUSE_NOP, Category.KEYBOARD] == 1 and confusion[Category.KEYBOARD, Category.MOUSE_NOP] == 1
+    assert confusion[Category.KEYBOARD, Category.INVALID] == 1 and confusion[Category.SCREEN, Category.INVALID] == 1
 
 
 def test_generation_pairs_by_index_and_counts_extra_and_missing(vocab):

@@ -19,6 +19,9 @@ from ..metrics.collection import OWAEventMetrics
 from ..report import SAMPLE_COLUMNS, format_report, markdown_table, sample_rows
 from ..tokens.vocab import Role
 
+GENERATE_NEEDS = ("generate_fn(input_ids, attention_mask, max_new_tokens) must return the prompt followed by the "
+                  "generated ids, as HF generate does: an integer tensor [batch, prompt_len + new] or a list of id "
+                  "lists (one per prompt row)")
 NEEDS = ("validation_step must return a dict with 'logits' (or 'preds': argmax token ids) and 'labels', or an HF "
          "ModelOutput with logits while the batch holds 'labels' (or 'input_ids'); -100 marks ignored labels")
 
@@ -31,8 +34,8 @@ class OWAEventMetricsCallback(Callback):
     the batch; HF convention (logits at t predict label t + 1), so both are shifted; argmax runs on the model's
     device and nothing of the logits outlives the batch. Generation: every ``every_n_batches``-th batch, up to
     ``max_sequences`` sequences per epoch, the sequence minus its last ``predict_events`` events is the prompt;
-    greedy ``generate`` (or ``generate_fn(input_ids, attention_mask) -> ids``) continues it, and the generated
-    events are paired with the true ones by index.
+    greedy ``generate`` (or ``generate_fn(input_ids, attention_mask, max_new_tokens)``, see `GENERATE_NEEDS`)
+    continues it, and the generated events are paired with the true ones by index.
 
     Every rank computes (the metric syncs); rank zero adds, each switchable: histograms of the errors, the
     category confusion matrix as a figure, a sample table, and ``owa_metrics/epoch_{E}.json`` / ``.md`` in
@@ -75,6 +78,7 @@ class OWAEventMetricsCallback(Callback):
     def on_validation_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
                                 batch_idx: int, dataloader_idx: int = 0) -> None:
         if trainer.sanity_checking and not self.log_sanity_check:
+            _check_outputs(outputs, batch, self.alignment)  # a wrong validation_step fails before training starts
             return
         if self.alignment == "generation":
             self._generate(pl_module, batch, batch_idx)
@@ -107,9 +111,7 @@ class OWAEventMetricsCallback(Callback):
     def _generate(self, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         if batch_idx % self.every_n_batches or self._generated >= self.max_sequences:
             return
-        if not (isinstance(batch, Mapping) and "input_ids" in batch):
-            raise RuntimeError("generation mode reads the prompt from batch['input_ids'] (and targets from "
-                               "batch['labels'] when present)")
+        _check_outputs(None, batch, "generation")
         ids = batch["input_ids"]
         labels = batch.get("labels", ids)
         ids, labels = ids[:self.max_sequences - self._generated], labels[:self.max_sequences - self._generated]
@@ -118,7 +120,11 @@ class OWAEventMetricsCallback(Callback):
         generate = self.generate_fn or _default_generate(pl_module, self.tokenizer)
         max_new = self.max_new_tokens or self.predict_events * 80
         with torch.no_grad():
-            generated = generate(prompt, mask, max_new)[:, prompt.shape[1]:]
+            try:
+                generated = _as_ids(generate(prompt, mask, max_new), prompt.device)[:, prompt.shape[1]:]
+            except Exception as err:
+                raise RuntimeError(f"OWAEventMetricsCallback: generate_fn failed at validation batch {batch_idx} "
+                                   f"({type(err).__name__}: {err}). {GENERATE_NEEDS}") from err
         pad = self.tokenizer.pad_token_id
         if pad is not None:
             generated = torch.where(generated == pad, -100, generated)
@@ -161,6 +167,28 @@ class OWAEventMetricsCallback(Callback):
         self.metric = self._new_metric()
 
 
+def _check_outputs(outputs: Any, batch: Any, alignment: str) -> None:
+    """Raise now, naming what is missing, if the callback could not read this batch."""
+    if alignment == "generation":
+        if not (isinstance(batch, Mapping) and "input_ids" in batch):
+            raise RuntimeError("OWAEventMetricsCallback (generation) reads the prompt from batch['input_ids'] (and "
+                               "the targets from batch['labels'] when present); the batch has no 'input_ids'")
+    else:
+        _find(outputs, batch)
+
+
+def _as_ids(out: Any, device) -> torch.Tensor:
+    """A generate_fn's output as ids [B, T]: a tensor, or a list of id lists (ragged rows padded with -100)."""
+    if isinstance(out, torch.Tensor) and out.dim() == 2 and not out.is_floating_point():
+        return out.to(device)
+    if isinstance(out, (list, tuple)) and all(isinstance(row, (list, tuple, torch.Tensor)) for row in out):
+        rows = [torch.as_tensor(row, dtype=torch.long).reshape(-1) for row in out]
+        width = max((r.numel() for r in rows), default=0)
+        return torch.stack([torch.nn.functional.pad(r, (0, width - r.numel()), value=-100) for r in rows]).to(device)
+    raise TypeError(f"got {type(out).__name__}" + (f" of shape {tuple(out.shape)} / {out.dtype}"
+                                                   if isinstance(out, torch.Tensor) else ""))
+
+
 def _find(outputs: Any, batch: Any):
     """``(logits, preds, labels)`` from validation_step's output or the batch; raises saying what is needed."""
     logits = preds = labels = None
@@ -170,8 +198,11 @@ def _find(outputs: Any, batch: Any):
         logits = outputs.logits
     if labels is None and isinstance(batch, Mapping):
         labels = batch.get("labels", batch.get("input_ids"))
-    if labels is None or (outputs is not None and logits is None and preds is None):
-        raise RuntimeError(f"OWAEventMetricsCallback cannot find predictions and labels: {NEEDS}")
+    if labels is None or (logits is None and preds is None):
+        got = "None" if outputs is None else type(outputs).__name__
+        keys = f" with keys {sorted(outputs)}" if isinstance(outputs, Mapping) else ""
+        raise RuntimeError(f"OWAEventMetricsCallback cannot find predictions and labels (validation_step returned "
+                           f"{got}{keys}): {NEEDS}")
     return logits, preds, labels
 
 

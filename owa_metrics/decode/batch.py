@@ -93,8 +93,9 @@ _ROW_TENSORS = ("status", "kind", "values", "digits", "start", "end", "start_cut
 class EventBatch:
     """One row per target event of a batch: where it is, both sides' fields and how they compare.
 
-    ``status`` is the comparison status: VALID (comparable: both decode, same kind), TYPE_MISMATCH, the
-    prediction's own decode status (INVALID_FORMAT, MISSING_FIELDS, TRUNCATED, MISSING) or INVALID_TARGET.
+    ``status`` is the comparison status: VALID (comparable: both decode, same kind), TYPE_MISMATCH (the predicted
+    type token names another kind: under teacher forcing whatever follows it, in generation the prediction
+    decodes), the prediction's own decode status (INVALID_FORMAT, MISSING_FIELDS, TRUNCATED, MISSING) or INVALID_TARGET.
     ``target_count`` / ``pred_count`` [num_sequences] count events per sequence (equal under teacher forcing).
     """
 
@@ -153,10 +154,11 @@ def decode_batch(preds: torch.Tensor, target: torch.Tensor, vocab: VocabMap,
         pred_count = torch.bincount(p_spans.seq, minlength=B)
         pred = _pair_by_index(t_spans.seq, target_count, pred_count, _decode_side(p_code, p_spans, layouts),
                               vocab.config)
+    # a type token of another kind is a type mismatch; under teacher forcing whatever the data tokens after it
+    decided = pred.status == int(Status.VALID) if alignment == "generation" else pred.kind >= 0
     status = torch.where(
         tgt.status != int(Status.VALID), int(Status.INVALID_TARGET),
-        torch.where(pred.status != int(Status.VALID), pred.status,
-                    torch.where(pred.kind != tgt.kind, int(Status.TYPE_MISMATCH), int(Status.VALID))))
+        torch.where(decided & (pred.kind != tgt.kind), int(Status.TYPE_MISMATCH), pred.status))
     return EventBatch(seq_idx=t_spans.seq, status=status, target=tgt, pred=pred, target_count=target_count,
                       pred_count=pred_count, num_sequences=B, alignment=alignment)
 
@@ -173,7 +175,7 @@ def _check_inputs(preds, target, alignment):
                 "owa_metrics.align_teacher_forcing(logits, labels), which argmaxes and shifts")
         if x.dim() not in (1, 2):
             raise ValueError(f"{name} must be [batch, seq_len] (or [seq_len]), got shape {tuple(x.shape)}")
-    preds, target = (x if x.dim() == 2 else x.unsqueeze(0) for x in (preds, target))
+    preds, target = (x.long() if x.dim() == 2 else x.long().unsqueeze(0) for x in (preds, target))  # any int dtype
     if preds.shape[0] != target.shape[0] or (alignment == "teacher_forcing" and preds.shape != target.shape):
         need = "the same shape" if alignment == "teacher_forcing" else "the same batch size"
         raise ValueError(f"preds {tuple(preds.shape)} and target {tuple(target.shape)} must have {need} ({alignment})")

@@ -32,12 +32,13 @@ def reference_decode(preds: Sequence[Sequence[int]], target: Sequence[Sequence[i
         for t_span, p_span in pairs:
             tgt = _side(codec, t_tokens, t_span)
             pred = _side(codec, p_tokens, p_span) if p_span else _missing(codec)
+            typed = pred["status"] == Status.VALID or (alignment == "teacher_forcing" and pred["kind"] >= 0)
             if tgt["status"] != Status.VALID:
                 status = Status.INVALID_TARGET
-            elif pred["status"] != Status.VALID:
-                status = pred["status"]
+            elif typed and pred["kind"] != tgt["kind"]:
+                status = Status.TYPE_MISMATCH
             else:
-                status = Status.VALID if pred["kind"] == tgt["kind"] else Status.TYPE_MISMATCH
+                status = pred["status"]
             rows.append({"seq": b, "status": status, "target": tgt, "pred": pred})
     return rows
 

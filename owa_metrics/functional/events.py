@@ -17,6 +17,7 @@ from ..events.event import CATEGORY_NAMES, Category, Status
 from .stats import bootstrap_iqm_ci, iqm, quantile
 
 N_CAT = len(CATEGORY_NAMES)
+KIND_CATEGORY = torch.tensor([int(Category.KEYBOARD), int(Category.MOUSE_NOP), int(Category.SCREEN)])  # by Kind
 EVENT_COUNTS = ("events", "sequences", "count_match", "pred_events", "extra", "missing", "seq_sum", "seq_count")
 
 
@@ -190,7 +191,11 @@ def macro_f1(confusion: torch.Tensor) -> torch.Tensor:
 def event_type_sums(batch: EventBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(confusion [4, 5], status counts, EVENT_COUNTS)`` of one batch."""
     valid = batch.target.status == int(Status.VALID)
-    cell = batch.target.category.clamp(max=N_CAT - 1) * (N_CAT + 1) + batch.pred.category
+    # a type mismatch whose prediction does not decode (teacher forcing) counts in its type token's column
+    typed = KIND_CATEGORY.to(valid.device).index_select(0, batch.pred.kind.clamp(min=0))
+    pred_category = torch.where((batch.status == int(Status.TYPE_MISMATCH)) & (batch.pred.category == int(Category.INVALID)),
+                                typed, batch.pred.category)
+    cell = batch.target.category.clamp(max=N_CAT - 1) * (N_CAT + 1) + pred_category
     confusion = torch.bincount(cell, weights=valid.double(), minlength=N_CAT * (N_CAT + 1)).view(N_CAT, -1)
     statuses = torch.bincount(batch.status, minlength=len(Status)).double()
     per_seq = torch.bincount(batch.seq_idx, weights=valid.double(), minlength=batch.num_sequences)

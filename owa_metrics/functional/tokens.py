@@ -40,6 +40,7 @@ class EventTokenStats(NamedTuple):
     loss_sum: Optional[torch.Tensor]
     field_correct: torch.Tensor
     field_total: torch.Tensor
+    loss_skipped: Optional[torch.Tensor] = None  # labelled tokens left out of the loss
 
 
 def event_token_stats(batch: EventBatch, preds: torch.Tensor, target: torch.Tensor, config: CodecConfig,
@@ -65,32 +66,42 @@ def event_token_stats(batch: EventBatch, preds: torch.Tensor, target: torch.Tens
     field_total = torch.bincount(bins, weights=counted.reshape(-1).double(), minlength=len(TOKEN_FIELDS))
     field_correct = torch.bincount(bins, weights=(counted & (guesses == labels)).reshape(-1).double(),
                                    minlength=len(TOKEN_FIELDS))
-    loss_sum = None
+    loss_sum = skipped = None
     if logits is not None:  # cross-entropy at the labelled positions only: no copy of the whole logits
-        scored = (target.reshape(-1) >= 0).nonzero().squeeze(1)
+        labels_flat = target.reshape(-1).long()
+        scored = (labels_flat >= 0).nonzero().squeeze(1)
         picked = logits[torch.div(scored, T, rounding_mode="floor"), scored % T].float()
+        wanted = labels_flat.index_select(0, scored)
+        vocab_size = picked.shape[-1]
+        token_ce = torch.nn.functional.cross_entropy(picked, wanted.clamp(max=vocab_size - 1), reduction="none").double()
+        usable = (wanted < vocab_size) & torch.isfinite(token_ce)  # a label past the logits, a NaN / inf logit: skipped
         token_loss = torch.zeros(B * T, dtype=torch.float64, device=target.device)
-        token_loss[scored] = torch.nn.functional.cross_entropy(picked, target.reshape(-1)[scored], reduction="none").double()
+        token_loss[scored] = torch.where(usable, token_ce, 0.0)
         cumulative = torch.cat([token_loss.new_zeros(1), token_loss.cumsum(0)])
         loss_sum = cumulative[last + 1] - cumulative[first]
-    return EventTokenStats(batch.target.category.index_select(0, rows), loss_sum, field_correct, field_total)
+        skipped = (~usable).sum().double()
+    return EventTokenStats(batch.target.category.index_select(0, rows), loss_sum, field_correct, field_total, skipped)
 
 
 def token_sums(stats: EventTokenStats) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(fields [2, F]: right, total; loss [2, 4]: summed loss, events per category)`` of one batch."""
+    """``(fields [2, F]: right, total; loss [2, 4 + 1]: summed loss and events per category, then the skipped
+    labelled tokens and 0)`` of one batch."""
     fields = torch.stack([stats.field_correct, stats.field_total])
     n_cat = len(CATEGORY_NAMES)
     if stats.loss_sum is None:
-        return fields, torch.zeros((2, n_cat), dtype=torch.float64, device=fields.device)
-    return fields, torch.stack([torch.bincount(stats.category, weights=stats.loss_sum, minlength=n_cat),
-                                torch.bincount(stats.category, minlength=n_cat).double()])
+        return fields, torch.zeros((2, n_cat + 1), dtype=torch.float64, device=fields.device)
+    skipped = torch.stack([stats.loss_skipped, torch.zeros_like(stats.loss_skipped)])[:, None]
+    return fields, torch.cat([torch.stack([torch.bincount(stats.category, weights=stats.loss_sum, minlength=n_cat),
+                                           torch.bincount(stats.category, minlength=n_cat).double()]), skipped], dim=1)
 
 
 def token_report(fields: torch.Tensor, loss: torch.Tensor) -> dict[str, torch.Tensor]:
     """``token_accuracy/{field}``; ``{cat}/loss`` (summed token cross-entropy of an event, averaged over the
-    category's target events, comparable or not) and ``{cat}/loss_sum``."""
+    category's target events, comparable or not), ``{cat}/loss_sum``, and ``count/loss_skipped_tokens``: labelled
+    tokens left out of the loss (a label id past the logits' vocabulary, or a non-finite loss from NaN / inf logits)."""
     out = {f"token_accuracy/{name}": ratio(fields[0, i], fields[1, i]) for i, name in enumerate(TOKEN_FIELDS)}
     for i, cat in enumerate(CATEGORY_NAMES):
         out[f"{cat}/loss"] = ratio(loss[0, i], loss[1, i])
         out[f"{cat}/loss_sum"] = torch.where(loss[1, i] > 0, loss[0, i], float("nan"))
+    out["count/loss_skipped_tokens"] = loss[0, -1]
     return out

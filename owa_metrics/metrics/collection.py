@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Optional, Union
 
@@ -45,7 +46,9 @@ class OWAEventMetrics(Metric):
     per event (each event weighs the same, as the OWA metric spec); keys ending in ``_seq_macro`` average
     per sequence (each sequence weighs the same). Quantile-based metrics keep every sample
     (``mode="exact"``) or a fixed-size sketch (``mode="sketch"``, see `SampleMetric`). All states sync under
-    DDP in one go: call ``compute()`` on every rank.
+    DDP in one go: call ``compute()`` on every rank; it is never cached (``compute_with_cache=False``), so every
+    call syncs whatever each rank did since the last. ``persistent=True`` puts the states in ``state_dict()``
+    (``torch.save`` / ``load_state_dict`` round-trip, also with ``weights_only`` loading).
     """
 
     full_state_update = False
@@ -55,7 +58,8 @@ class OWAEventMetrics(Metric):
     def __init__(self, tokenizer=None, *, vocab: Optional[VocabMap] = None, config: Optional[CodecConfig] = None,
                  format: Optional[str] = None, alignment: Alignment = "teacher_forcing", mode: Mode = "exact", relative_accuracy: float = 0.005,
                  sketch_range: tuple[float, float] = (1e-4, 1e8), num_resamples: int = 1000, seed: int = 42,
-                 **kwargs):
+                 persistent: bool = False, **kwargs):
+        kwargs.setdefault("compute_with_cache", False)  # every compute() syncs, on every rank: no stale rank
         super().__init__(**kwargs)
         if vocab is None:
             if tokenizer is None:
@@ -85,7 +89,7 @@ class OWAEventMetrics(Metric):
         sums("mouse_action", 4)  # flags right, events with flags, scroll right, events with scroll
         sums("movement", 6)  # residual, sum gx, sum gy, sum gx², sum gy², events
         sums("token_fields", 2, len(TOKEN_FIELDS))  # right, total
-        sums("token_loss", 2, N_CAT)  # summed loss, events
+        sums("token_loss", 2, N_CAT + 1)  # summed loss, events; then skipped tokens, 0
         if mode == "exact":  # flat float64 rows of TIMESTAMP_COLUMNS / MOUSE_COLUMNS (NaN: not defined)
             self.add_state("timestamp_samples", default=[], dist_reduce_fx="cat")
             self.add_state("mouse_samples", default=[], dist_reduce_fx="cat")
@@ -93,6 +97,7 @@ class OWAEventMetrics(Metric):
         else:
             sums("timestamp_sketch", 2, len(GROUPS), self.spec.size)  # signed error, percent error
             sums("mouse_sketch", len(MOUSE_COLUMNS), self.spec.size)
+        self.persistent(persistent)
 
     # ------------------------------------------------------------------------------------------ update
     def update(self, preds: Union[torch.Tensor, EventBatch], target: Optional[torch.Tensor] = None,
@@ -162,12 +167,20 @@ class OWAEventMetrics(Metric):
                                  torch.stack([true.dx_digits, true.dy_digits], 2))])
 
     # ----------------------------------------------------------------------------------------- compute
-    def compute(self) -> dict[str, torch.Tensor]:
-        with warnings.catch_warnings():  # a rank or an epoch without batches is fine: counts are 0, keys left out
-            warnings.filterwarnings("ignore", message=".*was called before the ``update`` method.*")
-            return self._compute()
+    def _wrap_compute(self, compute):
+        """torchmetrics' compute (sync, then compute), without its "called before update" warning: a rank or an
+        epoch without batches is fine (counts are 0, the other keys left out)."""
+        wrapped = super()._wrap_compute(compute)
 
-    def _compute(self) -> dict[str, torch.Tensor]:
+        @functools.wraps(wrapped)
+        def quiet(*args, **kwargs):
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=".*was called before the ``update`` method.*")
+                return wrapped(*args, **kwargs)
+
+        return quiet
+
+    def compute(self) -> dict[str, torch.Tensor]:
         out = event_type_report(self.confusion, self.statuses, self.event_counts)
         out["status/invalid_target_rate"] = self._warn_invalid_targets()
         if self.alignment == "teacher_forcing":
@@ -203,7 +216,9 @@ class OWAEventMetrics(Metric):
         naming the most frequent decode failure and the likely fix."""
         rate = self.statuses[int(Status.INVALID_TARGET)] / self.event_counts[0].clamp(min=1)
         if float(rate) > threshold:
-            reason = Status(int(self.target_statuses.argmax())).label
+            failures = self.target_statuses.clone()
+            failures[int(Status.VALID)] = 0
+            reason = Status(int(failures.argmax())).label
             rank_zero_warn(
                 f"{float(rate):.0%} of the target events do not decode (most often: {reason}); they are left out of "
                 f"every rate. This metric reads the {self.vocab.describe()}: if the labels are in the other format, "

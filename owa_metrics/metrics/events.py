@@ -41,7 +41,7 @@ class EventTokenMetrics(_SumMetric):
     accuracy, and the per-category token loss when logits were given. ``update(stats: EventTokenStats)``."""
 
     def __init__(self, **kwargs):
-        super().__init__(2 * len(TOKEN_FIELDS) + 2 * N_CAT, **kwargs)
+        super().__init__(2 * len(TOKEN_FIELDS) + 2 * (N_CAT + 1), **kwargs)
 
     def update(self, stats: EventTokenStats) -> None:
         fields, loss = token_sums(stats)

@@ -149,7 +149,7 @@ class VocabMap:
         table = self._tables.get(ids.device)
         if table is None:
             table = self._tables[ids.device] = self.codes_table.to(ids.device)
-        index = (ids.reshape(-1).clamp(-1, self.size) + 1).long()
+        index = ids.reshape(-1).long().clamp(-1, self.size) + 1
         return table.index_select(0, index).view(ids.shape)
 
     def lookup(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
