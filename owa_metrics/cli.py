@@ -34,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     evaluate.add_argument("--mode", choices=["exact", "sketch"], default="exact")
     evaluate.add_argument("--json", type=Path, help="also write every metric to this JSON file")
     evaluate.add_argument("--format", choices=FORMAT_NAMES, help="the token format (default: the target file's)")
+    evaluate.add_argument("--strict", action="store_true", help="exit 1 when there are warnings (e.g. no event decodes)")
     args = parser.parse_args(argv)
     if args.command == "inspect":
         return _inspect(args.paths, args.max_tokens, args.format)
@@ -42,27 +43,42 @@ def main(argv: list[str] | None = None) -> int:
 
         return demo_main(args.config, args.epochs, args.logger, args.mcap, args.out, args.format)
     if args.command == "evaluate":
-        return _evaluate(args.pred, args.target, args.mode, args.json, args.format)
+        return _evaluate(args.pred, args.target, args.mode, args.json, args.format, args.strict)
     parser.print_help()
     return 0
 
 
-def _evaluate(pred: Path, target: Path, mode: str, json_path: Path | None, format: str | None) -> int:
+def _evaluate(pred: Path, target: Path, mode: str, json_path: Path | None, format: str | None, strict: bool) -> int:
     import json
+    import os
 
-    from .evaluate import evaluate
+    from .evaluate import InputError, evaluate, evaluation_warnings
     from .report import format_report
 
     try:
         report = evaluate(pred, target, mode, format=format)
-    except Exception as err:  # noqa: BLE001 - any unreadable input: one line, non-zero exit
-        print(f"owa-metrics evaluate: {type(err).__name__}: {err}".splitlines()[0], file=sys.stderr)
+    except (InputError, ImportError) as err:
+        print(f"owa-metrics evaluate: {err}".splitlines()[0], file=sys.stderr)
+        return 2
+    except ValueError as err:  # e.g. the two files hold different numbers of sequences
+        print(f"owa-metrics evaluate: {err}".splitlines()[0], file=sys.stderr)
         return 2
     print(format_report(report, f"OWA event metrics: {pred.name} vs {target.name}"))
+    warnings = evaluation_warnings(report, pred, target)
+    for line in warnings:
+        print(f"owa-metrics evaluate: warning: {line}", file=sys.stderr)
     if json_path:
-        json_path.write_text(json.dumps(report, indent=1))
+        try:
+            json_path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = json_path.with_name(json_path.name + ".tmp")
+            tmp.write_text(json.dumps(report, indent=1))
+            os.replace(tmp, json_path)
+        except OSError as err:
+            print(f"owa-metrics evaluate: {json_path}: cannot write the JSON report ({err.strerror or err})",
+                  file=sys.stderr)
+            return 2
         print(f"wrote {json_path}")
-    return 0
+    return 1 if strict and warnings else 0
 
 
 def _inspect(paths: list[Path], max_tokens: int, format: str) -> int:

@@ -20,30 +20,71 @@ from .tokens.codec import CodecConfig, EventCodec, split_tokens
 from .tokens.vocab import VocabMap, build_tokenizer
 
 
+MCAP_MAGIC = b"\x89MCAP0\r\n"
+
+
+class InputError(ValueError):
+    """A file the evaluator cannot read; the message names the file and says what is wrong with it."""
+
+
 def read_file(path: str | Path) -> list[str] | list[Event]:
     """A file's token texts (one per sequence), or an MCAP recording's events (see the module docstring); raises
-    ValueError / OSError saying why not."""
+    `InputError` saying what is wrong with the file."""
     path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise InputError(f"{path}: cannot read it ({err.strerror or err})") from None
     if path.suffix == ".mcap":
-        from .events import read_recording
-
-        return read_recording(path)
+        return _read_mcap(path, data)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise InputError(f"{path}: not UTF-8 text (byte 0x{data[err.start]:02x} at offset {err.start}); "
+                         "expected one token sequence per line, or an OWA .mcap recording") from None
     texts = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
+    for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         if path.suffix == ".jsonl":
             try:
                 item = json.loads(line)
             except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{number}: not JSON ({err.msg})") from None
+                raise InputError(f"{path}:{number}: not JSON ({err.msg})") from None
             line = item["text"] if isinstance(item, dict) and "text" in item else item
             if not isinstance(line, str):
-                raise ValueError(f"{path}:{number}: expected a string or an object with a 'text' field")
+                raise InputError(f"{path}:{number}: expected a string or an object with a 'text' field")
         texts.append(line.strip())
     if not texts:
-        raise ValueError(f"{path}: no sequences")
+        raise InputError(f"{path}: no sequences (the file is empty or blank)")
     return texts
+
+
+def _read_mcap(path: Path, data: bytes) -> list[Event]:
+    if not data.startswith(MCAP_MAGIC):
+        raise InputError(f"{path}: not an MCAP file (it does not start with the MCAP magic bytes)")
+    if len(data) < 2 * len(MCAP_MAGIC) or not data.endswith(MCAP_MAGIC):
+        raise InputError(f"{path}: MCAP file truncated at byte {len(data)} (no closing magic bytes)")
+    from .events import read_recording
+
+    try:
+        return read_recording(path)
+    except ImportError:
+        raise
+    except Exception as err:  # noqa: BLE001 - the reader's own errors say little: name the file
+        raise InputError(f"{path}: unreadable MCAP recording ({type(err).__name__}: {err})") from None
+
+
+def evaluation_warnings(report: dict, pred_path, target_path) -> list[str]:
+    """What a person must know before trusting the numbers: a side of which no event decodes."""
+    out = []
+    decoded = report.get("status/valid", 0) + report.get("status/type_mismatch", 0)
+    if report.get("count/valid_target_events", 0) == 0:
+        out.append(f"{target_path}: no true event decodes ({int(report.get('count/target_events', 0))} found)")
+    elif decoded == 0:
+        out.append(f"{pred_path}: no predicted event decodes ({int(report.get('count/pred_events', 0))} event spans "
+                   "found): every true event counts as missing or invalid")
+    return out
 
 
 def guess_format(contents: list[str] | list[Event]) -> str:

@@ -54,12 +54,34 @@ def test_evaluate_guesses_the_factorized_format_from_the_target_file(tmp_path, c
 
 
 def test_evaluate_rejects_unreadable_input_in_one_line(tmp_path, capsys):
-    (tmp_path / "bad.jsonl").write_text("{not json\n")
-    (tmp_path / "ok.txt").write_text("<EVENT_START><SCREEN><0><0><1><fake_image_placeholder><EVENT_END>\n")
-    assert main(["evaluate", "--pred", str(tmp_path / "bad.jsonl"), "--target", str(tmp_path / "ok.txt")]) == 2
-    assert main(["evaluate", "--pred", str(tmp_path / "missing.txt"), "--target", str(tmp_path / "ok.txt")]) == 2
-    errors = capsys.readouterr().err.strip().splitlines()
-    assert len(errors) == 2 and "not JSON" in errors[0] and "missing.txt" in errors[1]
+    recording = recording_paths()[2].read_bytes()
+    ok = tmp_path / "ok.txt"
+    ok.write_text("<EVENT_START><SCREEN><0><0><1><fake_image_placeholder><EVENT_END>\n")
+    bad = {"bad.jsonl": b"{not json\n", "binary.txt": b"\xe0\x80 tokens", "tiny.mcap": recording[:8],
+           "cut.mcap": recording[:9000], "text.mcap": b"<EVENT_START>\n", "blank.txt": b"\n\n"}
+    for name, data in bad.items():
+        (tmp_path / name).write_bytes(data)
+    expected = {"bad.jsonl": "bad.jsonl:1: not JSON", "binary.txt": "binary.txt: not UTF-8 text (byte 0xe0 at offset 0)",
+                "tiny.mcap": "tiny.mcap: MCAP file truncated at byte 8", "cut.mcap": "cut.mcap: MCAP file truncated at "
+                "byte 9000", "text.mcap": "text.mcap: not an MCAP file", "blank.txt": "blank.txt: no sequences",
+                "missing.txt": "missing.txt: cannot read it (No such file or directory)"}
+    for name, message in expected.items():
+        assert main(["evaluate", "--pred", str(tmp_path / name), "--target", str(ok)]) == 2, name
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], (name, err)
+
+
+def test_evaluate_warns_when_no_predicted_event_decodes_and_writes_json_into_new_folders(tmp_path, capsys):
+    truth = tmp_path / "true.txt"
+    truth.write_text("<EVENT_START><SCREEN><0><0><1><fake_image_placeholder><EVENT_END>\n")
+    (tmp_path / "pred.txt").write_text("hello world\n")
+    out = tmp_path / "new" / "folder" / "report.json"
+    args = ["evaluate", "--pred", str(tmp_path / "pred.txt"), "--target", str(truth), "--json", str(out)]
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    assert "warning: " in err and "pred.txt: no predicted event decodes (0 event spans found)" in err
+    assert json.loads(out.read_text())["status/missing"] == 1 and not list(out.parent.glob("*.tmp"))
+    assert main(args + ["--strict"]) == 1
 
 
 def test_demo_config_yaml_is_the_default():

@@ -3,6 +3,7 @@
 import json
 import os
 import socket
+from datetime import timedelta
 
 import numpy as np
 import pytest
@@ -38,7 +39,7 @@ def _batches(vocab):
 
 def _worker(rank, world, port, out_path):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))  # a hang fails
     torch.set_num_threads(1)
     tokenizer = build_tokenizer()
     shards = _batches(VocabMap.from_tokenizer(tokenizer))
@@ -51,11 +52,24 @@ def _worker(rank, world, port, out_path):
             metric.update(preds, target)
         results[mode] = {"report": {k: v.item() for k, v in metric.compute().items()},
                          "confusion": metric.confusion_matrix().tolist()}
+    if world == 2:  # compute() mid-epoch on every rank, then updates on rank 0 only, then compute() again
+        metric = OWAEventMetrics(tokenizer, alignment="generation")
+        for preds, target in shards[rank][:MID_EPOCH[rank]]:
+            metric.update(preds, target)
+        metric.compute()
+        if rank == 0:
+            metric.update(*shards[0][MID_EPOCH[0]])
+        answers = [None] * world
+        dist.all_gather_object(answers, {k: v.item() for k, v in metric.compute().items()})
+        results["mid_epoch"] = answers
     if rank == 0:
         with open(out_path, "w") as f:
             json.dump(results, f)
     dist.barrier()
     dist.destroy_process_group()
+
+
+MID_EPOCH = (2, 1)  # batches each rank updates before the mid-epoch compute (2 ranks); rank 0 then adds one more
 
 
 def _free_port():
@@ -88,6 +102,15 @@ def test_synced_compute_equals_one_process(tmp_path, world):
         differ = {k: (got["report"][k], v) for k, v in report.items()
                   if abs(got["report"][k] - v) > 1e-12 * max(1, abs(v))}
         assert not differ, differ
+    if world == 2:
+        tokenizer = build_tokenizer()
+        shards = _batches(VocabMap.from_tokenizer(tokenizer))
+        metric = OWAEventMetrics(tokenizer, alignment="generation")
+        for preds, target in shards[0][:MID_EPOCH[0] + 1] + (shards[1] + shards[2])[:MID_EPOCH[1]]:
+            metric.update(preds, target)
+        one = {k: v.item() for k, v in metric.compute().items()}
+        for answer in synced["mid_epoch"]:  # the same answer on both ranks: no stale cache on the idle one
+            assert answer.keys() == one.keys() and all(abs(answer[k] - v) <= 1e-12 * max(1, abs(v)) for k, v in one.items())
     exact, sketch = expected["exact"][0], expected["sketch"][0]
     for key in ("timestamp/abs_error_p95_ms", "mouse/direction_error_p95_deg", "mouse/euclidean_pe_p95_pct"):
         assert abs(sketch[key] - exact[key]) <= 0.005 * abs(exact[key]) + 1e-9, key

@@ -107,6 +107,9 @@ class OWAEventMetrics(Metric):
         else:
             if target is None:
                 raise ValueError("update(preds, target): target token ids are missing")
+            if logits is not None and self.alignment != "teacher_forcing":
+                raise ValueError("logits give the token loss under teacher forcing only; with alignment='generation' "
+                                 "pass the generated ids and the target ids alone")
             batch = decode_batch(preds, target, self.vocab, self.alignment)
             if self.alignment == "teacher_forcing":
                 if logits is not None and logits.shape[:-1] != target.shape:
