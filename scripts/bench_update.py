@@ -78,14 +78,16 @@ def bench_update(repeats: int) -> None:
               f"{positions / ref_s:>13,.0f} {'1x':>12}")
         default_threads = torch.get_num_threads()
         for mode in ("exact", "sketch"):
-            for threads in (1, default_threads):
-                torch.set_num_threads(threads)
-                metric = OWAEventMetrics(tokenizer, mode=mode)
-                for _ in range(2):
-                    metric.update(preds, target)
-                s = timed(lambda: metric.update(preds, target), repeats)
-                print(f"{batch}x{seq_len:>5} {'OWAEventMetrics.update (' + mode + ')':<34} {threads:>7} {s * 1e3:>10.2f} "
-                      f"{positions / s:>13,.0f} {ref_s / s:>11.0f}x")
+            for backend in ("torch", "kernel"):
+                for threads in (1, default_threads):
+                    torch.set_num_threads(threads)
+                    metric = OWAEventMetrics(tokenizer, mode=mode, backend=backend)
+                    for _ in range(2):  # the kernel compiles (or loads numba's cache) here, outside the timing
+                        metric.update(preds, target)
+                    s = timed(lambda: metric.update(preds, target), repeats)
+                    name = f"update ({mode}, {backend})"
+                    print(f"{batch}x{seq_len:>5} {name:<34} {threads:>7} {s * 1e3:>10.2f} "
+                          f"{positions / s:>13,.0f} {ref_s / s:>11.0f}x")
         torch.set_num_threads(default_threads)
 
 

@@ -203,9 +203,10 @@ def _check_against_reference(vocab, preds, targets, alignment):
     target = torch.tensor([t + [-100] * (width - len(t)) for t in targets], dtype=torch.long)
     pwidth = max([len(p) for p in preds] + [1])
     pred = torch.tensor([p + [-100] * (pwidth - len(p)) for p in preds], dtype=torch.long)
-    got = batch_rows(decode_batch(pred, target, vocab, alignment=alignment))
     want = reference_decode(preds, targets, vocab, alignment=alignment)
-    assert got == want
+    for backend in ("kernel", "torch"):  # the compiled CPU kernel and the torch ops (the GPU path)
+        got = batch_rows(decode_batch(pred, target, vocab, alignment=alignment, backend=backend))
+        assert got == want, backend
     return got
 
 

@@ -60,9 +60,10 @@ def test_batch_decoder_agrees_with_reference_on_recordings(format_vocab):
     for p, t, alignment in [(preds, target, "teacher_forcing"),
                             (*align_teacher_forcing(model_output, target), "teacher_forcing"),
                             (preds, target, "generation")]:
-        got = batch_rows(decode_batch(p, t, vocab, alignment=alignment))
         ref_p = [row[row != -100].tolist() if alignment == "generation" else row.tolist() for row in p]
         want = reference_decode(ref_p, [row.tolist() for row in t], vocab, alignment=alignment)
-        assert got == want
+        for backend in ("kernel", "torch"):
+            got = batch_rows(decode_batch(p, t, vocab, alignment=alignment, backend=backend))
+            assert got == want, backend
         statuses = collections.Counter(r["status"] for r in got)
         assert statuses[Status.VALID] > 0.5 * len(got) and len(statuses) > 2

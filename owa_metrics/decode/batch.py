@@ -20,14 +20,17 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal, NamedTuple
 
+import numpy as np
 import torch
 
 from ..events.event import Category, Kind, Status
 from ..tokens.codec import CodecConfig
 from ..tokens.format import FIELDS, Role
 from ..tokens.vocab import IMAGE_BIT, ROLE_MASK, SKIP_BIT, STRUCT_BIT, VALUE_SHIFT, VocabMap
+from . import kernel
 
 Alignment = Literal["teacher_forcing", "generation"]
+Backend = Literal["auto", "torch", "kernel"]
 IGNORE_INDEX = -100
 
 
@@ -129,16 +132,21 @@ def align_teacher_forcing(preds_or_logits: torch.Tensor, labels: torch.Tensor) -
 
 
 def decode_batch(preds: torch.Tensor, target: torch.Tensor, vocab: VocabMap,
-                 alignment: Alignment = "teacher_forcing") -> EventBatch:
+                 alignment: Alignment = "teacher_forcing", backend: Backend = "auto") -> EventBatch:
     """Decode predicted and target token ids into an `EventBatch` (one row per target event).
 
     ``target`` [B, T] may hold -100 (ignored: padding, image labels). Teacher forcing: ``preds`` [B, T] is
     already aligned (`align_teacher_forcing`). Generation: ``preds`` [B, T'] holds the generated tokens
     (pad them with -100), paired event by event with the target's. Malformed events become rows with a
-    status; nothing raises.
+    status; nothing raises. ``backend``: ``"auto"`` runs the compiled CPU kernel (`owa_metrics.decode.kernel`)
+    for CPU tensors and the torch ops elsewhere; ``"torch"`` / ``"kernel"`` force one (the same results).
     """
     preds, target = _check_inputs(preds, target, alignment)
+    if backend not in ("auto", "torch", "kernel"):
+        raise ValueError(f"backend must be 'auto', 'torch' or 'kernel', got {backend!r}")
     layouts = _Tables.get(vocab.config, target.device)
+    if backend == "kernel" or (backend == "auto" and target.device.type == "cpu" and kernel.available()):
+        return _decode_with_kernel(preds, target, vocab, alignment, layouts)
     t_code = vocab.codes(target)
     t_spans = _spans(t_code)
     tgt = _decode_side(t_code, t_spans, layouts)
@@ -161,6 +169,20 @@ def decode_batch(preds: torch.Tensor, target: torch.Tensor, vocab: VocabMap,
         torch.where(decided & (pred.kind != tgt.kind), int(Status.TYPE_MISMATCH), pred.status))
     return EventBatch(seq_idx=t_spans.seq, status=status, target=tgt, pred=pred, target_count=target_count,
                       pred_count=pred_count, num_sequences=B, alignment=alignment)
+
+
+def _decode_with_kernel(preds, target, vocab: VocabMap, alignment: Alignment, layouts: "_Tables") -> EventBatch:
+    if target.device.type != "cpu" or not kernel.available():
+        raise ValueError("backend='kernel' needs CPU tensors and numba: use backend='torch' (or 'auto')")
+    t_code = vocab.codes(target)
+    p_code = vocab.codes(torch.where(target < 0, IGNORE_INDEX, preds) if alignment == "teacher_forcing" else preds)
+    out = kernel.decode_arrays(t_code.numpy(), p_code.numpy(), layouts, alignment == "generation")
+    sides = [EventFields(n_timestamp_digits=layouts.n_ts, **{k: torch.from_numpy(np.ascontiguousarray(v))
+                                                             for k, v in out[side].items()})
+             for side in ("target", "pred")]
+    return EventBatch(seq_idx=torch.from_numpy(out["seq"]), status=torch.from_numpy(out["status"]), target=sides[0],
+                      pred=sides[1], target_count=torch.from_numpy(out["target_count"]),
+                      pred_count=torch.from_numpy(out["pred_count"]), num_sequences=target.shape[0], alignment=alignment)
 
 
 def _check_inputs(preds, target, alignment):
@@ -289,6 +311,14 @@ class _Tables:
                 at = [i for i, col in enumerate(columns) if col == name]
                 digit_slots[li, at[:len(where)]] = torch.tensor(where[:len(at)], dtype=torch.int64)
         self.digit_slots = digit_slots.to(device)
+        self.arrays = {  # the same tables as numpy arrays, for the CPU kernel
+            "rules": self.rules.cpu().numpy().astype(np.int64), "length": self.length.cpu().numpy().astype(np.int64),
+            "run_start": self.run_start.cpu().numpy().astype(np.int64),
+            "kind_layout": self.kind_layout.cpu().numpy().astype(np.int64),
+            **{name: np.array([v[k] for v in self.variants], dtype=np.int64)
+               for k, name in enumerate(("var_base", "var_longer", "var_at", "var_role"))},
+            "place": place[0].numpy().astype(np.int64), "sign": place[1].numpy().astype(np.int64),
+            "modulus": self.modulus.cpu().numpy().astype(np.int64), "digit_slots": digit_slots.numpy()}
         self.n_ts = columns.count("timestamp")
         self.unit_ns, self.scroll_unit = fmt.timestamp_unit_ns, fmt.scroll_unit
         self.offsets = torch.arange(self.width, dtype=torch.int32, device=device)[:, None]

@@ -11,7 +11,7 @@ import torch
 from torchmetrics import Metric
 from torchmetrics.utilities import rank_zero_warn
 
-from ..decode.batch import Alignment, EventBatch, decode_batch
+from ..decode.batch import Alignment, Backend, EventBatch, decode_batch
 from ..events.event import CATEGORY_NAMES, Category, Status
 from ..functional.events import (
     EVENT_COUNTS, digit_matches, digit_precision_sums, direction_error_deg, euclidean_percent_error, event_type_report,
@@ -48,7 +48,8 @@ class OWAEventMetrics(Metric):
     (``mode="exact"``) or a fixed-size sketch (``mode="sketch"``, see `SampleMetric`). All states sync under
     DDP in one go: call ``compute()`` on every rank; it is never cached (``compute_with_cache=False``), so every
     call syncs whatever each rank did since the last. ``persistent=True`` puts the states in ``state_dict()``
-    (``torch.save`` / ``load_state_dict`` round-trip, also with ``weights_only`` loading).
+    (``torch.save`` / ``load_state_dict`` round-trip, also with ``weights_only`` loading). ``backend`` picks the
+    decoder (`decode_batch`: the compiled CPU kernel for CPU tensors by default, else torch ops).
     """
 
     full_state_update = False
@@ -58,7 +59,7 @@ class OWAEventMetrics(Metric):
     def __init__(self, tokenizer=None, *, vocab: Optional[VocabMap] = None, config: Optional[CodecConfig] = None,
                  format: Optional[str] = None, alignment: Alignment = "teacher_forcing", mode: Mode = "exact", relative_accuracy: float = 0.005,
                  sketch_range: tuple[float, float] = (1e-4, 1e8), num_resamples: int = 1000, seed: int = 42,
-                 persistent: bool = False, **kwargs):
+                 persistent: bool = False, backend: Backend = "auto", **kwargs):
         kwargs.setdefault("compute_with_cache", False)  # every compute() syncs, on every rank: no stale rank
         super().__init__(**kwargs)
         if vocab is None:
@@ -69,7 +70,7 @@ class OWAEventMetrics(Metric):
             raise ValueError(f"alignment must be 'teacher_forcing' or 'generation', got {alignment!r}")
         if mode not in ("exact", "sketch"):
             raise ValueError(f"mode must be 'exact' or 'sketch', got {mode!r}")
-        self.vocab, self.alignment, self.mode = vocab, alignment, mode
+        self.vocab, self.alignment, self.mode, self.backend = vocab, alignment, mode, backend
         self.spec = SketchSpec(relative_accuracy, *sketch_range)
         self.num_resamples, self.seed = num_resamples, seed
         self.window_ns = vocab.config.timestamp_window_ns
@@ -110,7 +111,7 @@ class OWAEventMetrics(Metric):
             if logits is not None and self.alignment != "teacher_forcing":
                 raise ValueError("logits give the token loss under teacher forcing only; with alignment='generation' "
                                  "pass the generated ids and the target ids alone")
-            batch = decode_batch(preds, target, self.vocab, self.alignment)
+            batch = decode_batch(preds, target, self.vocab, self.alignment, self.backend)
             if self.alignment == "teacher_forcing":
                 if logits is not None and logits.shape[:-1] != target.shape:
                     raise ValueError(f"logits {tuple(logits.shape)} must be [B, T, V] aligned with target "
