@@ -9,6 +9,7 @@ file's (`guess_format`) unless one is named.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Optional
 
@@ -16,7 +17,7 @@ import torch
 
 from .events.event import Event
 from .metrics.collection import OWAEventMetrics
-from .tokens.codec import CodecConfig, EventCodec, split_tokens
+from .tokens.codec import EventCodec
 from .tokens.vocab import VocabMap, build_tokenizer
 
 
@@ -87,19 +88,29 @@ def evaluation_warnings(report: dict, pred_path, target_path) -> list[str]:
     return out
 
 
+_PIECES = re.compile(r"(<[^<>]*>)")
+_FACTORIZED_ONLY = re.compile(r"<SIGN_PLUS>|<SIGN_MINUS>|<VK_\d+>|<MB_\d+>")
+
+
 def guess_format(contents: list[str] | list[Event]) -> str:
     """Texts holding a factorized-only token (``<SIGN_PLUS>``, ``<VK_n>``, ``<MB_h>`` ...) are factorized; the rest,
     and recordings, hierarchical."""
-    factorized = set(CodecConfig.preset("factorized").event_tokens) - set(CodecConfig().event_tokens)
     texts = [c for c in contents if isinstance(c, str)]
-    return "factorized" if any(t in factorized for text in texts for t in split_tokens(text)) else "hierarchical"
+    return "factorized" if any(_FACTORIZED_ONLY.search(text) for text in texts) else "hierarchical"
+
+
+def tokenize(text: str, vocab: dict[str, int], unk_id: int) -> list[int]:
+    """The ids `build_tokenizer`'s tokenizer gives ``text`` (each ``<...>`` a token, each run of other text one
+    token, unknown pieces ``unk_id``), by a regex split and a dict lookup: ~10x faster on long lines."""
+    return [vocab.get(piece, unk_id) for piece in _PIECES.split(text) if piece]
 
 
 def to_ids(contents: list[str] | list[Event], tokenizer, vocab: VocabMap) -> list[list[int]]:
     """Token ids: each text tokenized, or a recording's events encoded as one sequence."""
     if contents and isinstance(contents[0], Event):
         return [vocab.encode(EventCodec(vocab.config).fit(e) for e in contents)]
-    return [tokenizer(text, add_special_tokens=False)["input_ids"] for text in contents]
+    words = tokenizer.get_vocab()
+    return [tokenize(text, words, tokenizer.unk_token_id) for text in contents]
 
 
 def evaluate(pred_path, target_path, mode: str = "exact", batch_size: int = 16, progress: bool = True,

@@ -53,3 +53,21 @@ def test_encode_needs_the_image_tokens_for_screens():
     words = {t: i for i, t in enumerate(CodecConfig().event_tokens)}
     with pytest.raises(ValueError, match="image tokens"):
         VocabMap(words).encode([Event(kind="screen", timestamp_ns=0)])
+
+
+def test_fast_tokenize_equals_the_built_tokenizer():
+    """`owa_metrics.evaluate.tokenize` (regex split + dict) gives the offline tokenizer's ids, odd text included."""
+    import numpy as np
+
+    from owa_metrics import build_tokenizer
+    from owa_metrics.evaluate import tokenize
+
+    rng = np.random.default_rng(0)
+    for fmt in ("hierarchical", "factorized"):
+        tokenizer = build_tokenizer(format=fmt)
+        pieces = ["<EVENT_START>", "<MOUSE>", "<7>", "<VK_65>", "<SIGN_MINUS>", "<EVENT_END>", "<", ">", "<<x>",
+                  "a b", " ", "<unknown>", "é", "<12", "\t", "<fake_image_placeholder>"]
+        for _ in range(300):
+            text = "".join(rng.choice(pieces, size=int(rng.integers(0, 12))))
+            want = tokenizer(text, add_special_tokens=False)["input_ids"]
+            assert tokenize(text, tokenizer.get_vocab(), tokenizer.unk_token_id) == want, repr(text)
