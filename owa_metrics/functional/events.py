@@ -100,10 +100,13 @@ def timestamp_error(preds_ns: torch.Tensor, target_ns: torch.Tensor, window_ns: 
             "signed_error_ci_low_ms": low, "signed_error_ci_high_ms": high, "iqmpe_pct": iqm(finite(percent))}
 
 
-def digit_precision_sums(pred_digits: torch.Tensor, target_digits: torch.Tensor) -> torch.Tensor:
-    """[k + 1]: samples matching through each digit level, then the number of samples."""
+def digit_precision_sums(pred_digits: torch.Tensor, target_digits: torch.Tensor,
+                         weight: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """[k + 1]: samples matching through each digit level, then the number of samples (only the rows where the
+    bool ``weight`` is set, when given)."""
     matches = digit_matches(pred_digits, target_digits).double()
-    return torch.cat([matches.sum(dim=0), matches.new_full((1,), float(matches.shape[0]))])
+    w = _weights(weight, matches.shape[0], matches.device)
+    return torch.cat([w @ matches, w.sum()[None]])
 
 
 def digit_precision_accuracy(pred_digits: torch.Tensor, target_digits: torch.Tensor) -> torch.Tensor:
@@ -113,18 +116,20 @@ def digit_precision_accuracy(pred_digits: torch.Tensor, target_digits: torch.Ten
 
 
 def keyboard_sums(pred_vk, pred_action, target_vk, target_action, seq_idx: Optional[torch.Tensor] = None,
-                  num_sequences: int = 0) -> torch.Tensor:
-    """[6]: vk right, action right, both right, events, sum over sequences of their accuracy, sequences."""
-    vk, action = pred_vk == target_vk, pred_action == target_action
+                  num_sequences: int = 0, weight: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """[6]: vk right, action right, both right, events, sum over sequences of their accuracy, sequences (over the
+    rows where the bool ``weight`` is set, when given)."""
+    w = _weights(weight, pred_vk.shape[0], pred_vk.device).bool()
+    vk, action = (pred_vk == target_vk) & w, (pred_action == target_action) & w
     both = vk & action
     seq_sum = seq_count = torch.zeros((), dtype=torch.float64, device=vk.device)
     if seq_idx is not None:
-        per_seq = torch.bincount(seq_idx, minlength=num_sequences).double()
+        per_seq = torch.bincount(seq_idx, weights=w.double(), minlength=num_sequences)
         hits = torch.bincount(seq_idx, weights=both.double(), minlength=num_sequences)
         seen = per_seq > 0
         seq_sum, seq_count = torch.where(seen, hits / per_seq.clamp(min=1), 0.0).sum(), seen.sum().double()
-    return torch.stack([vk.sum().double(), action.sum().double(), both.sum().double(),
-                        torch.tensor(float(vk.numel()), device=vk.device), seq_sum, seq_count])
+    return torch.stack([vk.sum().double(), action.sum().double(), both.sum().double(), w.sum().double(), seq_sum,
+                        seq_count])
 
 
 def keyboard_report(sums: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -138,9 +143,11 @@ def keyboard_accuracy(pred_vk, pred_action, target_vk, target_action) -> dict[st
     return keyboard_report(keyboard_sums(pred_vk, pred_action, target_vk, target_action))
 
 
-def mouse_action_sums(pred_flags, pred_data, target_flags, target_data) -> torch.Tensor:
-    """[4]: flags right and events with true flags != 0; scroll right and events with true button_data != 0."""
-    acts, scrolls = target_flags != 0, target_data != 0
+def mouse_action_sums(pred_flags, pred_data, target_flags, target_data, weight: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """[4]: flags right and events with true flags != 0; scroll right and events with true button_data != 0 (rows
+    where the bool ``weight`` is set, when given)."""
+    w = _weights(weight, target_flags.shape[0], target_flags.device).bool()
+    acts, scrolls = (target_flags != 0) & w, (target_data != 0) & w
     return torch.stack([((pred_flags == target_flags) & acts).sum(), acts.sum(),
                         ((pred_data == target_data) & scrolls).sum(), scrolls.sum()]).double()
 
@@ -154,11 +161,11 @@ def mouse_action_accuracy(pred_flags, pred_data, target_flags, target_data) -> d
     return mouse_action_report(mouse_action_sums(pred_flags, pred_data, target_flags, target_data))
 
 
-def movement_sums(preds: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """[6]: sum ||p - g||², sum gx, sum gy, sum gx², sum gy², events."""
+def movement_sums(preds: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """[6]: sum ||p - g||², sum gx, sum gy, sum gx², sum gy², events (rows where the bool ``weight`` is set)."""
     preds, target = preds.double().reshape(-1, 2), target.double().reshape(-1, 2)
-    return torch.cat([((preds - target) ** 2).sum()[None], target.sum(dim=0), (target ** 2).sum(dim=0),
-                      target.new_full((1,), float(target.shape[0]))])
+    w = _weights(weight, target.shape[0], target.device)
+    return torch.cat([(w @ (preds - target) ** 2).sum()[None], w @ target, w @ target ** 2, w.sum()[None]])
 
 
 def movement_r2_report(sums: torch.Tensor) -> torch.Tensor:
@@ -241,6 +248,11 @@ def event_type_report(confusion: torch.Tensor, statuses: torch.Tensor, counts: t
         out[f"{cat}/comparable_rate"] = ratio(comparable[i], per_cat[i])
         out[f"{cat}/count"] = per_cat[i]
     return out
+
+
+def _weights(weight: Optional[torch.Tensor], n: int, device) -> torch.Tensor:
+    """A float64 row weight [n]: the bool mask ``weight``, or ones."""
+    return torch.ones(n, dtype=torch.float64, device=device) if weight is None else weight.double()
 
 
 def ratio(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:

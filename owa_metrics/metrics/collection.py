@@ -125,50 +125,52 @@ class OWAEventMetrics(Metric):
         self.statuses += statuses
         self.target_statuses += torch.bincount(batch.target.status, minlength=len(Status)).double()
         self.event_counts += counts
-        index = batch.comparable.nonzero().squeeze(1)
-        pred, true = batch.pred.take(index), batch.target.take(index)
-        self._update_timestamps(pred, true)
-        is_kb = (true.category == int(Category.KEYBOARD)).nonzero().squeeze(1)
-        kb_pred, kb_true = pred.take(is_kb), true.take(is_kb)
-        self.keyboard += keyboard_sums(kb_pred.vk, kb_pred.action, kb_true.vk, kb_true.action,
-                                       batch.seq_idx.index_select(0, index.index_select(0, is_kb)), batch.num_sequences)
-        is_mouse = (true.category == int(Category.MOUSE_OP)) | (true.category == int(Category.MOUSE_NOP))
-        mouse = is_mouse.nonzero().squeeze(1)
-        self._update_mouse(pred.take(mouse), true.take(mouse))
-
-    def _update_timestamps(self, pred, true) -> None:
-        signed_ms, percent = timestamp_errors(pred.timestamp_ns, true.timestamp_ns, self.window_ns)
+        # every row at once, masked: no per-subset copies (few ops, no host syncs but the samples' selection)
+        pred, true, comparable = batch.pred, batch.target, batch.comparable
+        self._update_timestamps(pred, true, comparable)
         category = true.category
+        self.keyboard += keyboard_sums(pred.vk, pred.action, true.vk, true.action, batch.seq_idx, batch.num_sequences,
+                                       weight=comparable & (category == int(Category.KEYBOARD)))
+        is_mouse = comparable & ((category == int(Category.MOUSE_OP)) | (category == int(Category.MOUSE_NOP)))
+        self._update_mouse(pred, true, is_mouse)
+
+    def _update_timestamps(self, pred, true, comparable: torch.Tensor) -> None:
+        signed_ms, percent = timestamp_errors(pred.timestamp_ns, true.timestamp_ns, self.window_ns)
+        category = true.category.clamp(max=N_CAT - 1)
         matches = digit_matches(pred.timestamp_digits, true.timestamp_digits).double()
         rows = torch.cat([matches, torch.ones_like(signed_ms)[:, None]], dim=1)  # as `digit_precision_sums`, per row
-        self.timestamp_digits += torch.cat([rows.sum(dim=0)[None],
-                                            torch.zeros((N_CAT, rows.shape[1]), dtype=torch.float64,
-                                                        device=rows.device).index_add_(0, category, rows)])
+        groups = torch.cat([comparable[:, None], torch.nn.functional.one_hot(category, N_CAT).bool() & comparable[:, None]],
+                           dim=1).double()  # [N, all + categories]
+        self.timestamp_digits += groups.T @ rows
         if self.mode == "exact":
-            self.timestamp_samples.append(torch.stack([signed_ms, percent, category.double()], dim=1).reshape(-1))
+            self.timestamp_samples.append(torch.stack([signed_ms, percent, category.double()], dim=1)[comparable].reshape(-1))
         else:  # rows of the sketch state: (quantity, group) with group 0 = all, 1 + c = category c
-            groups = len(GROUPS)
+            n_groups = len(GROUPS)
+            signed_ms = torch.where(comparable, signed_ms, float("nan"))  # NaN: left out of the sketch
+            percent = torch.where(comparable, percent, float("nan"))
             self.timestamp_sketch += sketch_counts(
                 torch.cat([signed_ms, signed_ms, percent, percent]), self.spec,
-                torch.cat([torch.zeros_like(category), category + 1, torch.full_like(category, groups),
-                           category + 1 + groups]), 2 * groups).view(2, groups, -1)
+                torch.cat([torch.zeros_like(category), category + 1, torch.full_like(category, n_groups),
+                           category + 1 + n_groups]), 2 * n_groups).view(2, n_groups, -1)
 
-    def _update_mouse(self, pred, true) -> None:
+    def _update_mouse(self, pred, true, is_mouse: torch.Tensor) -> None:
         p, g = torch.stack([pred.dx, pred.dy], 1), torch.stack([true.dx, true.dy], 1)
         columns = torch.stack([euclidean_percent_error(p, g), signed_percent_error(p[:, 0], g[:, 0]),
                                signed_percent_error(p[:, 1], g[:, 1]), direction_error_deg(p, g)], dim=1)
         if self.mode == "exact":
-            self.mouse_samples.append(columns.reshape(-1))
+            self.mouse_samples.append(columns[is_mouse].reshape(-1))
         else:
+            columns = torch.where(is_mouse[:, None], columns, float("nan"))
             quantity = torch.arange(len(MOUSE_COLUMNS), device=columns.device).repeat_interleave(columns.shape[0])
             self.mouse_sketch += sketch_counts(columns.T.reshape(-1), self.spec, quantity, len(MOUSE_COLUMNS))
         self.mouse_action += mouse_action_sums(pred.button_flags, pred.button_data, true.button_flags,
-                                               true.button_data)
-        self.movement += movement_sums(p, g)
+                                               true.button_data, weight=is_mouse)
+        self.movement += movement_sums(p, g, weight=is_mouse)
         self.mouse_digits += torch.stack([
-            digit_precision_sums(pred.dx_digits, true.dx_digits), digit_precision_sums(pred.dy_digits, true.dy_digits),
+            digit_precision_sums(pred.dx_digits, true.dx_digits, is_mouse),
+            digit_precision_sums(pred.dy_digits, true.dy_digits, is_mouse),
             digit_precision_sums(torch.stack([pred.dx_digits, pred.dy_digits], 2),
-                                 torch.stack([true.dx_digits, true.dy_digits], 2))])
+                                 torch.stack([true.dx_digits, true.dy_digits], 2), is_mouse)])
 
     # ----------------------------------------------------------------------------------------- compute
     def _wrap_compute(self, compute):
