@@ -55,6 +55,13 @@ def test_factorized_worked_examples_decode_in_a_batch():
     assert t.dx_digits.tolist()[0] == [1, 0, 0, 3, 7] and t.dy_digits.tolist()[1] == [0, 0, 2, 5, 0]
     assert t.timestamp_digits.tolist()[2] == [0, 0, 5]
     assert t.category.tolist() == [Category.MOUSE_NOP, Category.MOUSE_OP, Category.KEYBOARD]
+    # minus zero is zero: its sign level reads as <SIGN_PLUS>, as the string reference re-encodes it
+    minus_zero = tokenizer("<EVENT_START><MOUSE><0><0><0><SIGN_MINUS><0><0><0><0><SIGN_MINUS><0><0><0><5>"
+                           "<MB_0><MB_0><MB_0><EVENT_END>")["input_ids"]
+    for backend in ("kernel", "torch"):
+        got = decode_batch(torch.tensor([minus_zero]), torch.tensor([minus_zero]), vocab, backend=backend).target
+        assert got.dx.tolist() == [0] and got.dx_digits.tolist() == [[0, 0, 0, 0, 0]], backend
+        assert got.dy.tolist() == [-5] and got.dy_digits.tolist() == [[1, 0, 0, 0, 5]], backend
 
 
 def test_teacher_forcing_shift_keeps_the_first_event(vocab):
@@ -210,14 +217,14 @@ def _check_against_reference(vocab, preds, targets, alignment):
     return got
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(st.data())
 def test_teacher_forcing_agrees_with_the_string_reference(format_vocab, data):
     preds, targets = data.draw(batches(format_vocab, "teacher_forcing"))
     _check_against_reference(format_vocab, preds, targets, "teacher_forcing")
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(st.data())
 def test_generation_agrees_with_the_string_reference(format_vocab, data):
     preds, targets = data.draw(batches(format_vocab, "generation"))

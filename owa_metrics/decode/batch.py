@@ -311,6 +311,10 @@ class _Tables:
                 at = [i for i, col in enumerate(columns) if col == name]
                 digit_slots[li, at[:len(where)]] = torch.tensor(where[:len(at)], dtype=torch.int64)
         self.digit_slots = digit_slots.to(device)
+        # a sign level reads as + when its field is 0 (<SIGN_MINUS><0>... is the number 0, written <SIGN_PLUS>...)
+        signs = [[lay.slots[j - 2].sign if j >= 2 else False for j in row] for lay, row in zip(fmt.layouts, digit_slots.tolist())]
+        self.digit_sign = torch.tensor(signs, dtype=torch.bool, device=device)
+        self.digit_field = torch.tensor([FIELDS.index(c) for c in columns], device=device)
         self.arrays = {  # the same tables as numpy arrays, for the CPU kernel
             "rules": self.rules.cpu().numpy().astype(np.int64), "length": self.length.cpu().numpy().astype(np.int64),
             "run_start": self.run_start.cpu().numpy().astype(np.int64),
@@ -318,7 +322,8 @@ class _Tables:
             **{name: np.array([v[k] for v in self.variants], dtype=np.int64)
                for k, name in enumerate(("var_base", "var_longer", "var_at", "var_role"))},
             "place": place[0].numpy().astype(np.int64), "sign": place[1].numpy().astype(np.int64),
-            "modulus": self.modulus.cpu().numpy().astype(np.int64), "digit_slots": digit_slots.numpy()}
+            "modulus": self.modulus.cpu().numpy().astype(np.int64), "digit_slots": digit_slots.numpy(),
+            "digit_sign": self.digit_sign.cpu().numpy(), "digit_field": self.digit_field.cpu().numpy().astype(np.int64)}
         self.n_ts = columns.count("timestamp")
         self.unit_ns, self.scroll_unit = fmt.timestamp_unit_ns, fmt.scroll_unit
         self.offsets = torch.arange(self.width, dtype=torch.int32, device=device)[:, None]
@@ -398,7 +403,10 @@ def _decode_side(code: torch.Tensor, spans: _Spans, L: _Tables) -> EventFields:
     values = torch.stack([category, ts_units * L.unit_ns, vk, action, dx, dy, flags, scroll * L.scroll_unit])
     values = torch.where(ok, values, L.blank[:, None]).T.contiguous()
     slots = L.digit_slots.index_select(0, lay).T  # [D, N]
-    digits = torch.where(ok & (slots >= 0), v.gather(0, slots.clamp(min=0)), -1).T.contiguous()
+    digits = v.gather(0, slots.clamp(min=0))
+    zero = magnitude.index_select(0, L.digit_field) == 0  # [D, N]: the level's field is 0
+    digits = torch.where(L.digit_sign.index_select(0, lay).T & zero, 0, digits)
+    digits = torch.where(ok & (slots >= 0), digits, -1).T.contiguous()
     row_start = spans.seq * spans.row_len
     return EventFields(status=status, kind=kind, values=values, digits=digits, start=spans.first - row_start,
                        end=spans.last - row_start, start_cut=spans.cut, n_timestamp_digits=L.n_ts)

@@ -83,13 +83,15 @@ def _spans(code, B, T, seq, first, last, cut, counts):
 
 @_jit
 def _decode(code, T, seq, first, last, cut, n, rules, length, run_start, kind_layout, var_base, var_longer, var_at,
-            var_role, place, sign, modulus, digit_slots, unit_ns, scroll_unit, status, kind, values, digits):
+            var_role, place, sign, modulus, digit_slots, digit_sign, digit_field, unit_ns, scroll_unit, status, kind,
+            values, digits):
     """Check and read the ``n`` spans of one side, as `_decode_side` does (same rules, same precedence)."""
     width = rules.shape[1]
     n_fields = place.shape[1]
     r = np.zeros(width, np.int64)
     v = np.zeros(width, np.int64)
     number = np.zeros(n_fields, np.int64)
+    magnitude = np.zeros(n_fields, np.int64)
     for i in range(n):
         row = seq[i] * T
         slot0 = first[i] - (1 if cut[i] else 0)
@@ -148,6 +150,7 @@ def _decode(code, T, seq, first, last, cut, n, rules, length, run_start, kind_la
                     total += v[j] * place[lay, f, j]
                 if sign[lay, f, j] != 0:
                     minus += v[j]
+            magnitude[f] = total
             value = -total if minus == 1 else total
             m = modulus[lay, f]
             number[f] = value - m if m > 0 and value >= m // 2 else value
@@ -160,7 +163,12 @@ def _decode(code, T, seq, first, last, cut, n, rules, length, run_start, kind_la
         values[i, 4], values[i, 5], values[i, 6], values[i, 7] = number[3], number[4], flags, number[6] * scroll_unit
         for d in range(digit_slots.shape[1]):
             slot = digit_slots[lay, d]
-            digits[i, d] = v[slot] if slot >= 0 else -1
+            if slot < 0:
+                digits[i, d] = -1
+            elif digit_sign[lay, d] and magnitude[digit_field[d]] == 0:
+                digits[i, d] = 0  # <SIGN_MINUS><0>... is the number 0: its sign level reads as +
+            else:
+                digits[i, d] = v[slot]
 
 
 @_jit
@@ -243,5 +251,5 @@ def _side(code, T, seq, first, last, cut, n, tables) -> dict:
     a = tables.arrays
     _decode(code, T, seq, first, last, cut, n, a["rules"], a["length"], a["run_start"], a["kind_layout"], a["var_base"],
             a["var_longer"], a["var_at"], a["var_role"], a["place"], a["sign"], a["modulus"], a["digit_slots"],
-            tables.unit_ns, tables.scroll_unit, out["status"], out["kind"], out["values"], out["digits"])
+            a["digit_sign"], a["digit_field"], tables.unit_ns, tables.scroll_unit, out["status"], out["kind"], out["values"], out["digits"])
     return out
