@@ -262,3 +262,33 @@ def test_empty_inputs(vocab):
         ids = torch.full(shape, -100, dtype=torch.long)
         batch = decode_batch(ids, ids, vocab)
         assert len(batch) == 0 and batch.target_count.tolist() == [0] * shape[0]
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.data())
+def test_metric_states_are_the_same_on_the_kernel_and_the_torch_path(format_vocab, data):
+    """Every state of OWAEventMetrics (exact and sketch, both alignments, with logits under teacher forcing)
+    after the same corrupted batches, decoded by the CPU kernel and by the torch ops."""
+    from owa_metrics import OWAEventMetrics
+
+    alignment = data.draw(st.sampled_from(["teacher_forcing", "generation"]))
+    preds, targets = data.draw(batches(format_vocab, alignment))
+    width = max([len(t) for t in targets] + [1])
+    pwidth = width if alignment == "teacher_forcing" else max([len(p) for p in preds] + [1])
+    target = torch.tensor([t + [-100] * (width - len(t)) for t in targets], dtype=torch.long)
+    pred = torch.tensor([p + [0 if alignment == "teacher_forcing" else -100] * (pwidth - len(p)) for p in preds])
+    logits = None
+    if alignment == "teacher_forcing":
+        logits = torch.randn(*target.shape, format_vocab.size, generator=torch.Generator().manual_seed(len(preds)))
+    for mode in ("exact", "sketch"):
+        metrics = [OWAEventMetrics(vocab=format_vocab, alignment=alignment, mode=mode, backend=b)
+                   for b in ("kernel", "torch")]
+        for m in metrics:
+            m.update(pred, target, logits=logits)
+        states = [{k: getattr(m, k) for k in m._defaults} for m in metrics]
+        for name, value in states[0].items():
+            other = states[1][name]
+            if isinstance(value, list):
+                value, other = torch.cat(value) if value else value, torch.cat(other) if other else other
+            torch.testing.assert_close(torch.as_tensor(other), torch.as_tensor(value), rtol=0, atol=0, equal_nan=True,
+                                       msg=f"{mode} {name}")
