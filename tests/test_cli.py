@@ -33,7 +33,7 @@ def test_evaluate_a_recording_against_itself_and_a_perturbed_copy(tmp_path, caps
     assert late["comparable_rate"] == 1.0
     assert late["timestamp/signed_error_iqm_ms"] == 50 and late["timestamp/abs_error_p95_ms"] == 50
     assert late["timestamp/signed_error_ci_low_ms"] == 50 == late["timestamp/signed_error_ci_high_ms"]
-    assert "timestamp abs error P95 | 50 | ms" in capsys.readouterr().out
+    assert "timestamp abs error P95 | 50.0 | ms" in capsys.readouterr().out
 
 
 def test_evaluate_guesses_the_factorized_format_from_the_target_file(tmp_path, capsys):
