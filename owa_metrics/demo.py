@@ -25,6 +25,7 @@ class DemoConfig:
     format: str = "hierarchical"  # the token format: hierarchical | factorized
     duration_s: float = 240.0  # simulated session length (ignored with mcap)
     screen_hz: float = 4.0
+    mix: dict = field(default_factory=dict)  # activity weights of the simulator (move, type, click, scroll, pause)
     mcap: list = field(default_factory=list)  # real recordings instead of the simulator
     seq_len: int = 256
     val_fraction: float = 0.2  # the last part of every session, by time
@@ -63,7 +64,8 @@ def split_by_time(events: list[Event], val_fraction: float) -> tuple[list[Event]
 def load_sessions(config: DemoConfig) -> list[list[Event]]:
     if config.mcap:
         return [read_recording(path, format=config.format) for path in config.mcap]
-    return [simulate_session(config.duration_s, seed=config.seed, screen_hz=config.screen_hz, format=config.format)]
+    return [simulate_session(config.duration_s, seed=config.seed, screen_hz=config.screen_hz, format=config.format,
+                             mix=config.mix)]
 
 
 def build_data(config: DemoConfig, vocab: VocabMap):

@@ -136,7 +136,7 @@ def _side_text(row: torch.Tensor, side: EventFields, r: int, vocab: VocabMap, ma
     tokens = [vocab.token(t) for t in row[start:end + 1].tolist()]
     if vocab.config.event_end in tokens:
         tokens = tokens[:tokens.index(vocab.config.event_end) + 1]
-    pieces = [f"{token}×{n}" if n > 2 else token * n
+    pieces = [f"{token}×{n}" if n > 4 else token * n
               for token, n in ((t, len(list(run))) for t, run in groupby("·" if t is None else t for t in tokens))]
     return "".join(pieces[:max_pieces]) + ("…" if len(pieces) > max_pieces else "")
 
