@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import fields, replace
+import textwrap
 from itertools import groupby
 from typing import Optional, Sequence
 
@@ -113,12 +114,17 @@ def sample_rows(batch: EventBatch, preds: torch.Tensor, target: torch.Tensor, vo
     return rows
 
 
-def sample_table(rows: list[list[str]], columns: Sequence[str] = SAMPLE_COLUMNS) -> str:
+def sample_table(rows: list[list[str]], columns: Sequence[str] = SAMPLE_COLUMNS, max_width: int = 48) -> str:
     """The rows as a fenced block of aligned columns: markdown (TensorBoard's text, ``epoch_E.md``) shows it as it
-    is, in a monospace font that never wraps a cell, and it reads the same as plain text."""
-    widths = [max(len(str(c)) for c in column) for column in zip(columns, *rows)]
-    line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
-    return "\n".join(["```", line(columns), *map(line, rows), "```"])
+    is, in a monospace font that never wraps a cell; a cell wider than ``max_width`` continues on the next line
+    (between tokens or words), so that the table stays about 150 characters wide."""
+    cells = [[textwrap.wrap(c.replace("><", "> <"), max_width) or [c] for c in row] for row in rows]
+    lines = [[str(c) for c in columns]] + [
+        [part[k].replace("> <", "><") if k < len(part) else "" for part in row]
+        for row in cells for k in range(max(map(len, row)))]
+    widths = [max(len(line[j]) for line in lines) for j in range(len(columns))]
+    text = ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines]
+    return "\n".join(["```", *text, "```"])
 
 
 def _cpu(side: EventFields) -> EventFields:

@@ -8,6 +8,7 @@ from owa_metrics.cli import main
 from owa_metrics.demo import DemoConfig
 from owa_metrics.events import read_recording
 from conftest import recording_paths
+from test_readme import readme_tags
 
 
 def test_version(capsys):
@@ -105,3 +106,5 @@ def test_demo_learns_and_logs_every_epoch(tmp_path, capsys):
         assert len(events.Scalars(f"val/owa/{key}")) == 3, key
     comparable = [p.value for p in events.Scalars("val/owa/comparable_rate")]
     assert comparable[-1] > comparable[0]
+    logged = {tag for tags in events.Tags().values() if isinstance(tags, list) for tag in tags}
+    assert len(readme_tags()) >= 8 and readme_tags() <= logged, readme_tags() - logged  # as the README names them

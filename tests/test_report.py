@@ -58,6 +58,11 @@ def test_sample_rows_of_a_known_pair_read_as_events_in_words(format_vocab):
     table = sample_table(rows).splitlines()
     assert table[0] == table[-1] == "```" and table[1].split() == list(SAMPLE_COLUMNS)
     assert table[3].index("keyboard 1.50 s") == table[1].index("true")  # aligned columns
+    narrow = sample_table(rows, max_width=24).splitlines()  # a wide cell continues on the next line, between tokens
+    at, k = narrow[1].index("predicted"), next(i for i, line in enumerate(narrow) if "missing_fields" in line)
+    assert narrow[k][at:].startswith("<EVENT_START><MOUSE>") and narrow[k + 1][at:].startswith("<")
+    assert narrow[k + 1][:narrow[1].index("true")].strip() == ""  # a continuation line
+    assert "".join(line[at:].split("  ")[0] for line in narrow[k:k + 3]).startswith(rows[5][4])
 
 
 def test_sample_rows_in_generation_name_missing_events_and_cut_undecodable_ones_at_their_end(vocab):

@@ -19,17 +19,13 @@ from ..metrics.collection import OWAEventMetrics
 from ..report import SAMPLE_COLUMNS, format_report, sample_rows, sample_table
 from ..tokens.vocab import Role
 
-GENERATE_HISTOGRAM_RANGE = ("Range: P2..P98 of the epoch's values, 50 bins; values outside it are counted in the first and last "
-                   "bin.")
-SAMPLES_DESCRIPTION = ("One row per target event of the first sequences: both events in words (the raw tokens of one "
-                       "that does not decode), the pair's errors or why the prediction does not decode.")
-NEEDS = ("generate_fn(input_ids, attention_mask, max_new_tokens) must return the prompt followed by the "
+GENERATE_NEEDS = ("generate_fn(input_ids, attention_mask, max_new_tokens) must return the prompt followed by the "
                   "generated ids, as HF generate does: an integer tensor [batch, prompt_len + new] or a list of id "
                   "lists (one per prompt row)")
-HISTOGRAM_RANGE = ("Range: P2..P98 of the epoch's values, 50 bins; values outside it are counted in the first and last "
-                   "bin.")
-SAMPLES_DESCRIPTION = ("One row per target event of the first sequences: both events in words (the raw tokens of one "
-                       "that does not decode), the pair's errors or why the prediction does not decode.")
+HISTOGRAM_RANGE = ("Range: P2..P98 of the epoch's values, 50 bins; values outside it are counted in the first and "
+                   "last bin.")
+SAMPLES_DESCRIPTION = ("One row per target event of the first sequences: the true and the predicted event in words "
+                       "(the raw tokens of one that does not decode) and a comparable pair's errors.")
 NEEDS = ("validation_step must return a dict with 'logits' (or 'preds': argmax token ids) and 'labels', or an HF "
          "ModelOutput with logits while the batch holds 'labels' (or 'input_ids'); -100 marks ignored labels")
 
@@ -275,18 +271,20 @@ def _confusion_figure(confusion: torch.Tensor, epoch: int):
 
     counts = confusion.cpu().double().numpy()
     share = counts / np.maximum(counts.sum(axis=1, keepdims=True), 1)
-    fig, ax = plt.subplots(figsize=(4.0, 3.4), dpi=100)
-    ax.imshow(share, cmap="Blues", vmin=0, vmax=1)
-    ax.set_xticks(range(len(CATEGORY_NAMES) + 1), [*CATEGORY_NAMES, "invalid"], rotation=35, ha="right", fontsize=9)
-    ax.set_yticks(range(len(CATEGORY_NAMES)), CATEGORY_NAMES, fontsize=9)
-    ax.set_xlabel("predicted", fontsize=9)
-    ax.set_ylabel("target", fontsize=9)
-    ax.set_title(f"category confusion, epoch {epoch}\n(colour: share of the target row)", fontsize=10)
+    fig, ax = plt.subplots(figsize=(3.3, 2.4), dpi=100)  # TensorBoard fits images to ~200 px high, pixelated
+    ax.imshow(share, cmap="Blues", vmin=0, vmax=1, aspect="auto")
+    ax.set_xticks(range(len(CATEGORY_NAMES) + 1), [*CATEGORY_NAMES, "invalid"], fontsize=7, rotation=20,
+                  ha="right", rotation_mode="anchor")
+    ax.set_yticks(range(len(CATEGORY_NAMES)), CATEGORY_NAMES, fontsize=7)
+    ax.tick_params(length=2, pad=1)
+    ax.set_xlabel("predicted (colour: share of the target row)", fontsize=7, labelpad=2)
+    ax.set_ylabel("target", fontsize=7, labelpad=1)
+    ax.set_title(f"category confusion, epoch {epoch}", fontsize=8, fontweight="bold", pad=3)
     for (i, j), count in np.ndenumerate(counts):
         text = f"{count:,.0f}" if count < 10_000 else f"{count / 1000:,.0f}k"
-        ax.text(j, i, f"{text}\n{share[i, j]:.0%}", ha="center", va="center", fontsize=8,
+        ax.text(j, i, f"{text}\n{share[i, j]:.0%}", ha="center", va="center", fontsize=7, linespacing=1.1,
                 color="white" if share[i, j] > 0.5 else "black")
-    fig.tight_layout()
+    fig.tight_layout(pad=0.3)
     return fig
 
 
