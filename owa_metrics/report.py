@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import fields, replace
 import textwrap
+from dataclasses import fields, replace
 from itertools import groupby
 from typing import Optional, Sequence
 
@@ -31,14 +31,10 @@ HEADLINE = (
     ("keyboard/accuracy", "keyboard accuracy (vk and action)", "ratio", None),
     ("token_accuracy/timestamp", "timestamp tokens right", "ratio", TEACHER_FORCING),
 )
-# (key within the category, column, unit, alignment)
-CATEGORY_COLUMNS = (
-    ("count", "count", "count", None), ("ratio", "ratio", "ratio", None),
-    ("comparable_rate", "comparable_rate", "ratio", None),
-    ("timestamp/abs_error_p95_ms", "timestamp/abs_error_p95_ms", "ms", None),
-    ("timestamp/signed_error_iqm_ms", "timestamp/signed_error_iqm_ms", "ms", None),
-    ("timestamp/precision_p3", "timestamp/precision_p3", "ratio", None), ("loss", "loss", "nats", TEACHER_FORCING),
-)
+# (key within the category, unit, the only alignment it applies to or None)
+CATEGORY_COLUMNS = (("count", "count", None), ("ratio", "ratio", None), ("comparable_rate", "ratio", None),
+                    ("timestamp/abs_error_p95_ms", "ms", None), ("timestamp/signed_error_iqm_ms", "ms", None),
+                    ("timestamp/precision_p3", "ratio", None), ("loss", "nats", TEACHER_FORCING))
 DECIMALS = {"count": 0, "ratio": 4, "ms": 1, "%": 1, "deg": 1, "nats": 3}
 PERCENT_NOTE = ("Percent errors divide by the true value: a true move of 1 px predicted as 20 px is 1,900 %, so P95 "
                 "and R² swing with tiny true moves; the IQM (IQMPE) and the direction error are robust to them.")
@@ -46,7 +42,10 @@ PERCENT_NOTE = ("Percent errors divide by the true value: a true move of 1 px pr
 
 def format_number(value, unit: str) -> str:
     """One format per unit: fixed decimals (`DECIMALS`), thousands separated by commas; "–" for a missing value."""
-    return "–" if value is None else f"{float(value):,.{DECIMALS[unit]}f}"
+    if value is None:
+        return "–"
+    text = f"{float(value):,.{DECIMALS[unit]}f}"
+    return text[1:] if text.startswith("-") and not text.strip("-0.,") else text  # no "-0.0"
 
 
 def format_report(metrics: dict, title: str = "OWA event metrics", samples: Optional[str] = None,
@@ -58,11 +57,11 @@ def format_report(metrics: dict, title: str = "OWA event metrics", samples: Opti
     for key, name, unit, only in HEADLINE:
         if key in metrics and applies(only):
             lines.append(f"| {name} | {format_number(metrics[key], unit)} | {unit} |")
-    columns = [c for c in CATEGORY_COLUMNS
-               if applies(c[3]) and any(f"{cat}/{c[0]}" in metrics for cat in CATEGORY_NAMES)]
-    lines += ["", "| category | " + " | ".join(c[1] for c in columns) + " |", "|---" + "|---:" * len(columns) + "|"]
+    columns = [(key, unit) for key, unit, only in CATEGORY_COLUMNS
+               if applies(only) and any(f"{cat}/{key}" in metrics for cat in CATEGORY_NAMES)]
+    lines += ["", "| category | " + " | ".join(key for key, _ in columns) + " |", "|---" + "|---:" * len(columns) + "|"]
     for cat in CATEGORY_NAMES:
-        cells = [format_number(metrics.get(f"{cat}/{key}"), unit) for key, _, unit, _ in columns]
+        cells = [format_number(metrics.get(f"{cat}/{key}"), unit) for key, unit in columns]
         lines.append(f"| {cat} | " + " | ".join(cells) + " |")
     statuses = [f"{s.label} {format_number(metrics[f'status/{s.label}'], 'count')}" for s in Status
                 if metrics.get(f"status/{s.label}")]

@@ -75,17 +75,21 @@ def test_sample_rows_in_generation_name_missing_events_and_cut_undecodable_ones_
                     ["0", "1", "missing", "keyboard 1.50 s key 65 (A) press", "(no event)", "–"]]
 
 
-def test_histograms_span_p2_to_p98_and_count_the_outliers_in_the_edge_bins(vocab):
+@pytest.mark.parametrize("tails", ["heavy", "none"])
+def test_histograms_show_the_bulk_and_count_the_outliers_in_the_edge_bins(vocab, tails):
     rng = np.random.default_rng(0)
-    shifts_ms = np.round(rng.standard_t(2, size=300) * 30 / 10) * 10  # heavy tails, on the 10 ms grid
+    draws = rng.standard_t(2, size=300) * 3 if tails == "heavy" else rng.uniform(-50, 50, size=300)
+    shifts_ms = np.round(draws) * 10  # on the 10 ms grid
     true = [Event("screen", 4_000_000_000 + 20_000_000 * k) for k in range(300)]
     pred = [Event("screen", e.timestamp_ns + int(s * 1e6)) for e, s in zip(true, shifts_ms)]
     metric = OWAEventMetrics(vocab=vocab, alignment="generation")
     metric.update(torch.tensor([vocab.encode(pred, ignore_images=True)]),
                   torch.tensor([vocab.encode(true, ignore_images=True)]))
     counts, edges = metric.error_histograms()["timestamp/signed_error_ms"]
-    assert edges[0] == pytest.approx(np.quantile(shifts_ms, 0.02)) and edges[-1] == pytest.approx(
-        np.quantile(shifts_ms, 0.98))
+    p2, q1, q3, p98 = np.quantile(shifts_ms, [0.02, 0.25, 0.75, 0.98])
+    fences = q1 - 1.5 * (q3 - q1), q3 + 1.5 * (q3 - q1)  # Tukey's: narrower than P2..P98 for heavy tails only
+    assert (p2 < fences[0] and fences[1] < p98) == (tails == "heavy")
+    assert edges[0] == pytest.approx(max(p2, fences[0])) and edges[-1] == pytest.approx(min(p98, fences[1]))
     assert counts.sum() == 300 and len(counts) == 50
     assert (shifts_ms < edges[0]).sum() > 0 and (shifts_ms > edges[-1]).sum() > 0
     assert counts[0] == (shifts_ms < edges[1]).sum() and counts[-1] == (shifts_ms >= edges[-2]).sum()

@@ -22,8 +22,8 @@ from ..tokens.vocab import Role
 GENERATE_NEEDS = ("generate_fn(input_ids, attention_mask, max_new_tokens) must return the prompt followed by the "
                   "generated ids, as HF generate does: an integer tensor [batch, prompt_len + new] or a list of id "
                   "lists (one per prompt row)")
-HISTOGRAM_RANGE = ("Range: P2..P98 of the epoch's values, 50 bins; values outside it are counted in the first and "
-                   "last bin.")
+HISTOGRAM_RANGE = ("Range, per epoch: P2..P98 of the values, narrowed to Tukey's fences (Q1 - 1.5 IQR, Q3 + 1.5 "
+                   "IQR); 50 bins; values outside the range are counted in the first and last bin.")
 SAMPLES_DESCRIPTION = ("One row per target event of the first sequences: the true and the predicted event in words "
                        "(the raw tokens of one that does not decode) and a comparable pair's errors.")
 NEEDS = ("validation_step must return a dict with 'logits' (or 'preds': argmax token ids) and 'labels', or an HF "
