@@ -63,7 +63,7 @@ def _evaluate(pred: Path, target: Path, mode: str, json_path: Path | None, forma
     except ValueError as err:  # e.g. the two files hold different numbers of sequences
         print(f"owa-metrics evaluate: {err}".splitlines()[0], file=sys.stderr)
         return 2
-    print(format_report(report, f"OWA event metrics: {pred.name} vs {target.name}"))
+    print(format_report(report, f"OWA event metrics: {pred.name} vs {target.name}", alignment="generation"))
     warnings = evaluation_warnings(report, pred, target)
     for line in warnings:
         print(f"owa-metrics evaluate: warning: {line}", file=sys.stderr)

@@ -14,6 +14,7 @@ import torch
 
 from .events import read_recording, simulate_session
 from .events.event import Event
+from .report import format_number
 from .tokens.vocab import VocabMap, build_tokenizer
 
 
@@ -24,15 +25,16 @@ class DemoConfig:
     seed: int = 0
     format: str = "hierarchical"  # the token format: hierarchical | factorized
     duration_s: float = 240.0  # simulated session length (ignored with mcap)
-    screen_hz: float = 4.0
+    screen_hz: float = 1.0
+    mix: dict = field(default_factory=dict)  # activity weights of the simulator (move, type, click, scroll, pause)
     mcap: list = field(default_factory=list)  # real recordings instead of the simulator
     seq_len: int = 256
     val_fraction: float = 0.2  # the last part of every session, by time
     n_layer: int = 2
     n_embd: int = 64
-    n_head: int = 2
-    epochs: int = 3
-    batch_size: int = 16
+    n_head: int = 4
+    epochs: int = 5
+    batch_size: int = 8
     lr: float = 3e-3
     metric_mode: str = "exact"
     samples: int = 2
@@ -63,7 +65,8 @@ def split_by_time(events: list[Event], val_fraction: float) -> tuple[list[Event]
 def load_sessions(config: DemoConfig) -> list[list[Event]]:
     if config.mcap:
         return [read_recording(path, format=config.format) for path in config.mcap]
-    return [simulate_session(config.duration_s, seed=config.seed, screen_hz=config.screen_hz, format=config.format)]
+    return [simulate_session(config.duration_s, seed=config.seed, screen_hz=config.screen_hz, format=config.format,
+                             mix=config.mix)]
 
 
 def build_data(config: DemoConfig, vocab: VocabMap):
@@ -86,17 +89,19 @@ def collate(items, pad_id: int = 0) -> dict[str, torch.Tensor]:
 
 
 def demo_model(config: DemoConfig, vocab_size: int, pad_id: int, eos_id: int):
-    """A GPT-2 of ``config``'s size with random weights, as a LightningModule whose validation_step returns the
-    logits and labels the callback reads."""
+    """A Llama-style causal LM of ``config``'s size with random weights (rotary positions let it learn "as the
+    previous event" within seconds), as a LightningModule whose validation_step returns the logits and labels the
+    callback reads."""
     import lightning as L
-    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     class _DemoModel(L.LightningModule):
         def __init__(self):
             super().__init__()
-            self.model = GPT2LMHeadModel(GPT2Config(
-                vocab_size=vocab_size, n_positions=config.seq_len, n_embd=config.n_embd, n_layer=config.n_layer,
-                n_head=config.n_head, bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=pad_id))
+            self.model = LlamaForCausalLM(LlamaConfig(
+                vocab_size=vocab_size, hidden_size=config.n_embd, intermediate_size=4 * config.n_embd,
+                num_hidden_layers=config.n_layer, num_attention_heads=config.n_head, num_key_value_heads=config.n_head,
+                max_position_embeddings=config.seq_len, bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=pad_id))
 
         def training_step(self, batch, batch_idx):
             loss = self.model(**batch).loss
@@ -155,11 +160,15 @@ def _logger(kind: str, out: Path):
     raise ValueError(f"--logger must be tensorboard, csv or wandb, got {kind!r}")
 
 
-COMPARED = (("comparable_rate", "comparable rate", True), ("keyboard/accuracy", "keyboard accuracy", True),
-            ("token_accuracy/timestamp", "timestamp token accuracy", True),
-            ("timestamp/abs_error_p95_ms", "timestamp abs error P95 (ms)", False),
-            ("mouse/direction_error_p50_deg", "mouse direction error P50 (deg)", False),
-            ("mouse_nop/loss", "mouse move loss per event", False))
+# (key, name, unit, higher is better): what a tiny model learns in a few epochs, and what the metrics show of it
+COMPARED = (("comparable_rate", "comparable events", "ratio", True),
+            ("category/macro_f1", "category macro F1", "ratio", True),
+            ("timestamp/abs_error_p95_ms", "timestamp abs error P95", "ms", False),
+            ("token_accuracy/timestamp", "timestamp tokens right", "ratio", True),
+            ("mouse/direction_error_p50_deg", "mouse direction error P50", "deg", False),
+            ("mouse/euclidean_iqmpe_pct", "mouse move error IQM", "%", False),
+            ("mouse_nop/loss", "mouse move loss per event", "nats", False),
+            ("keyboard/loss", "keyboard loss per event", "nats", False))
 
 
 def summary(result: dict, logger: str) -> str:
@@ -168,12 +177,12 @@ def summary(result: dict, logger: str) -> str:
     lines = [f"logs: {result['log_dir']}"]
     if logger == "tensorboard":
         lines.append(f"open: tensorboard --logdir {Path(result['log_dir']).parent}")
-    lines += ["", f"{'metric':<34} {'epoch ' + str(first['epoch']):>10} {'epoch ' + str(last['epoch']):>10}  better"]
-    for key, name, higher in COMPARED:
+    epochs = [f"epoch {report['epoch']}" for report in (first, last)]
+    lines += ["", f"{'metric':<32} {'unit':<5} {epochs[0]:>9} {epochs[1]:>9}  better"]
+    for key, name, unit, higher in COMPARED:
         a, b = first.get(key), last.get(key)
-        fmt = lambda v: "–" if v is None else f"{v:.4g}"  # noqa: E731
         better = "" if a is None or b is None else ("yes" if (b > a) == higher and a != b else "no")
-        lines.append(f"{name:<34} {fmt(a):>10} {fmt(b):>10}  {better}")
+        lines.append(f"{name:<32} {unit:<5} {format_number(a, unit):>9} {format_number(b, unit):>9}  {better}")
     return "\n".join(lines)
 
 

@@ -2,85 +2,184 @@
 
 from __future__ import annotations
 
+import textwrap
+from dataclasses import fields, replace
+from itertools import groupby
 from typing import Optional, Sequence
 
 import torch
 
-from .decode.batch import EventBatch
-from .events.event import CATEGORY_NAMES, Status
+from .decode.batch import Alignment, EventBatch, EventFields
+from .events.event import CATEGORY_NAMES, Category, Status
+from .functional.events import direction_error_deg, timestamp_errors
+from .tokens.codec import CodecConfig
 from .tokens.vocab import VocabMap
 
+TEACHER_FORCING, GENERATION = "teacher_forcing", "generation"
+# (key, name, unit, the only alignment it applies to or None)
 HEADLINE = (
-    ("comparable_rate", "comparable events", "ratio"),
-    ("count_accuracy", "event count right (per sequence)", "ratio"),
-    ("category/macro_f1", "category macro F1", "ratio"),
-    ("timestamp/abs_error_p95_ms", "timestamp abs error P95", "ms"),
-    ("timestamp/signed_error_iqm_ms", "timestamp signed error IQM", "ms"),
-    ("mouse/euclidean_pe_p95_pct", "mouse euclidean error P95", "%"),
-    ("mouse/direction_error_p50_deg", "mouse direction error P50", "deg"),
-    ("mouse/direction_error_p95_deg", "mouse direction error P95", "deg"),
-    ("mouse/action_accuracy", "mouse button accuracy", "ratio"),
-    ("keyboard/accuracy", "keyboard accuracy (vk and action)", "ratio"),
+    ("comparable_rate", "comparable events", "ratio", None),
+    ("count_accuracy", "event count right (per sequence)", "ratio", GENERATION),
+    ("category/macro_f1", "category macro F1", "ratio", None),
+    ("timestamp/abs_error_p95_ms", "timestamp abs error P95", "ms", None),
+    ("timestamp/signed_error_iqm_ms", "timestamp signed error IQM", "ms", None),
+    ("mouse/euclidean_iqmpe_pct", "mouse euclidean error IQM", "%", None),
+    ("mouse/euclidean_pe_p95_pct", "mouse euclidean error P95", "%", None),
+    ("mouse/direction_error_p50_deg", "mouse direction error P50", "deg", None),
+    ("mouse/direction_error_p95_deg", "mouse direction error P95", "deg", None),
+    ("mouse/action_accuracy", "mouse button accuracy", "ratio", None),
+    ("keyboard/accuracy", "keyboard accuracy (vk and action)", "ratio", None),
+    ("token_accuracy/timestamp", "timestamp tokens right", "ratio", TEACHER_FORCING),
 )
-CATEGORY_COLUMNS = ("count", "ratio", "comparable_rate", "timestamp/abs_error_p95_ms", "timestamp/signed_error_iqm_ms",
-                    "timestamp/precision_p3", "loss")
+# (key within the category, unit, the only alignment it applies to or None)
+CATEGORY_COLUMNS = (("count", "count", None), ("ratio", "ratio", None), ("comparable_rate", "ratio", None),
+                    ("timestamp/abs_error_p95_ms", "ms", None), ("timestamp/signed_error_iqm_ms", "ms", None),
+                    ("timestamp/precision_p3", "ratio", None), ("loss", "nats", TEACHER_FORCING))
+DECIMALS = {"count": 0, "ratio": 4, "ms": 1, "%": 1, "deg": 1, "nats": 3}
+PERCENT_NOTE = ("Percent errors divide by the true value: a true move of 1 px predicted as 20 px is 1,900 %, so P95 "
+                "and R² swing with tiny true moves; the IQM (IQMPE) and the direction error are robust to them.")
 
 
-def _fmt(value) -> str:
+def format_number(value, unit: str) -> str:
+    """One format per unit: fixed decimals (`DECIMALS`), thousands separated by commas; "–" for a missing value."""
     if value is None:
         return "–"
-    value = float(value)
-    return f"{value:,.0f}" if value == int(value) and abs(value) >= 10 else f"{value:.4g}"
+    text = f"{float(value):,.{DECIMALS[unit]}f}"
+    return text[1:] if text.startswith("-") and not text.strip("-0.,") else text  # no "-0.0"
 
 
-def format_report(metrics: dict, title: str = "OWA event metrics", samples: Optional[str] = None) -> str:
-    """Markdown: the headline metrics, one row per event category, and an optional samples section."""
-    lines = [f"# {title}", "", "| metric | value | unit |", "|---|---|---|"]
-    for key, name, unit in HEADLINE:
-        if key in metrics:
-            lines.append(f"| {name} | {_fmt(metrics[key])} | {unit} |")
-    lines += ["", "| category | " + " | ".join(CATEGORY_COLUMNS) + " |", "|---" * (len(CATEGORY_COLUMNS) + 1) + "|"]
+def format_report(metrics: dict, title: str = "OWA event metrics", samples: Optional[str] = None,
+                  alignment: Alignment = TEACHER_FORCING) -> str:
+    """Markdown: the headline metrics, one row per event category, the statuses and optional samples; only the
+    rows and columns that apply to ``alignment`` and have a value."""
+    applies = lambda only: only in (None, alignment)  # noqa: E731
+    lines = [f"# {title}", "", "| metric | value | unit |", "|---|---:|---|"]
+    for key, name, unit, only in HEADLINE:
+        if key in metrics and applies(only):
+            lines.append(f"| {name} | {format_number(metrics[key], unit)} | {unit} |")
+    columns = [(key, unit) for key, unit, only in CATEGORY_COLUMNS
+               if applies(only) and any(f"{cat}/{key}" in metrics for cat in CATEGORY_NAMES)]
+    lines += ["", "| category | " + " | ".join(key for key, _ in columns) + " |", "|---" + "|---:" * len(columns) + "|"]
     for cat in CATEGORY_NAMES:
-        cells = [_fmt(metrics.get(f"{cat}/{column}")) for column in CATEGORY_COLUMNS]
+        cells = [format_number(metrics.get(f"{cat}/{key}"), unit) for key, unit in columns]
         lines.append(f"| {cat} | " + " | ".join(cells) + " |")
-    statuses = [f"{s.label} {_fmt(metrics[f'status/{s.label}'])}" for s in Status if metrics.get(f"status/{s.label}")]
+    statuses = [f"{s.label} {format_number(metrics[f'status/{s.label}'], 'count')}" for s in Status
+                if metrics.get(f"status/{s.label}")]
     lines += ["", "Statuses: " + (", ".join(statuses) or "none")]
+    if any(key.startswith("mouse/euclidean") for key in metrics):
+        lines += ["", PERCENT_NOTE]
     if samples:
         lines += ["", "## Samples", "", samples]
     return "\n".join(lines) + "\n"
 
 
-SAMPLE_COLUMNS = ("seq", "event", "status", "predicted", "true")
+SAMPLE_COLUMNS = ("seq", "event", "status", "true", "predicted", "errors")
+KEY_NAMES = {8: "Backspace", 9: "Tab", 13: "Enter", 16: "Shift", 17: "Ctrl", 18: "Alt", 27: "Esc", 32: "Space",
+             37: "Left", 38: "Up", 39: "Right", 40: "Down", 46: "Delete", 91: "Win", 160: "LShift", 161: "RShift",
+             162: "LCtrl", 163: "RCtrl", 164: "LAlt", 165: "RAlt",
+             **{vk: chr(vk) for vk in (*range(48, 58), *range(65, 91))}, **{111 + n: f"F{n}" for n in range(1, 13)}}
+BUTTON_NAMES = ((0x001, "left down"), (0x002, "left up"), (0x004, "right down"), (0x008, "right up"),
+                (0x010, "middle down"), (0x020, "middle up"), (0x040, "x1 down"), (0x080, "x1 up"), (0x100, "x2 down"),
+                (0x200, "x2 up"), (0x400, "wheel"), (0x800, "hwheel"))  # Windows RAWMOUSE usButtonFlags
+WHEEL, HWHEEL = 0x400, 0x800
+NO_EVENT = "(no event)"
 
 
 def sample_rows(batch: EventBatch, preds: torch.Tensor, target: torch.Tensor, vocab: VocabMap,
                 max_events: int = 20, sequences: Sequence[int] = (0,)) -> list[list[str]]:
-    """The first events of some sequences: predicted tokens next to the true ones, and the status.
+    """One row per target event of ``sequences`` (at most ``max_events`` each), `SAMPLE_COLUMNS`: both events in
+    words (``mouse_nop 1.23 s dx -3 dy +64``, ``keyboard 0.50 s key 65 (A) press``) or the raw tokens of one that
+    does not decode (cut at its own ``<EVENT_END>``), and a comparable pair's errors (``Δt +20 ms, Δ (-2, -4) px,
+    dir 2.1°``). The rows of TensorBoard's text, the W&B table and ``epoch_E.md``; any token format.
 
-    Inspection only (a short loop over at most ``max_events`` rows per sequence, never in ``update``).
+    Inspection only: a short loop over the shown rows, never in ``update``.
     """
-    rows: list[list[str]] = []
-    shown: dict[int, int] = {}
-    for i, (b, status) in enumerate(zip(batch.seq_idx.tolist(), batch.status.tolist())):
-        k = shown.get(b, 0)
-        if b not in sequences or k >= max_events:
-            continue
-        shown[b] = k + 1
-        rows.append([str(b), str(k), Status(status).label, _span_text(preds[b], batch.pred, i, vocab),
-                     _span_text(target[b], batch.target, i, vocab)])
+    seq = batch.seq_idx.cpu()
+    first = torch.searchsorted(seq, seq)  # rows are in (sequence, position) order
+    rank = torch.arange(len(seq)) - first
+    index = (torch.isin(seq, torch.as_tensor(list(sequences), dtype=seq.dtype)) & (rank < max_events)).nonzero()[:, 0]
+    pred, true = (_cpu(side.take(index.to(side.status.device))) for side in (batch.pred, batch.target))
+    dt_ms, _ = timestamp_errors(pred.timestamp_ns, true.timestamp_ns, vocab.config.timestamp_window_ns)
+    direction = direction_error_deg(torch.stack([pred.dx, pred.dy], 1), torch.stack([true.dx, true.dy], 1))
+    preds, target = preds.cpu(), target.cpu()
+    if batch.alignment == TEACHER_FORCING:  # as the decoder: positions ignored in the target are in the prediction
+        preds = torch.where(target < 0, -100, preds)
+    rows = []
+    for r, i in enumerate(index.tolist()):
+        b, status = int(seq[i]), Status(int(batch.status[i]))
+        errors = _errors(pred, true, r, float(dt_ms[r]), float(direction[r])) if status == Status.VALID else "–"
+        rows.append([str(b), str(int(rank[i])), status.label, _side_text(target[b], true, r, vocab),
+                     _side_text(preds[b], pred, r, vocab), errors])
     return rows
 
 
-def markdown_table(rows: list[list[str]], columns: Sequence[str] = SAMPLE_COLUMNS) -> str:
-    escape = lambda cell: cell.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")  # noqa: E731
-    lines = ["| " + " | ".join(columns) + " |", "|---" * len(columns) + "|"]
-    return "\n".join(lines + ["| " + " | ".join(escape(c) for c in row) + " |" for row in rows])
+def sample_table(rows: list[list[str]], columns: Sequence[str] = SAMPLE_COLUMNS, max_width: int = 48) -> str:
+    """The rows as a fenced block of aligned columns: markdown (TensorBoard's text, ``epoch_E.md``) shows it as it
+    is, in a monospace font that never wraps a cell; a cell wider than ``max_width`` continues on the next line
+    (between tokens or words), so that the table stays about 150 characters wide."""
+    cells = [[textwrap.wrap(c.replace("><", "> <"), max_width) or [c] for c in row] for row in rows]
+    lines = [[str(c) for c in columns]] + [
+        [part[k].replace("> <", "><") if k < len(part) else "" for part in row]
+        for row in cells for k in range(max(map(len, row)))]
+    widths = [max(len(line[j]) for line in lines) for j in range(len(columns))]
+    text = ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines]
+    return "\n".join(["```", *text, "```"])
 
 
-def _span_text(row: torch.Tensor, side, i: int, vocab: VocabMap, limit: int = 12) -> str:
-    start, end = int(side.start[i]), int(side.end[i])
+def _cpu(side: EventFields) -> EventFields:
+    return replace(side, **{f.name: getattr(side, f.name).cpu() for f in fields(side)
+                            if isinstance(getattr(side, f.name), torch.Tensor)})
+
+
+def _side_text(row: torch.Tensor, side: EventFields, r: int, vocab: VocabMap, max_pieces: int = 16) -> str:
+    """The event in words, or its raw tokens cut at its own end (runs as ``<image>×64``, ignored labels as ``·``)."""
+    start, end = int(side.start[r]), int(side.end[r])
     if start < 0:
-        return "(none)"
-    tokens = [vocab.token(int(t)) for t in row[start:end + 1].tolist()]
-    shown = "".join("·" if t is None else t for t in tokens[:limit])
-    return shown + "…" if len(tokens) > limit else shown
+        return NO_EVENT
+    if int(side.status[r]) == int(Status.VALID):
+        return _words(side, r, vocab.config)
+    tokens = [vocab.token(t) for t in row[start:end + 1].tolist()]
+    if vocab.config.event_end in tokens:
+        tokens = tokens[:tokens.index(vocab.config.event_end) + 1]
+    pieces = [f"{token}×{n}" if n > 4 else token * n
+              for token, n in ((t, len(list(run))) for t, run in groupby("·" if t is None else t for t in tokens))]
+    return "".join(pieces[:max_pieces]) + ("…" if len(pieces) > max_pieces else "")
+
+
+def _words(side: EventFields, r: int, config: CodecConfig) -> str:
+    """A decoded event in words: category, timestamp in the window, then the kind's fields."""
+    category = Category(int(side.category[r]))
+    decimals = max(0, len(str(1_000_000_000 // config.timestamp_unit_ns)) - 1)
+    head = f"{category.name.lower()} {int(side.timestamp_ns[r]) / 1e9:.{decimals}f} s"
+    if category == Category.KEYBOARD:
+        vk = int(side.vk[r])
+        name = f" ({KEY_NAMES[vk]})" if vk in KEY_NAMES else ""
+        return f"{head} key {vk}{name} {'release' if int(side.action[r]) else 'press'}"
+    if category == Category.SCREEN:
+        return head
+    text = f"{head} dx {int(side.dx[r]):+d} dy {int(side.dy[r]):+d}"
+    flags, data = int(side.button_flags[r]), int(side.button_data[r])
+    wheel = flags & (WHEEL | HWHEEL)
+    names = [f"{name} {data // config.scroll_unit:+d}" if bit & wheel and data else name
+             for bit, name in BUTTON_NAMES if flags & bit]
+    unknown = flags & ~sum(bit for bit, _ in BUTTON_NAMES)
+    return " ".join([text, *names] + ([f"flags 0x{unknown:03x}"] if unknown else [])
+                    + ([f"data {data:+d}"] if data and not wheel else []))
+
+
+def _errors(pred: EventFields, true: EventFields, r: int, dt_ms: float, direction_deg: float) -> str:
+    parts = [f"Δt {dt_ms:+,.0f} ms"]
+    mark = lambda right: "right" if right else "wrong"  # noqa: E731
+    category = Category(int(true.category[r]))
+    if category == Category.KEYBOARD:
+        parts += [f"key {mark(int(pred.vk[r]) == int(true.vk[r]))}",
+                  f"action {mark(int(pred.action[r]) == int(true.action[r]))}"]
+    elif category in (Category.MOUSE_OP, Category.MOUSE_NOP):
+        parts.append(f"Δ ({int(pred.dx[r]) - int(true.dx[r]):+d}, {int(pred.dy[r]) - int(true.dy[r]):+d}) px")
+        if direction_deg == direction_deg:  # not NaN: the true move is not zero
+            parts.append(f"dir {direction_deg:.1f}°")
+        if int(true.button_flags[r]):
+            parts.append(f"buttons {mark(int(pred.button_flags[r]) == int(true.button_flags[r]))}")
+        if int(true.button_data[r]):
+            parts.append(f"wheel {mark(int(pred.button_data[r]) == int(true.button_data[r]))}")
+    return ", ".join(parts)

@@ -75,6 +75,64 @@ def test_fit_logs_the_report_to_tensorboard(tmp_path, tokenizer, vocab, warm_sta
     assert close(artifact["comparable_rate"], _by_hand(tokenizer, module.recorded[2])["comparable_rate"])
     report = (tmp_path / "tb" / "version_0" / "owa_metrics" / "epoch_1.md").read_text()
     assert "| keyboard |" in report and "## Samples" in report
+    _assert_report_parses_back(report, artifact)
+
+    steps = [3, 7]  # 4 training batches an epoch: Lightning logs the epoch's scalars at batches stepped - 1
+    assert [p.step for p in logged["val/owa/comparable_rate"]] == steps
+    assert [e.step for e in events.Histograms("val/owa/timestamp/signed_error_ms")] == steps
+    assert [e.step for e in events.Images("val/owa/category_confusion")] == steps
+    assert [e.step for e in events.Tensors("val/owa/samples")] == steps
+    folder = tmp_path / "tb" / "version_0" / "owa_metrics"
+    assert [json.loads((folder / f"epoch_{e}.json").read_text())["step"] for e in range(2)] == steps
+
+
+HEADLINE_KEYS = {"comparable events": "comparable_rate", "category macro F1": "category/macro_f1",
+                 "timestamp abs error P95": "timestamp/abs_error_p95_ms",
+                 "timestamp signed error IQM": "timestamp/signed_error_iqm_ms",
+                 "mouse euclidean error IQM": "mouse/euclidean_iqmpe_pct",
+                 "mouse euclidean error P95": "mouse/euclidean_pe_p95_pct",
+                 "mouse direction error P50": "mouse/direction_error_p50_deg",
+                 "mouse direction error P95": "mouse/direction_error_p95_deg",
+                 "mouse button accuracy": "mouse/action_accuracy", "keyboard accuracy (vk and action)": "keyboard/accuracy",
+                 "timestamp tokens right": "token_accuracy/timestamp"}
+UNIT_DECIMALS = {"ratio": 4, "ms": 1, "%": 1, "deg": 1}
+
+
+def _table(markdown: str, first_header: str) -> list[list[str]]:
+    """The rows (header first) of the markdown table whose first header cell is ``first_header``."""
+    lines = markdown.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"| {first_header} |"))
+    rows = []
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        rows.append([c.strip() for c in line.strip("|").split("|")])
+    return [rows[0]] + rows[2:]  # without the alignment row
+
+
+def _decimals(cell: str) -> int:
+    return len(cell.split(".")[1]) if "." in cell else 0
+
+
+def _assert_report_parses_back(markdown: str, values: dict) -> None:
+    """Every number of the epoch's markdown equals the JSON's to its printed digits, one format per column."""
+    headline = _table(markdown, "metric")[1:]
+    assert {name for name, _, _ in headline} == {n for n, k in HEADLINE_KEYS.items() if k in values}
+    assert "count_accuracy" in values and "event count right" not in markdown  # generation only
+    for name, cell, unit in headline:
+        assert _decimals(cell) == UNIT_DECIMALS[unit], (name, cell)
+        assert abs(float(cell.replace(",", "")) - values[HEADLINE_KEYS[name]]) <= 0.5 * 10 ** -_decimals(cell) + 1e-9
+    header, *rows = _table(markdown, "category")
+    assert [r[0] for r in rows] == ["keyboard", "mouse_op", "mouse_nop", "screen"] and "loss" in header
+    for j, column in enumerate(header[1:], 1):
+        printed = [r[j] for r in rows if r[j] != "–"]
+        assert printed and len({_decimals(c) for c in printed}) == 1, column  # one number format per column
+        for category, *cells in rows:
+            key, cell = f"{category}/{column}", cells[j - 1]
+            if cell == "–":
+                assert key not in values, key
+            else:
+                assert abs(float(cell.replace(",", "")) - values[key]) <= 0.5 * 10 ** -_decimals(cell) + 1e-9, key
 
 
 def test_csv_logger_gets_scalars_only_and_settings_survive_a_checkpoint(tmp_path, tokenizer, vocab, warm_state):
@@ -239,6 +297,8 @@ def test_fit_logs_to_wandb_offline(tmp_path, tokenizer, vocab, warm_state, monke
     extras = {k for r in rows for k in r}
     assert {"val/owa/timestamp/signed_error_ms/_type", "val/owa/category_confusion/_type",
             "val/owa/samples/_type"} <= extras
+    extra_steps = [r["trainer/global_step"] for r in rows if "val/owa/samples/_type" in r]
+    assert [r["trainer/global_step"] for r in scalars] == extra_steps == [3, 7]  # one step per epoch's artifacts
 
 
 def test_ddp_logs_the_same_values_as_one_process(tmp_path):

@@ -8,6 +8,7 @@ from owa_metrics.cli import main
 from owa_metrics.demo import DemoConfig
 from owa_metrics.events import read_recording
 from conftest import recording_paths
+from test_readme import readme_tags
 
 
 def test_version(capsys):
@@ -33,7 +34,7 @@ def test_evaluate_a_recording_against_itself_and_a_perturbed_copy(tmp_path, caps
     assert late["comparable_rate"] == 1.0
     assert late["timestamp/signed_error_iqm_ms"] == 50 and late["timestamp/abs_error_p95_ms"] == 50
     assert late["timestamp/signed_error_ci_low_ms"] == 50 == late["timestamp/signed_error_ci_high_ms"]
-    assert "timestamp abs error P95 | 50 | ms" in capsys.readouterr().out
+    assert "timestamp abs error P95 | 50.0 | ms" in capsys.readouterr().out
 
 
 def test_evaluate_guesses_the_factorized_format_from_the_target_file(tmp_path, capsys):
@@ -97,7 +98,7 @@ def test_demo_learns_and_logs_every_epoch(tmp_path, capsys):
 
     assert main(["demo", "--epochs", "3", "--out", str(tmp_path), "--format", "factorized"]) == 0
     printed = capsys.readouterr().out
-    assert "tensorboard --logdir" in printed and "comparable rate" in printed
+    assert "tensorboard --logdir" in printed and "comparable events" in printed
     events = EventAccumulator(str(tmp_path / "tensorboard" / "version_0"), size_guidance={"scalars": 0})
     events.Reload()
     for key in ("comparable_rate", "category/macro_f1", "timestamp/precision_p1", "mouse_nop/comparable_rate",
@@ -105,3 +106,5 @@ def test_demo_learns_and_logs_every_epoch(tmp_path, capsys):
         assert len(events.Scalars(f"val/owa/{key}")) == 3, key
     comparable = [p.value for p in events.Scalars("val/owa/comparable_rate")]
     assert comparable[-1] > comparable[0]
+    logged = {tag for tags in events.Tags().values() if isinstance(tags, list) for tag in tags}
+    assert len(readme_tags()) >= 8 and readme_tags() <= logged, readme_tags() - logged  # as the README names them

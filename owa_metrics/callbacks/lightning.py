@@ -16,12 +16,16 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from ..decode.batch import decode_batch
 from ..metrics.base import Mode
 from ..metrics.collection import OWAEventMetrics
-from ..report import SAMPLE_COLUMNS, format_report, markdown_table, sample_rows
+from ..report import SAMPLE_COLUMNS, format_report, sample_rows, sample_table
 from ..tokens.vocab import Role
 
 GENERATE_NEEDS = ("generate_fn(input_ids, attention_mask, max_new_tokens) must return the prompt followed by the "
                   "generated ids, as HF generate does: an integer tensor [batch, prompt_len + new] or a list of id "
                   "lists (one per prompt row)")
+HISTOGRAM_RANGE = ("Range, per epoch: P2..P98 of the values, narrowed to Tukey's fences (Q1 - 1.5 IQR, Q3 + 1.5 "
+                   "IQR); 50 bins; values outside the range are counted in the first and last bin.")
+SAMPLES_DESCRIPTION = ("One row per target event of the first sequences: the true and the predicted event in words "
+                       "(the raw tokens of one that does not decode) and a comparable pair's errors.")
 NEEDS = ("validation_step must return a dict with 'logits' (or 'preds': argmax token ids) and 'labels', or an HF "
          "ModelOutput with logits while the batch holds 'labels' (or 'input_ids'); -100 marks ignored labels")
 
@@ -133,20 +137,26 @@ class OWAEventMetricsCallback(Callback):
 
     @rank_zero_only
     def _rank_zero_extras(self, trainer: Trainer, report: dict, histograms: dict, confusion) -> None:
-        epoch, step = trainer.current_epoch, trainer.global_step
+        epoch, step = trainer.current_epoch, _scalar_step(trainer)
         rows = self._sample_rows()
-        samples = markdown_table(rows) if rows else None
+        samples = sample_table(rows) if rows else None
+        figure = _confusion_figure(confusion, epoch) if confusion is not None else None
         for logger in trainer.loggers:
             name = type(logger).__name__
             if name == "TensorBoardLogger":
-                _tensorboard(logger.experiment, self.prefix, histograms, confusion, samples, step)
+                _tensorboard(logger.experiment, self.prefix, histograms, figure, samples, step)
             elif name == "WandbLogger":
-                _wandb(logger.experiment, self.prefix, histograms, confusion, rows, step)
+                _wandb(logger.experiment, self.prefix, histograms, figure, rows, step)
+        if figure is not None:
+            import matplotlib.pyplot as plt
+
+            plt.close(figure)
         if self.artifacts:
             folder = Path(trainer.log_dir or trainer.default_root_dir) / "owa_metrics"
             folder.mkdir(parents=True, exist_ok=True)
             _atomic_write(folder / f"epoch_{epoch}.json", json.dumps({"epoch": epoch, "step": step, **report}, indent=1))
-            _atomic_write(folder / f"epoch_{epoch}.md", format_report(report, f"OWA event metrics, epoch {epoch}", samples))
+            _atomic_write(folder / f"epoch_{epoch}.md", format_report(report, f"OWA event metrics, epoch {epoch}", samples,
+                                                                      self.alignment))
 
     def _sample_rows(self) -> list[list[str]]:
         if not self._kept:
@@ -243,7 +253,15 @@ def _stack(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor
     return torch.stack([pad(p) for p, _ in pairs]), torch.stack([pad(t) for _, t in pairs])
 
 
-def _confusion_figure(confusion: torch.Tensor):
+def _scalar_step(trainer: Trainer) -> int:
+    """The step Lightning logs this validation epoch's scalars at (fit: the batches stepped so far, one less than
+    ``global_step`` at the end of a training epoch; validate: 0), so that every artifact of the epoch shares it."""
+    return int(getattr(trainer.fit_loop.epoch_loop, "_batches_that_stepped", trainer.global_step))
+
+
+def _confusion_figure(confusion: torch.Tensor, epoch: int):
+    """The target x predicted category matrix, coloured by the share of the target row, each cell's count and
+    share written in black or white to contrast with it; sized to stay legible at 300 px wide."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -251,36 +269,57 @@ def _confusion_figure(confusion: torch.Tensor):
 
     from ..events.event import CATEGORY_NAMES
 
-    fig, ax = plt.subplots(figsize=(5, 4))
-    ax.imshow(confusion.cpu().numpy(), cmap="Blues")
-    ax.set_xticks(range(len(CATEGORY_NAMES) + 1), [*CATEGORY_NAMES, "invalid"], rotation=30)
-    ax.set_yticks(range(len(CATEGORY_NAMES)), CATEGORY_NAMES)
-    ax.set_xlabel("predicted")
-    ax.set_ylabel("target")
-    for (i, j), value in np.ndenumerate(confusion.cpu().numpy()):
-        ax.text(j, i, f"{int(value)}", ha="center", va="center", fontsize=8)
-    fig.tight_layout()
+    counts = confusion.cpu().double().numpy()
+    share = counts / np.maximum(counts.sum(axis=1, keepdims=True), 1)
+    fig, ax = plt.subplots(figsize=(3.3, 2.4), dpi=100)  # TensorBoard fits images to ~200 px high, pixelated
+    ax.imshow(share, cmap="Blues", vmin=0, vmax=1, aspect="auto")
+    ax.set_xticks(range(len(CATEGORY_NAMES) + 1), [*CATEGORY_NAMES, "invalid"], fontsize=7, rotation=20,
+                  ha="right", rotation_mode="anchor")
+    ax.set_yticks(range(len(CATEGORY_NAMES)), CATEGORY_NAMES, fontsize=7)
+    ax.tick_params(length=2, pad=1)
+    ax.set_xlabel("predicted (colour: share of the target row)", fontsize=7, labelpad=2)
+    ax.set_ylabel("target", fontsize=7, labelpad=1)
+    ax.set_title(f"category confusion, epoch {epoch}", fontsize=8, fontweight="bold", pad=3)
+    for (i, j), count in np.ndenumerate(counts):
+        text = f"{count:,.0f}" if count < 10_000 else f"{count / 1000:,.0f}k"
+        ax.text(j, i, f"{text}\n{share[i, j]:.0%}", ha="center", va="center", fontsize=7, linespacing=1.1,
+                color="white" if share[i, j] > 0.5 else "black")
+    fig.tight_layout(pad=0.3)
     return fig
 
 
-def _tensorboard(writer, prefix: str, histograms: dict, confusion, samples: Optional[str], step: int) -> None:
+def _histogram_summary(tag: str, counts: np.ndarray, edges: np.ndarray):
+    """A TensorBoard histogram summary with its range described (what the tag's info says)."""
+    from torch.utils.tensorboard.summary import histogram_raw
+
+    centers = (edges[:-1] + edges[1:]) / 2
+    summary = histogram_raw(tag, min=float(edges[0]), max=float(edges[-1]), num=float(counts.sum()),
+                            sum=float((counts * centers).sum()), sum_squares=float((counts * centers ** 2).sum()),
+                            bucket_limits=edges[1:].tolist(), bucket_counts=counts.tolist())
+    summary.value[0].metadata.summary_description = HISTOGRAM_RANGE
+    return summary
+
+
+def _tensorboard(writer, prefix: str, histograms: dict, figure, samples: Optional[str], step: int) -> None:
+    from torch.utils.tensorboard.summary import text
+
     for name, (counts, edges) in histograms.items():
-        centers = (edges[:-1] + edges[1:]) / 2
-        writer.add_histogram_raw(f"{prefix}{name}", min=float(edges[0]), max=float(edges[-1]), num=float(counts.sum()),
-                                 sum=float((counts * centers).sum()), sum_squares=float((counts * centers ** 2).sum()),
-                                 bucket_limits=edges[1:].tolist(), bucket_counts=counts.tolist(), global_step=step)
-    if confusion is not None:
-        writer.add_figure(f"{prefix}category_confusion", _confusion_figure(confusion), global_step=step)
+        writer._get_file_writer().add_summary(_histogram_summary(f"{prefix}{name}", counts, edges), step)
+    if figure is not None:
+        writer.add_figure(f"{prefix}category_confusion", figure, global_step=step, close=False)
     if samples:
-        writer.add_text(f"{prefix}samples", samples, global_step=step)
+        summary = text(f"{prefix}samples", samples)
+        summary.value[0].tag = f"{prefix}samples"  # the tag as named, as W&B's (torch appends "/text_summary")
+        summary.value[0].metadata.summary_description = SAMPLES_DESCRIPTION
+        writer._get_file_writer().add_summary(summary, step)
 
 
-def _wandb(run, prefix: str, histograms: dict, confusion, rows: list, step: int) -> None:
+def _wandb(run, prefix: str, histograms: dict, figure, rows: list, step: int) -> None:
     import wandb
 
     data = {f"{prefix}{name}": wandb.Histogram(np_histogram=(counts, edges)) for name, (counts, edges) in histograms.items()}
-    if confusion is not None:
-        data[f"{prefix}category_confusion"] = wandb.Image(_confusion_figure(confusion))
+    if figure is not None:
+        data[f"{prefix}category_confusion"] = wandb.Image(figure)
     if rows:
         data[f"{prefix}samples"] = wandb.Table(columns=list(SAMPLE_COLUMNS), data=rows)
     run.log({**data, "trainer/global_step": step})

@@ -17,16 +17,26 @@ _MS = 1_000_000
 _KEYS = [*range(65, 91), 32, 13, 8]  # letters, space, enter, backspace
 
 
+ACTIVITY_MIX = {"move": 0.45, "type": 0.2, "click": 0.15, "scroll": 0.05, "pause": 0.15}
+
+
 def simulate_session(duration_s: float = 60.0, seed: int = 0, screen_hz: float = 10.0, start_ns: int = 0,
-                     format: Optional[str] = None) -> list[Event]:
-    """Events of a ``duration_s`` desktop session, sorted by time (fitted to ``format``'s ranges when given)."""
+                     format: Optional[str] = None, mix: Optional[dict[str, float]] = None) -> list[Event]:
+    """Events of a ``duration_s`` desktop session, sorted by time (fitted to ``format``'s ranges when given).
+
+    ``mix``: the weight of each activity (`ACTIVITY_MIX` keys, normalised), chosen one after another.
+    """
+    weights = {**ACTIVITY_MIX, **(mix or {})}
+    if set(weights) != set(ACTIVITY_MIX) or min(weights.values()) < 0 or sum(weights.values()) <= 0:
+        raise ValueError(f"mix must weigh the activities {sorted(ACTIVITY_MIX)} (>= 0, not all 0), got {mix}")
+    p = np.array(list(weights.values())) / sum(weights.values())
     rng = np.random.default_rng(seed)
     end_ns = start_ns + int(duration_s * 1e9)
     events = [Event(kind="screen", timestamp_ns=int(t))
               for t in np.arange(start_ns, end_ns, int(1e9 / screen_hz))]
     t = start_ns
     while t < end_ns:
-        activity = rng.choice(["move", "type", "click", "scroll", "pause"], p=[0.45, 0.2, 0.15, 0.05, 0.15])
+        activity = rng.choice(list(weights), p=p)
         if activity == "move":
             steps = int(rng.integers(10, 80))
             distance = rng.normal(0, 300, size=2)

@@ -252,7 +252,8 @@ class OWAEventMetrics(Metric):
 
     def error_histograms(self, bins: int = 50) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """``{name: (counts, edges)}`` of the signed timestamp error (ms), the mouse signed percent errors and
-        the direction error (deg) over all ranks (call on every rank); ranges cut to P1..P99 of the values."""
+        the direction error (deg) over all ranks (call on every rank). The range shows the bulk: P2..P98 of the
+        values, narrowed to Tukey's fences (Q1 - 1.5 IQR, Q3 + 1.5 IQR); values outside it count in the edge bins."""
         with self.sync_context():
             signed, _ = self._timestamp_distributions(0)
             _, signed_x, signed_y, direction = self._mouse_distributions()
@@ -262,15 +263,17 @@ class OWAEventMetrics(Metric):
             for name, dist in named.items():
                 if dist.count == 0:
                     continue
-                low, high = (float(v) for v in dist.quantile([0.01, 0.99]))
+                low, q1, q3, high = (float(v) for v in dist.quantile([0.02, 0.25, 0.75, 0.98]))
+                if q3 > q1:
+                    low, high = max(low, q1 - 1.5 * (q3 - q1)), min(high, q3 + 1.5 * (q3 - q1))
                 if dist.values is not None:
                     values, weights = dist.values.cpu().numpy(), None
                 else:
                     keep = dist.counts > 0
                     values = self.spec.values(dist.counts.device)[keep].cpu().numpy()
                     weights = dist.counts[keep].cpu().numpy()
-                out[name] = np.histogram(values, bins=bins, range=(low, high if high > low else low + 1),
-                                         weights=weights)
+                high = high if high > low else low + 1
+                out[name] = np.histogram(np.clip(values, low, high), bins=bins, range=(low, high), weights=weights)
             return out
 
     def confusion_matrix(self) -> torch.Tensor:
