@@ -9,38 +9,56 @@ from torchmetrics import Metric
 from torchmetrics.utilities.data import dim_zero_cat
 
 from ..functional.stats import (
-    SketchSpec, bootstrap_iqm_ci, iqm, quantile, sketch_bootstrap_iqm_ci, sketch_counts, sketch_iqm, sketch_quantile,
+    SketchSpec, abs_of_counts, bootstrap_iqm_ci_of_counts, distinct, iqm_of_counts, quantile_of_counts,
+    sketch_bootstrap_iqm_ci, sketch_counts, sketch_distinct, sketch_iqm, sketch_quantile,
 )
 
 Mode = Literal["exact", "sketch"]
 
 
 class Distribution:
-    """The samples of one quantity: raw values (exact mode) or sketch bucket counts (sketch mode)."""
+    """The samples of one quantity, read as ascending distinct values with their counts.
+
+    Exact mode: ``values`` and ``counts`` (float64, the same length), from one sort of the samples
+    (`Distribution.exact`); every statistic is O(distinct values) after it. Sketch mode: ``counts`` are the
+    bucket counts [spec.size] of ``spec``.
+    """
 
     def __init__(self, values: Optional[torch.Tensor] = None, counts: Optional[torch.Tensor] = None,
                  spec: Optional[SketchSpec] = None):
         self.values, self.counts, self.spec = values, counts, spec
 
+    @classmethod
+    def exact(cls, samples: torch.Tensor) -> "Distribution":
+        """From raw samples: one sort (O(n log n))."""
+        return cls(*distinct(samples))
+
     @property
     def count(self) -> int:
-        return int(self.values.numel()) if self.values is not None else int(self.counts.sum().item())
+        return int(self.counts.sum().item())
+
+    def distinct(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(values, counts)``: the distinct values (a sketch: its non-empty buckets' values), ascending."""
+        return (self.values, self.counts) if self.spec is None else sketch_distinct(self.counts, self.spec)
 
     def quantile(self, q) -> torch.Tensor:
-        return quantile(self.values, q) if self.values is not None else sketch_quantile(self.counts, self.spec, q)
+        if self.spec is None:
+            return quantile_of_counts(self.values, self.counts, q)
+        return sketch_quantile(self.counts, self.spec, q)
 
     def iqm(self) -> torch.Tensor:
-        return iqm(self.values) if self.values is not None else sketch_iqm(self.counts, self.spec)
+        return iqm_of_counts(self.values, self.counts) if self.spec is None else sketch_iqm(self.counts, self.spec)
 
     def iqm_ci(self, num_resamples: int = 1000, seed: int = 42, confidence: float = 0.95) -> torch.Tensor:
-        if self.values is not None:
-            return bootstrap_iqm_ci(self.values, num_resamples, seed, confidence)
+        if self.spec is None:
+            return bootstrap_iqm_ci_of_counts(self.values, self.counts, num_resamples, seed, confidence)
         return sketch_bootstrap_iqm_ci(self.counts, self.spec, num_resamples, seed, confidence)
 
     def abs(self) -> "Distribution":
-        """The distribution of |x| (a sketch folds its negative buckets onto the positive ones)."""
-        if self.values is not None:
-            return Distribution(values=self.values.abs())
+        """The distribution of |x| (exact: O(distinct log distinct); a sketch folds its negative buckets onto the
+        positive ones)."""
+        if self.spec is None:
+            return Distribution(*abs_of_counts(self.values, self.counts))
         m = self.spec.buckets_per_sign
         folded = torch.zeros_like(self.counts)
         folded[m:] = self.counts[m:]
@@ -50,9 +68,19 @@ class Distribution:
 
 def cat_samples(state, device) -> torch.Tensor:
     """The flat float64 samples of an exact-mode ``cat`` state (a list before sync, a tensor after)."""
-    if isinstance(state, list) and not state:
-        return torch.zeros(0, dtype=torch.float64, device=device)
+    if isinstance(state, list) and len(state) < 2:  # none, or one piece read in place (no copy)
+        return state[0].reshape(-1) if state else torch.zeros(0, dtype=torch.float64, device=device)
     return dim_zero_cat(state).reshape(-1)
+
+
+def append_samples(state: list, samples: torch.Tensor) -> None:
+    """Append to an exact-mode ``cat`` state, merging the newest pieces while the one before is at most twice as
+    long: lengths more than halve along the list, so n samples sit in at most log2(n) + 1 tensors (not one per
+    ``update`` call) and each is copied O(log n) times."""
+    state.append(samples)
+    while len(state) > 1 and state[-2].numel() <= 2 * state[-1].numel():
+        last = state.pop()
+        state[-1] = torch.cat([state[-1], last])
 
 
 class SampleMetric(Metric):
@@ -93,7 +121,7 @@ class SampleMetric(Metric):
         """Add samples; NaN (an undefined error, e.g. a zero ground truth) is left out."""
         values = values.detach().reshape(-1).to(torch.float64)
         if self.mode == "exact":
-            getattr(self, name).append(values[~torch.isnan(values)])
+            append_samples(getattr(self, name), values[~torch.isnan(values)])
         else:
             setattr(self, name, getattr(self, name) + sketch_counts(values, self.spec).to(self.device))
 
@@ -105,4 +133,4 @@ class SampleMetric(Metric):
         state = getattr(self, name)
         if self.mode == "sketch":
             return Distribution(counts=state, spec=self.spec)
-        return Distribution(values=cat_samples(state, self.device))
+        return Distribution.exact(cat_samples(state, self.device))
