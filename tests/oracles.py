@@ -50,8 +50,8 @@ def np_bootstrap_ci(x, resamples=1000, seed=42, tail_margin=4.0):
     """Issue 9's bootstrap, from its definition (README "Statistics"): the distinct values split into a left
     tail (every rank below r25 - w), kept values and a right tail (every rank above r75 + w); with
     rng = default_rng(seed): the group totals of all resamples ~ Multinomial(n, group sizes / n), then per
-    resample the kept counts (multinomial over the kept values, or sample by sample when they average fewer
-    than 8 samples), a resample whose tail count reaches a quartile rank getting its tails split by
+    resample the kept counts (multinomial over the kept values, or sample by sample when there are more than
+    max(256, kept samples / 8) of them), a resample whose tail count reaches a quartile rank getting its tails split by
     default_rng([seed, 1]). Each resample's IQM is np_iqm of its values written out; CI = 2.5 / 97.5
     percentiles."""
     values, freq = np.unique(np.asarray(x, dtype=np.float64), return_counts=True)
@@ -71,7 +71,7 @@ def np_bootstrap_ci(x, resamples=1000, seed=42, tail_margin=4.0):
     kept_values, kept_freq = values[mid], freq[mid]
     iqms = []
     for t_left, t_kept, t_right in totals:
-        if sizes[1] >= 8 * kept_freq.size:
+        if kept_freq.size <= max(256, sizes[1] / 8):
             kept = np.repeat(kept_values, rng.multinomial(t_kept, kept_freq / sizes[1]))
         else:  # t_kept samples drawn one by one among the kept samples (in value order)
             kept = np.repeat(kept_values, kept_freq)[rng.integers(0, sizes[1], size=t_kept)]

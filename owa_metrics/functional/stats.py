@@ -17,15 +17,15 @@ Exact (float64, equal to numpy on the same values):
   ``r25 - w`` form the left tail, those all above ``r75 + w`` the right tail, the others are kept. The draws,
   from ``rng = numpy.random.default_rng(seed)``: (1) ``rng.multinomial(n, [left, kept, right] / n, size=B)``
   (the samples in each group; empty tails left out); (2) each resample's kept counts given their total T, in
-  order: ``rng.multinomial(T, kept / kept total)`` when the kept values average >= DRAWS_PER_VALUE samples,
-  else the ``bincount`` of ``rng.integers(0, kept total, size=T)`` read as kept samples in value order;
+  order: ``rng.multinomial(T, kept / kept total)`` when there are at most max(256, kept samples / 8) kept
+  values, else the ``bincount`` of ``rng.integers(0, kept total, size=T)`` read as kept samples in value order;
   (3) a resample whose left count exceeds r25 or whose right count reaches n - r75 (a quartile would read a
   tail value: about 1e-15 of them at tail_margin 4) has both tails split over their values by
   ``numpy.random.default_rng([seed, 1]).multinomial`` (left, then right). Every step is a conditional
   multinomial, so each resample is exactly one of resampling with replacement; without a split its IQM reads
   kept values only. The result is a function of the values and the seed: the same on any device and number of
-  ranks. Cost after the sort: O(B x min(DRAWS_PER_VALUE x kept values, kept samples)), kept values ~ those
-  within w ranks of the IQR.
+  ranks. Cost after the sort: O(B x min(kept values, kept samples)), the kept values being those within w ranks
+  of the IQR.
 
 Sketch (DDSketch-style, signed): a value x lands in bucket ``ceil(log_gamma |x|)`` on its sign's side,
 ``gamma = (1 + alpha) / (1 - alpha)``, and is read back as ``2 gamma^i / (gamma + 1)``: every order
@@ -38,14 +38,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Optional
 
 import numpy as np
 import torch
 
 CHUNK_ELEMENTS = 1 << 21  # bootstrap resamples are drawn in chunks of about this many counts
 TAIL_MARGIN = 4.0  # kept ranks reach TAIL_MARGIN sqrt(n) past the quartile ranks (about 9 standard deviations)
-DRAWS_PER_VALUE = 8  # kept counts drawn value by value (multinomial) when the kept values average this many samples
+BY_VALUE = 256, 8  # kept counts drawn value by value when at most max(256, kept samples / 8) kept values
 
 
 def _lerp(a: torch.Tensor, b: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
@@ -91,11 +91,18 @@ def _quantile_rows(values: torch.Tensor, counts: torch.Tensor, q: torch.Tensor) 
     return _lerp(at(lo), at(torch.minimum(lo + 1, n - 1)), h - lo)
 
 
-def _iqm_rows(values: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    """Inclusive IQM of each row of ``counts`` [..., K] over ``values`` [K]: O(K) per row."""
+def _iqm_rows(values: torch.Tensor, counts: torch.Tensor, tied: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """IQM of each row of ``counts`` [..., K] over ``values`` [K]: the mean of the values in [Q25, Q75], a value
+    counted whole when it is ``tied`` (None: all, numpy's inclusive IQM of exact values), else (a sketch bucket
+    spread over a range) for the ranks it holds in [ceil(0.25 (n - 1)), floor(0.75 (n - 1))]. O(K) per row."""
     quartiles = _quantile_rows(values, counts, torch.tensor([0.25, 0.75], dtype=torch.float64, device=values.device))
-    inside = (values >= quartiles[..., :1]) & (values <= quartiles[..., 1:])
-    return torch.where(inside, counts * values, 0.0).sum(-1) / torch.where(inside, counts, 0.0).sum(-1)
+    covered = torch.where((values >= quartiles[..., :1]) & (values <= quartiles[..., 1:]), counts, 0.0)
+    if tied is not None:
+        cum = counts.cumsum(-1)
+        n = cum[..., -1:]
+        ranks = torch.minimum(cum - 1, torch.floor(0.75 * (n - 1))) - torch.maximum(cum - counts, torch.ceil(0.25 * (n - 1)))
+        covered = torch.where(tied, covered, (ranks + 1).clamp(min=0))
+    return (covered * values).sum(-1) / covered.sum(-1)
 
 
 def quantile_of_counts(values: torch.Tensor, counts: torch.Tensor, q) -> torch.Tensor:
@@ -117,11 +124,10 @@ def iqm_of_counts(values: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
 def bootstrap_iqm_ci_of_counts(values: torch.Tensor, counts: torch.Tensor, num_resamples: int = 1000, seed: int = 42,
                                confidence: float = 0.95, tail_margin: float = TAIL_MARGIN) -> torch.Tensor:
     """``[low, high]`` percentile bootstrap CI of the IQM of the sample ``(values, counts)`` (see the module
-    docstring); NaN when empty. O(B x min(8 x kept values, kept samples)), kept ~ within w ranks of the IQR."""
+    docstring); NaN when empty. O(B x min(kept values, kept samples)), kept ~ within w ranks of the IQR."""
     if values.numel() == 0 or bool(torch.isnan(values[-1])):
         return _nan((2,), values.device)
-    replicates = _resample_iqms(values.double().cpu(), counts.double().cpu(), num_resamples, seed, tail_margin,
-                                _iqm_rows)
+    replicates = _resample_iqms(values.double().cpu(), counts.double().cpu(), num_resamples, seed, tail_margin)
     return _percentile_interval(replicates, confidence).to(values.device)
 
 
@@ -138,7 +144,7 @@ def iqm(x: torch.Tensor) -> torch.Tensor:
 def bootstrap_iqm_ci(x: torch.Tensor, num_resamples: int = 1000, seed: int = 42, confidence: float = 0.95,
                      tail_margin: float = TAIL_MARGIN) -> torch.Tensor:
     """``[low, high]`` bootstrap CI of the IQM of ``x`` (see the module docstring); NaN when empty.
-    O(n log n) for the sort, then O(B x min(8 x kept values, kept samples))."""
+    O(n log n) for the sort, then O(B x min(kept values, kept samples))."""
     return bootstrap_iqm_ci_of_counts(*distinct(x), num_resamples, seed, confidence, tail_margin)
 
 
@@ -148,9 +154,9 @@ def _percentile_interval(replicates: torch.Tensor, confidence: float) -> torch.T
 
 
 def _resample_iqms(values: torch.Tensor, counts: torch.Tensor, num_resamples: int, seed: int, tail_margin: float,
-                   iqm_rows: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
-    """The IQMs (``iqm_rows``) of ``num_resamples`` bootstrap resamples of ``(values, counts)`` (CPU, ascending,
-    counts > 0), drawn as in the module docstring. O(B x kept values) by value, O(B x kept samples) sample by
+                   tied: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The IQMs (`_iqm_rows` with ``tied``) of ``num_resamples`` bootstrap resamples of ``(values, counts)`` (CPU,
+    ascending, counts > 0), drawn as in the module docstring. O(B x kept values) by value, O(B x kept samples) sample by
     sample; vectorized per chunk of resamples."""
     n, k = int(counts.sum()), values.numel()
     cum = counts.cumsum(0)
@@ -164,7 +170,7 @@ def _resample_iqms(values: torch.Tensor, counts: torch.Tensor, num_resamples: in
     rng, split_rng = np.random.default_rng(seed), np.random.default_rng([seed, 1])
     groups = np.zeros((num_resamples, 3), dtype=np.int64)  # left tail, kept, right tail
     groups[:, present] = rng.multinomial(n, (totals[present] / n).numpy(), size=num_resamples)
-    by_value = kept_total >= DRAWS_PER_VALUE * (b - a)
+    by_value = b - a <= max(BY_VALUE[0], kept_total / BY_VALUE[1])
     slot = None if by_value else np.repeat(np.arange(b - a), kept.astype(np.int64))  # sample -> kept value
 
     def kept_counts(sizes: np.ndarray) -> np.ndarray:
@@ -177,15 +183,18 @@ def _resample_iqms(values: torch.Tensor, counts: torch.Tensor, num_resamples: in
             if part.numel() else part
 
     # a merged tail reads as its value nearest the kept ones: outside [Q25, Q75] while the quartiles are kept values
-    group_values = torch.cat([values[a - 1:a] if a else values[:0], values[a:b], values[b:b + 1]])
+    group = lambda v: torch.cat([v[a - 1:a] if a else v[:0], v[a:b], v[b:b + 1]])  # noqa: E731
+    group_values, group_tied = group(values), None if tied is None else group(tied)
     rows, out = max(1, CHUNK_ELEMENTS // (b - a + 2)), []
     for first in range(0, num_resamples, rows):  # loop over chunks of resamples, each vectorized
         chunk = groups[first:first + rows]
         middle = torch.from_numpy(kept_counts(chunk[:, 1])).double()
         left, right = torch.from_numpy(chunk[:, 0]).double(), torch.from_numpy(chunk[:, 2]).double()
-        iqms = iqm_rows(group_values, torch.cat([left[:, None][:, :int(a > 0)], middle, right[:, None][:, :int(b < k)]], 1))
+        rows_counts = torch.cat([left[:, None][:, :int(a > 0)], middle, right[:, None][:, :int(b < k)]], 1)
+        iqms = _iqm_rows(group_values, rows_counts, group_tied)
         for i in ((left > r25) | (right >= n - r75)).nonzero().flatten().tolist():  # a tail reaches a quartile: rare
-            iqms[i] = iqm_rows(values, torch.cat([split(left[i], counts[:a]), middle[i], split(right[i], counts[b:])]))
+            full = torch.cat([split(left[i], counts[:a]), middle[i], split(right[i], counts[b:])])
+            iqms[i] = _iqm_rows(values, full, tied)
         out.append(iqms)
     return torch.cat(out)
 
@@ -262,26 +271,27 @@ def sketch_quantile(counts: torch.Tensor, spec: SketchSpec, q) -> torch.Tensor:
     return quantile_of_counts(*sketch_distinct(counts, spec), q)
 
 
-def _rank_iqm(values: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    """IQM of each row of bucket ``counts`` [k, K] over bucket ``values`` [K]: the mean of the order statistics
-    with rank in [ceil(0.25 (n-1)), floor(0.75 (n-1))], each bucket contributing the ranks it covers."""
-    cum = counts.cumsum(-1)
-    n = cum[..., -1:]
-    r_lo, r_hi = torch.ceil(0.25 * (n - 1)), torch.floor(0.75 * (n - 1))
-    first_rank = cum - counts
-    covered = (torch.minimum(cum - 1, r_hi) - torch.maximum(first_rank, r_lo) + 1).clamp(min=0)
-    return (covered * values).sum(-1) / covered.sum(-1)
+def _sketch_sample(counts: torch.Tensor, spec: SketchSpec) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The non-empty buckets ``(values, counts, tied)``: a bucket whose two neighbours are empty is read as tied
+    values (integers below 1 / (4 alpha) in magnitude, multiples of 10 below 10 / (4 alpha), exact zeros), the
+    others as values spread over their bucket."""
+    occupied = counts > 0
+    near = torch.zeros_like(occupied)
+    near[1:] |= occupied[:-1]
+    near[:-1] |= occupied[1:]
+    return spec.values(counts.device)[occupied], counts[occupied], ~near[occupied]
 
 
 def sketch_iqm(counts: torch.Tensor, spec: SketchSpec) -> torch.Tensor:
-    """IQM from bucket counts (rank-based: boundary buckets count for the ranks they cover); NaN when empty."""
-    values, c = sketch_distinct(counts, spec)
+    """IQM from bucket counts: a bucket spread over a range counts for the ranks it holds within the IQR, a tied
+    one (`_sketch_sample`) whole when its value is in [Q25, Q75], as exact mode; NaN when empty."""
+    values, c, tied = _sketch_sample(counts, spec)
     if c.numel() == 0:
         return torch.tensor(float("nan"), dtype=torch.float64, device=counts.device)
-    return _rank_iqm(values, c[None])[0]
+    return _iqm_rows(values, c, tied)
 
 
-SKETCH_UNITS = 8  # resampling units of a sketch CI near each quartile (twice as many between them)
+SKETCH_UNITS = 4  # resampling units of a sketch CI near each quartile (twice as many between them)
 
 
 def sketch_bootstrap_iqm_ci(counts: torch.Tensor, spec: SketchSpec, num_resamples: int = 1000, seed: int = 42,
@@ -289,42 +299,48 @@ def sketch_bootstrap_iqm_ci(counts: torch.Tensor, spec: SketchSpec, num_resample
                             units: int = SKETCH_UNITS) -> torch.Tensor:
     """``[low, high]`` bootstrap CI of the IQM from bucket counts; NaN when empty.
 
-    The exact-mode resampling (module docstring: multinomial counts, far tails merged, seed's stream) over the
+    The exact-mode resampling (module docstring: group totals, far tails merged, the seed's stream) over the
     non-empty buckets, whose kept part is first merged into resampling units (`_sketch_units`: about 4 x
-    ``units``, never across a sign or with the zero bucket), each read back as its count-weighted mean; each
-    resample's IQM is rank-based as `sketch_iqm`. Cost O(B x units) whatever n and the number of buckets; what
-    this leaves out is the resampling variation inside a unit (second order for the IQM).
+    ``units``, never across a sign, never with the zero bucket or a tied bucket near a quartile), each read back
+    as its count-weighted mean; each resample's IQM as `sketch_iqm`. Cost O(B x units) whatever n and the
+    number of buckets; what this leaves out is the resampling variation inside a unit (second order).
     """
-    values, c = sketch_distinct(counts.cpu(), spec)
+    values, c, tied = _sketch_sample(counts.cpu(), spec)
     if c.numel() == 0:
         return _nan((2,), counts.device)
-    replicates = _resample_iqms(*_sketch_units(values, c, tail_margin, units), num_resamples, seed, tail_margin,
-                                _rank_iqm)
+    unit_values, unit_counts, unit_tied = _sketch_units(values, c, tied, tail_margin, units)
+    replicates = _resample_iqms(unit_values, unit_counts, num_resamples, seed, tail_margin, unit_tied)
     return _percentile_interval(replicates, confidence).to(counts.device)
 
 
-def _sketch_units(values: torch.Tensor, counts: torch.Tensor, tail_margin: float,
-                  units: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Consecutive buckets merged into resampling units (values: count-weighted means, ascending).
+def _sketch_units(values: torch.Tensor, counts: torch.Tensor, tied: torch.Tensor, tail_margin: float,
+                  units: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Consecutive buckets merged into resampling units ``(values, counts, tied)``, a unit's value the
+    count-weighted mean of its buckets'.
 
     By a bucket's first rank: within w ranks of r25 or of r75 (w, r25, r75 as the module docstring), ``units``
-    units of equal rank span each; between them 2 x ``units``; beyond, one unit per bucket (the tails, merged or
-    split exactly by the resampling). A new unit also starts wherever the sign changes, so the zero bucket
-    and the two signs are never merged.
+    units of equal rank span each, a tied bucket of 2 or more alone; between them 2 x ``units``; beyond, one unit per bucket
+    (the tails: merged or split exactly by the resampling). A new unit also starts wherever the sign changes,
+    so the zero bucket and the two signs are never merged.
     """
     n = int(counts.sum())
     first = counts.cumsum(0) - counts
     width = math.ceil(tail_margin * math.sqrt(n))
     r25, r75 = math.floor(0.25 * (n - 1)), math.ceil(0.75 * (n - 1))
     bounds = [r25 - width, r25 + width, max(r25 + width, r75 - width), max(r25 + width, r75 + width)]
-    zone = torch.bucketize(first, torch.tensor(bounds, dtype=torch.float64), right=True)  # 0, 4: the tails
+    zone = torch.bucketize(first, torch.tensor(bounds, dtype=torch.float64), right=True)  # 0, 4: beyond
     start = torch.tensor([0.0, *bounds], dtype=torch.float64)[zone]
     span = torch.tensor([1, *(b - a for a, b in zip(bounds, bounds[1:])), 1], dtype=torch.float64).clamp(min=1)
     per_zone = torch.tensor([0, units, 2 * units, units, 0], dtype=torch.float64)
     cell = ((first - start) / span[zone] * per_zone[zone]).floor()
+    alone = (zone % 4 == 0) | (tied & (counts > 1) & (zone != 2))  # beyond the kept ranks, or ties near a quartile
     sign = torch.sign(values)
-    new = torch.ones_like(values, dtype=torch.bool)
-    new[1:] = (zone[1:] != zone[:-1]) | (cell[1:] != cell[:-1]) | (sign[1:] != sign[:-1]) | (zone[1:] % 4 == 0)
+    new = torch.ones_like(alone)
+    new[1:] = (zone[1:] != zone[:-1]) | (cell[1:] != cell[:-1]) | (sign[1:] != sign[:-1]) | alone[1:] | alone[:-1]
     unit = new.cumsum(0) - 1
-    unit_counts = torch.zeros(int(unit[-1]) + 1, dtype=torch.float64).index_add_(0, unit, counts)
-    return torch.zeros_like(unit_counts).index_add_(0, unit, counts * values) / unit_counts, unit_counts
+    size = int(unit[-1]) + 1
+    unit_counts = torch.zeros(size, dtype=torch.float64).index_add_(0, unit, counts)
+    unit_values = torch.zeros(size, dtype=torch.float64).index_add_(0, unit, counts * values) / unit_counts
+    buckets = torch.zeros(size, dtype=torch.float64).index_add_(0, unit, torch.ones_like(counts))
+    tied_buckets = torch.zeros(size, dtype=torch.float64).index_add_(0, unit, tied.double())
+    return unit_values, unit_counts, (buckets == 1) & (tied_buckets == 1)
