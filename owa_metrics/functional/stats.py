@@ -36,6 +36,7 @@ clamped to the top bucket.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Optional
@@ -43,7 +44,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-CHUNK_ELEMENTS = 1 << 21  # bootstrap resamples are drawn in chunks of about this many counts
+CHUNK_ELEMENTS = 1 << 16  # bootstrap resamples are drawn in chunks of about this many counts (0.5 MB)
 TAIL_MARGIN = 4.0  # kept ranks reach TAIL_MARGIN sqrt(n) past the quartile ranks (about 9 standard deviations)
 BY_VALUE = 256, 8  # kept counts drawn value by value when at most max(256, kept samples / 8) kept values
 
@@ -81,9 +82,8 @@ def abs_of_counts(values: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Ten
     return magnitudes, torch.zeros_like(magnitudes).index_add_(0, inverse, counts)
 
 
-def _quantile_rows(values: torch.Tensor, counts: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """Quantiles ``q`` [m] of each row of ``counts`` [..., K] over the ascending ``values`` [K] -> [..., m]."""
-    cum = counts.cumsum(-1)
+def _quantile_rows(values: torch.Tensor, cum: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Quantiles ``q`` [m] of each row of cumulative counts ``cum`` [..., K] over the ascending ``values`` [K]."""
     n = cum[..., -1:]
     h = q * (n - 1)
     lo = h.floor()
@@ -95,10 +95,10 @@ def _iqm_rows(values: torch.Tensor, counts: torch.Tensor, tied: Optional[torch.T
     """IQM of each row of ``counts`` [..., K] over ``values`` [K]: the mean of the values in [Q25, Q75], a value
     counted whole when it is ``tied`` (None: all, numpy's inclusive IQM of exact values), else (a sketch bucket
     spread over a range) for the ranks it holds in [ceil(0.25 (n - 1)), floor(0.75 (n - 1))]. O(K) per row."""
-    quartiles = _quantile_rows(values, counts, torch.tensor([0.25, 0.75], dtype=torch.float64, device=values.device))
+    cum = counts.cumsum(-1)
+    quartiles = _quantile_rows(values, cum, torch.tensor([0.25, 0.75], dtype=torch.float64, device=values.device))
     covered = torch.where((values >= quartiles[..., :1]) & (values <= quartiles[..., 1:]), counts, 0.0)
     if tied is not None:
-        cum = counts.cumsum(-1)
         n = cum[..., -1:]
         ranks = torch.minimum(cum - 1, torch.floor(0.75 * (n - 1))) - torch.maximum(cum - counts, torch.ceil(0.25 * (n - 1)))
         covered = torch.where(tied, covered, (ranks + 1).clamp(min=0))
@@ -111,14 +111,15 @@ def quantile_of_counts(values: torch.Tensor, counts: torch.Tensor, q) -> torch.T
     q = torch.as_tensor(q, dtype=torch.float64, device=values.device)
     if values.numel() == 0 or bool(torch.isnan(values[-1])):
         return torch.full_like(q, float("nan"))
-    return _quantile_rows(values, counts, q.reshape(-1)).reshape(q.shape)
+    return _quantile_rows(values, counts.cumsum(0), q.reshape(-1)).reshape(q.shape)
 
 
-def iqm_of_counts(values: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    """Interquartile mean ``mean({x : Q25 <= x <= Q75})`` of the sample ``(values, counts)``; NaN when empty."""
+def iqm_of_counts(values: torch.Tensor, counts: torch.Tensor, tied: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Interquartile mean ``mean({x : Q25 <= x <= Q75})`` of the sample ``(values, counts)`` (a sketch's: with
+    ``tied``, see `_iqm_rows`); NaN when empty."""
     if values.numel() == 0 or bool(torch.isnan(values[-1])):
         return _nan((), values.device)
-    return _iqm_rows(values, counts)
+    return _iqm_rows(values, counts, tied)
 
 
 def bootstrap_iqm_ci_of_counts(values: torch.Tensor, counts: torch.Tensor, num_resamples: int = 1000, seed: int = 42,
@@ -167,7 +168,7 @@ def _resample_iqms(values: torch.Tensor, counts: torch.Tensor, num_resamples: in
     kept, kept_total = counts[a:b].numpy(), int(counts[a:b].sum())
     totals = torch.stack([counts[:a].sum(), counts[a:b].sum(), counts[b:].sum()])
     present = (totals > 0).numpy()
-    rng, split_rng = np.random.default_rng(seed), np.random.default_rng([seed, 1])
+    rng, split_rng = np.random.default_rng(seed), None
     groups = np.zeros((num_resamples, 3), dtype=np.int64)  # left tail, kept, right tail
     groups[:, present] = rng.multinomial(n, (totals[present] / n).numpy(), size=num_resamples)
     by_value = b - a <= max(BY_VALUE[0], kept_total / BY_VALUE[1])
@@ -179,8 +180,11 @@ def _resample_iqms(values: torch.Tensor, counts: torch.Tensor, num_resamples: in
         return np.stack([np.bincount(slot[rng.integers(0, kept_total, size=m)], minlength=b - a) for m in sizes])
 
     def split(total: float, part: torch.Tensor) -> torch.Tensor:  # a tail's count over its values, given its total
-        return torch.from_numpy(split_rng.multinomial(int(total), (part / part.sum()).numpy())).double() \
-            if part.numel() else part
+        nonlocal split_rng
+        if not part.numel():
+            return part
+        split_rng = split_rng or np.random.default_rng([seed, 1])
+        return torch.from_numpy(split_rng.multinomial(int(total), (part / part.sum()).numpy())).double()
 
     # a merged tail reads as its value nearest the kept ones: outside [Q25, Q75] while the quartiles are kept values
     group = lambda v: torch.cat([v[a - 1:a] if a else v[:0], v[a:b], v[b:b + 1]])  # noqa: E731
@@ -240,8 +244,9 @@ class SketchSpec:
         tiny = x.abs() < self.min_value
         return torch.where(tiny, m, torch.where(x > 0, m + 1 + k, m - 1 - k))
 
+    @functools.lru_cache(maxsize=8)
     def values(self, device=None) -> torch.Tensor:
-        """The value each bucket reads back as (within relative_accuracy of anything in it)."""
+        """The value each bucket reads back as (within relative_accuracy of anything in it); cached, read-only."""
         gamma = math.exp(self.log_gamma)
         k = torch.arange(self.buckets_per_sign, dtype=torch.float64, device=device) + self._k_min
         pos = 2 * torch.exp(k * self.log_gamma) / (gamma + 1)
@@ -260,21 +265,10 @@ def sketch_counts(x: torch.Tensor, spec: SketchSpec, group: Optional[torch.Tenso
     return counts if group is None else counts.view(groups, spec.size)
 
 
-def sketch_distinct(counts: torch.Tensor, spec: SketchSpec) -> tuple[torch.Tensor, torch.Tensor]:
-    """The non-empty buckets as ``(values, counts)``, ascending (as `distinct` of exact samples)."""
-    keep = counts > 0
-    return spec.values(counts.device)[keep], counts[keep]
-
-
-def sketch_quantile(counts: torch.Tensor, spec: SketchSpec, q) -> torch.Tensor:
-    """Quantile(s) ``q`` from bucket counts: each order statistic read from its bucket, then interpolated."""
-    return quantile_of_counts(*sketch_distinct(counts, spec), q)
-
-
-def _sketch_sample(counts: torch.Tensor, spec: SketchSpec) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The non-empty buckets ``(values, counts, tied)``: a bucket whose two neighbours are empty is read as tied
-    values (integers below 1 / (4 alpha) in magnitude, multiples of 10 below 10 / (4 alpha), exact zeros), the
-    others as values spread over their bucket."""
+def sketch_distinct(counts: torch.Tensor, spec: SketchSpec) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The non-empty buckets ``(values, counts, tied)``, ascending (as `distinct` of exact samples): a bucket
+    whose two neighbours are empty is read as tied values (integers below 1 / (4 alpha) in magnitude, multiples
+    of 10 below 10 / (4 alpha), exact zeros), the others as values spread over their bucket."""
     occupied = counts > 0
     near = torch.zeros_like(occupied)
     near[1:] |= occupied[:-1]
@@ -282,13 +276,15 @@ def _sketch_sample(counts: torch.Tensor, spec: SketchSpec) -> tuple[torch.Tensor
     return spec.values(counts.device)[occupied], counts[occupied], ~near[occupied]
 
 
+def sketch_quantile(counts: torch.Tensor, spec: SketchSpec, q) -> torch.Tensor:
+    """Quantile(s) ``q`` from bucket counts: each order statistic read from its bucket, then interpolated."""
+    return quantile_of_counts(*sketch_distinct(counts, spec)[:2], q)
+
+
 def sketch_iqm(counts: torch.Tensor, spec: SketchSpec) -> torch.Tensor:
     """IQM from bucket counts: a bucket spread over a range counts for the ranks it holds within the IQR, a tied
-    one (`_sketch_sample`) whole when its value is in [Q25, Q75], as exact mode; NaN when empty."""
-    values, c, tied = _sketch_sample(counts, spec)
-    if c.numel() == 0:
-        return torch.tensor(float("nan"), dtype=torch.float64, device=counts.device)
-    return _iqm_rows(values, c, tied)
+    one (`sketch_distinct`) whole when its value is in [Q25, Q75], as exact mode; NaN when empty."""
+    return iqm_of_counts(*sketch_distinct(counts, spec))
 
 
 SKETCH_UNITS = 4  # resampling units of a sketch CI near each quartile (twice as many between them)
@@ -305,11 +301,18 @@ def sketch_bootstrap_iqm_ci(counts: torch.Tensor, spec: SketchSpec, num_resample
     as its count-weighted mean; each resample's IQM as `sketch_iqm`. Cost O(B x units) whatever n and the
     number of buckets; what this leaves out is the resampling variation inside a unit (second order).
     """
-    values, c, tied = _sketch_sample(counts.cpu(), spec)
-    if c.numel() == 0:
+    return sketch_bootstrap_iqm_ci_of_counts(*sketch_distinct(counts, spec), num_resamples, seed, confidence,
+                                             tail_margin, units)
+
+
+def sketch_bootstrap_iqm_ci_of_counts(values: torch.Tensor, counts: torch.Tensor, tied: torch.Tensor,
+                                      num_resamples: int = 1000, seed: int = 42, confidence: float = 0.95,
+                                      tail_margin: float = TAIL_MARGIN, units: int = SKETCH_UNITS) -> torch.Tensor:
+    """`sketch_bootstrap_iqm_ci` from the non-empty buckets ``(values, counts, tied)`` of `sketch_distinct`."""
+    if counts.numel() == 0:
         return _nan((2,), counts.device)
-    unit_values, unit_counts, unit_tied = _sketch_units(values, c, tied, tail_margin, units)
-    replicates = _resample_iqms(unit_values, unit_counts, num_resamples, seed, tail_margin, unit_tied)
+    sample = _sketch_units(values.cpu(), counts.cpu(), tied.cpu(), tail_margin, units)
+    replicates = _resample_iqms(*sample[:2], num_resamples, seed, tail_margin, sample[2])
     return _percentile_interval(replicates, confidence).to(counts.device)
 
 
@@ -319,9 +322,9 @@ def _sketch_units(values: torch.Tensor, counts: torch.Tensor, tied: torch.Tensor
     count-weighted mean of its buckets'.
 
     By a bucket's first rank: within w ranks of r25 or of r75 (w, r25, r75 as the module docstring), ``units``
-    units of equal rank span each, a tied bucket of 2 or more alone; between them 2 x ``units``; beyond, one unit per bucket
-    (the tails: merged or split exactly by the resampling). A new unit also starts wherever the sign changes,
-    so the zero bucket and the two signs are never merged.
+    units of equal rank span each, and a tied bucket holding a quarter of a unit's ranks or more alone; between
+    them 2 x ``units``; beyond, one unit per bucket (the tails: merged or split exactly by the resampling). A new
+    unit also starts wherever the sign changes, so the zero bucket and the two signs are never merged.
     """
     n = int(counts.sum())
     first = counts.cumsum(0) - counts
@@ -333,7 +336,8 @@ def _sketch_units(values: torch.Tensor, counts: torch.Tensor, tied: torch.Tensor
     span = torch.tensor([1, *(b - a for a, b in zip(bounds, bounds[1:])), 1], dtype=torch.float64).clamp(min=1)
     per_zone = torch.tensor([0, units, 2 * units, units, 0], dtype=torch.float64)
     cell = ((first - start) / span[zone] * per_zone[zone]).floor()
-    alone = (zone % 4 == 0) | (tied & (counts > 1) & (zone != 2))  # beyond the kept ranks, or ties near a quartile
+    # alone: beyond the kept ranks, or near a quartile a tied bucket of at least a quarter of a unit's ranks
+    alone = (zone % 4 == 0) | (tied & (zone % 2 == 1) & (4 * counts * per_zone[zone] >= span[zone]))
     sign = torch.sign(values)
     new = torch.ones_like(alone)
     new[1:] = (zone[1:] != zone[:-1]) | (cell[1:] != cell[:-1]) | (sign[1:] != sign[:-1]) | alone[1:] | alone[:-1]

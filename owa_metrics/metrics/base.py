@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Literal, Optional
 
 import torch
@@ -10,7 +11,7 @@ from torchmetrics.utilities.data import dim_zero_cat
 
 from ..functional.stats import (
     SketchSpec, abs_of_counts, bootstrap_iqm_ci_of_counts, distinct, iqm_of_counts, quantile_of_counts,
-    sketch_bootstrap_iqm_ci, sketch_counts, sketch_distinct, sketch_iqm, sketch_quantile,
+    sketch_bootstrap_iqm_ci_of_counts, sketch_counts, sketch_distinct,
 )
 
 Mode = Literal["exact", "sketch"]
@@ -21,7 +22,7 @@ class Distribution:
 
     Exact mode: ``values`` and ``counts`` (float64, the same length), from one sort of the samples
     (`Distribution.exact`); every statistic is O(distinct values) after it. Sketch mode: ``counts`` are the
-    bucket counts [spec.size] of ``spec``.
+    bucket counts [spec.size] of ``spec``, read once as their non-empty buckets (`sketch_distinct`).
     """
 
     def __init__(self, values: Optional[torch.Tensor] = None, counts: Optional[torch.Tensor] = None,
@@ -37,22 +38,24 @@ class Distribution:
     def count(self) -> int:
         return int(self.counts.sum().item())
 
+    @functools.cached_property
+    def _sample(self) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+        return (self.values, self.counts, None) if self.spec is None else sketch_distinct(self.counts, self.spec)
+
     def distinct(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(values, counts)``: the distinct values (a sketch: its non-empty buckets' values), ascending."""
-        return (self.values, self.counts) if self.spec is None else sketch_distinct(self.counts, self.spec)
+        return self._sample[:2]
 
     def quantile(self, q) -> torch.Tensor:
-        if self.spec is None:
-            return quantile_of_counts(self.values, self.counts, q)
-        return sketch_quantile(self.counts, self.spec, q)
+        return quantile_of_counts(*self._sample[:2], q)
 
     def iqm(self) -> torch.Tensor:
-        return iqm_of_counts(self.values, self.counts) if self.spec is None else sketch_iqm(self.counts, self.spec)
+        return iqm_of_counts(*self._sample)
 
     def iqm_ci(self, num_resamples: int = 1000, seed: int = 42, confidence: float = 0.95) -> torch.Tensor:
         if self.spec is None:
             return bootstrap_iqm_ci_of_counts(self.values, self.counts, num_resamples, seed, confidence)
-        return sketch_bootstrap_iqm_ci(self.counts, self.spec, num_resamples, seed, confidence)
+        return sketch_bootstrap_iqm_ci_of_counts(*self._sample, num_resamples, seed, confidence)
 
     def abs(self) -> "Distribution":
         """The distribution of |x| (exact: O(distinct log distinct); a sketch folds its negative buckets onto the
