@@ -44,7 +44,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-CHUNK_ELEMENTS = 1 << 16  # bootstrap resamples are drawn in chunks of about this many counts (0.5 MB)
+CHUNK_ELEMENTS = 1 << 15  # resamples per chunk: about this many counts (256 KB, below torch's parallel grain)
 TAIL_MARGIN = 4.0  # kept ranks reach TAIL_MARGIN sqrt(n) past the quartile ranks (about 9 standard deviations)
 BY_VALUE = 256, 8  # kept counts drawn value by value when at most max(256, kept samples / 8) kept values
 

@@ -70,10 +70,14 @@ class Distribution:
 
 
 def cat_samples(state, device) -> torch.Tensor:
-    """The flat float64 samples of an exact-mode ``cat`` state (a list before sync, a tensor after)."""
-    if isinstance(state, list) and len(state) < 2:  # none, or one piece read in place (no copy)
-        return state[0].reshape(-1) if state else torch.zeros(0, dtype=torch.float64, device=device)
-    return dim_zero_cat(state).reshape(-1)
+    """The flat float64 samples of an exact-mode ``cat`` state (a list before sync, a tensor after); a list's
+    pieces are first merged into one in place, so that compute holds the samples once, not twice."""
+    if not isinstance(state, list):
+        return state.reshape(-1)
+    if not state:
+        return torch.zeros(0, dtype=torch.float64, device=device)
+    state[:] = [dim_zero_cat(state)] if len(state) > 1 else state
+    return state[0].reshape(-1)
 
 
 def append_samples(state: list, samples: torch.Tensor) -> None:
@@ -89,10 +93,11 @@ def append_samples(state: list, samples: torch.Tensor) -> None:
 class SampleMetric(Metric):
     """Base of the quantile-based metrics: one switch between exact and constant-memory states.
 
-    - ``mode="exact"`` (default): every sample kept (``cat`` states, float64); results equal numpy's.
+    - ``mode="exact"`` (default): every sample kept (``cat`` states, float64, merged as they arrive into at
+      most log2(n) + 1 tensors: `append_samples`); results equal numpy's.
     - ``mode="sketch"``: a signed log-bucketed histogram per quantity (``sum`` states of fixed size, about
-      ``2 ln(max/min) / relative_accuracy`` buckets, whatever the number of samples). Each quantile is within
-      ``relative_accuracy`` (relative) of the exact one; IQM / CI are read from the buckets, within
+      ``2 ln(max/min) / relative_accuracy`` buckets, whatever the number of samples). Each order statistic is
+      within ``relative_accuracy`` (relative) of the exact one; IQM / CI are read from the buckets, within
       ``relative_accuracy`` of the mean magnitude of the middle values (plus the bootstrap's own noise).
       Magnitudes below ``sketch_range[0]`` count as 0, above ``sketch_range[1]`` as the top bucket.
 

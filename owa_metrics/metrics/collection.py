@@ -222,7 +222,7 @@ class OWAEventMetrics(Metric):
             return [(Distribution(counts=self.timestamp_sketch[0, g], spec=self.spec),
                      Distribution(counts=self.timestamp_sketch[1, g], spec=self.spec)) for g in range(len(GROUPS))]
         rows = _rows(self.timestamp_samples, len(TIMESTAMP_COLUMNS), self.device)
-        category, defined = rows[:, 2].long(), ~torch.isnan(rows[:, 1])
+        category, defined = rows[:, 2].to(torch.uint8), ~torch.isnan(rows[:, 1])
         signed = distinct_by_group(rows[:, 0], category, N_CAT)
         percent = distinct_by_group(rows[defined, 1], category[defined], N_CAT)
         return [(Distribution(*s), Distribution(*p)) for s, p in zip(signed, percent)]
