@@ -151,26 +151,27 @@ def bootstrap_iqm_ci(x: torch.Tensor, num_resamples: int = 1000, seed: int = 42,
 
 def _percentile_interval(replicates: torch.Tensor, confidence: float) -> torch.Tensor:
     tail = (1 - confidence) / 2
-    return quantile(replicates, [tail, 1 - tail])
+    return quantile_of_counts(replicates.sort().values, torch.ones_like(replicates), [tail, 1 - tail])
 
 
 def _resample_iqms(values: torch.Tensor, counts: torch.Tensor, num_resamples: int, seed: int, tail_margin: float,
                    tied: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The IQMs (`_iqm_rows` with ``tied``) of ``num_resamples`` bootstrap resamples of ``(values, counts)`` (CPU,
-    ascending, counts > 0), drawn as in the module docstring. O(B x kept values) by value, O(B x kept samples) sample by
-    sample; vectorized per chunk of resamples."""
-    n, k = int(counts.sum()), values.numel()
-    cum = counts.cumsum(0)
+    ascending, counts > 0), drawn as in the module docstring: O(B x kept values) by value, O(B x kept samples)
+    sample by sample, vectorized per chunk of resamples (the bookkeeping in numpy, whose generator draws)."""
+    c = counts.numpy()
+    n, k = int(c.sum()), c.size
+    cum = np.cumsum(c)
     width = math.ceil(tail_margin * math.sqrt(n))
     r25, r75 = math.floor(0.25 * (n - 1)), math.ceil(0.75 * (n - 1))
-    a = int((cum <= r25 - width).sum())  # values[:a]: the left tail
-    b = int((cum - counts <= r75 + width).sum())  # values[b:]: the right tail
-    kept, kept_total = counts[a:b].numpy(), int(counts[a:b].sum())
-    totals = torch.stack([counts[:a].sum(), counts[a:b].sum(), counts[b:].sum()])
-    present = (totals > 0).numpy()
+    a = int(np.searchsorted(cum, r25 - width, side="right"))  # c[:a]: the left tail (every rank below r25 - w)
+    b = int(np.searchsorted(cum - c, r75 + width, side="right"))  # c[b:]: the right tail (every rank above r75 + w)
+    kept, kept_total = c[a:b], int(c[a:b].sum())
+    totals = np.array([c[:a].sum(), kept_total, c[b:].sum()])
+    present = totals > 0
     rng, split_rng = np.random.default_rng(seed), None
     groups = np.zeros((num_resamples, 3), dtype=np.int64)  # left tail, kept, right tail
-    groups[:, present] = rng.multinomial(n, (totals[present] / n).numpy(), size=num_resamples)
+    groups[:, present] = rng.multinomial(n, totals[present] / n, size=num_resamples)
     by_value = b - a <= max(BY_VALUE[0], kept_total / BY_VALUE[1])
     slot = None if by_value else np.repeat(np.arange(b - a), kept.astype(np.int64))  # sample -> kept value
 
@@ -179,12 +180,12 @@ def _resample_iqms(values: torch.Tensor, counts: torch.Tensor, num_resamples: in
             return rng.multinomial(sizes, kept / kept_total)
         return np.stack([np.bincount(slot[rng.integers(0, kept_total, size=m)], minlength=b - a) for m in sizes])
 
-    def split(total: float, part: torch.Tensor) -> torch.Tensor:  # a tail's count over its values, given its total
+    def split(total: int, part: np.ndarray) -> np.ndarray:  # a tail's counts over its values, given its total
         nonlocal split_rng
-        if not part.numel():
+        if not part.size:
             return part
         split_rng = split_rng or np.random.default_rng([seed, 1])
-        return torch.from_numpy(split_rng.multinomial(int(total), (part / part.sum()).numpy())).double()
+        return split_rng.multinomial(total, part / part.sum())
 
     # a merged tail reads as its value nearest the kept ones: outside [Q25, Q75] while the quartiles are kept values
     group = lambda v: torch.cat([v[a - 1:a] if a else v[:0], v[a:b], v[b:b + 1]])  # noqa: E731
@@ -192,13 +193,12 @@ def _resample_iqms(values: torch.Tensor, counts: torch.Tensor, num_resamples: in
     rows, out = max(1, CHUNK_ELEMENTS // (b - a + 2)), []
     for first in range(0, num_resamples, rows):  # loop over chunks of resamples, each vectorized
         chunk = groups[first:first + rows]
-        middle = torch.from_numpy(kept_counts(chunk[:, 1])).double()
-        left, right = torch.from_numpy(chunk[:, 0]).double(), torch.from_numpy(chunk[:, 2]).double()
-        rows_counts = torch.cat([left[:, None][:, :int(a > 0)], middle, right[:, None][:, :int(b < k)]], 1)
-        iqms = _iqm_rows(group_values, rows_counts, group_tied)
-        for i in ((left > r25) | (right >= n - r75)).nonzero().flatten().tolist():  # a tail reaches a quartile: rare
-            full = torch.cat([split(left[i], counts[:a]), middle[i], split(right[i], counts[b:])])
-            iqms[i] = _iqm_rows(values, full, tied)
+        middle = kept_counts(chunk[:, 1])
+        drawn = np.concatenate([chunk[:, :1][:, :int(a > 0)], middle, chunk[:, 2:][:, :int(b < k)]], axis=1)
+        iqms = _iqm_rows(group_values, torch.from_numpy(drawn).double(), group_tied)
+        for i in np.flatnonzero((chunk[:, 0] > r25) | (chunk[:, 2] >= n - r75)):  # a tail reaches a quartile: rare
+            full = np.concatenate([split(int(chunk[i, 0]), c[:a]), middle[i], split(int(chunk[i, 2]), c[b:])])
+            iqms[i] = _iqm_rows(values, torch.from_numpy(full).double(), tied)
         out.append(iqms)
     return torch.cat(out)
 
@@ -318,7 +318,7 @@ def sketch_bootstrap_iqm_ci_of_counts(values: torch.Tensor, counts: torch.Tensor
 
 def _sketch_units(values: torch.Tensor, counts: torch.Tensor, tied: torch.Tensor, tail_margin: float,
                   units: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Consecutive buckets merged into resampling units ``(values, counts, tied)``, a unit's value the
+    """Consecutive buckets (CPU) merged into resampling units ``(values, counts, tied)``, a unit's value the
     count-weighted mean of its buckets'.
 
     By a bucket's first rank: within w ranks of r25 or of r75 (w, r25, r75 as the module docstring), ``units``
@@ -326,25 +326,22 @@ def _sketch_units(values: torch.Tensor, counts: torch.Tensor, tied: torch.Tensor
     them 2 x ``units``; beyond, one unit per bucket (the tails: merged or split exactly by the resampling). A new
     unit also starts wherever the sign changes, so the zero bucket and the two signs are never merged.
     """
-    n = int(counts.sum())
-    first = counts.cumsum(0) - counts
+    v, c, t = values.numpy(), counts.numpy(), tied.numpy()
+    n = int(c.sum())
+    first = np.cumsum(c) - c
     width = math.ceil(tail_margin * math.sqrt(n))
     r25, r75 = math.floor(0.25 * (n - 1)), math.ceil(0.75 * (n - 1))
-    bounds = [r25 - width, r25 + width, max(r25 + width, r75 - width), max(r25 + width, r75 + width)]
-    zone = torch.bucketize(first, torch.tensor(bounds, dtype=torch.float64), right=True)  # 0, 4: beyond
-    start = torch.tensor([0.0, *bounds], dtype=torch.float64)[zone]
-    span = torch.tensor([1, *(b - a for a, b in zip(bounds, bounds[1:])), 1], dtype=torch.float64).clamp(min=1)
-    per_zone = torch.tensor([0, units, 2 * units, units, 0], dtype=torch.float64)
-    cell = ((first - start) / span[zone] * per_zone[zone]).floor()
-    # alone: beyond the kept ranks, or near a quartile a tied bucket of at least a quarter of a unit's ranks
-    alone = (zone % 4 == 0) | (tied & (zone % 2 == 1) & (4 * counts * per_zone[zone] >= span[zone]))
-    sign = torch.sign(values)
-    new = torch.ones_like(alone)
+    bounds = np.array([r25 - width, r25 + width, max(r25 + width, r75 - width), max(r25 + width, r75 + width)], float)
+    zone = np.searchsorted(bounds, first, side="right")  # 0 and 4: beyond the kept ranks
+    span = np.maximum(np.concatenate([[1.0], np.diff(bounds), [1.0]]), 1)[zone]
+    per_zone = np.array([0, units, 2 * units, units, 0], float)[zone]
+    cell = np.floor((first - np.concatenate([[0.0], bounds])[zone]) / span * per_zone)
+    alone = (zone % 4 == 0) | (t & (zone % 2 == 1) & (4 * c * per_zone >= span))  # near a quartile: big ties
+    sign = np.sign(v)
+    new = np.ones(v.size, dtype=bool)
     new[1:] = (zone[1:] != zone[:-1]) | (cell[1:] != cell[:-1]) | (sign[1:] != sign[:-1]) | alone[1:] | alone[:-1]
-    unit = new.cumsum(0) - 1
-    size = int(unit[-1]) + 1
-    unit_counts = torch.zeros(size, dtype=torch.float64).index_add_(0, unit, counts)
-    unit_values = torch.zeros(size, dtype=torch.float64).index_add_(0, unit, counts * values) / unit_counts
-    buckets = torch.zeros(size, dtype=torch.float64).index_add_(0, unit, torch.ones_like(counts))
-    tied_buckets = torch.zeros(size, dtype=torch.float64).index_add_(0, unit, tied.double())
-    return unit_values, unit_counts, (buckets == 1) & (tied_buckets == 1)
+    unit = np.cumsum(new) - 1
+    unit_counts = np.bincount(unit, weights=c)
+    unit_tied = (np.bincount(unit) == 1) & (np.bincount(unit, weights=t) == 1)
+    return (torch.from_numpy(np.bincount(unit, weights=c * v) / unit_counts), torch.from_numpy(unit_counts),
+            torch.from_numpy(unit_tied))
