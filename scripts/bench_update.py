@@ -1,7 +1,7 @@
 """Full update path (decode + every metric) vs an upstream-style per-event string path; compute() vs n.
 
     python scripts/bench_update.py update  [--repeats 10]     # 8 x 1024 and 32 x 2048 batches
-    python scripts/bench_update.py compute [--sizes 10000 100000 1000000]
+    python scripts/bench_update.py compute [--sizes 10000 100000 1000000 --repeats 5]
 
 ``update``: `OWAEventMetrics.update` (teacher forcing, exact and sketch mode) on a simulated batch, next to
 the reference that works the way the upstream OWA evaluator does: per target event, the tokenizer decodes
@@ -9,19 +9,27 @@ the predicted and the true span to strings, a regex splits them, the codec parse
 comparison record (timestamp, digit matches, mouse / keyboard fields) is appended to a Python list.
 Label tokens/s count B x T positions. Medians; threads 1 and the default.
 
-``compute``: one IQM + bootstrap CI (B = 1000) over n signed errors in exact and sketch mode, the state
-bytes, and the reference's numpy IQM with a Python loop of 1000 resamples (only up to 10^4: it is slow);
-then the whole `OWAEventMetrics.compute()` after five 32 x 2048 updates.
+``compute`` (one thread): one IQM + bootstrap CI (B = 1000) over n float signed percent errors (all distinct)
+in exact and sketch mode, the state bytes, and the reference's numpy IQM with a Python loop of 1000 resamples
+(only up to 10^4: it is slow); then the whole `OWAEventMetrics.compute()` (7 CIs, every key) after updates
+holding n target events of a simulated session whose predictions carry field errors (`field_error_batches`),
+exact and sketch: median ms, the state bytes and the peak resident memory added during the first compute().
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import dataclasses
+import os
+import threading
+import time
 
 import numpy as np
 import torch
 
 from owa_metrics import EventCodec, EventDecodeError, OWAEventMetrics, SignedPercentError, build_tokenizer
+from owa_metrics.events import simulate_session
 from owa_metrics.metrics.per_event import compare_events
 
 from bench_decode import make_batch, timed  # scripts/ is on sys.path when run as a script
@@ -91,8 +99,89 @@ def bench_update(repeats: int) -> None:
         torch.set_num_threads(default_threads)
 
 
+def field_error_batches(vocab, n_events: int, batch: int = 32, seq_len: int = 2048, seed: int = 0):
+    """(preds, target) teacher-forcing batches of a simulated session holding at least ``n_events`` target events,
+    the predictions being the targets with field errors a trained model makes (not token noise): 20 % of the
+    timestamps exact, the others off by a Laplace(4) number of 10 ms units, 3 % by up to +-3 s; 25 % of the mouse
+    moves exact, the others off by 8 % (normal) and +-2 px; 10 % wrong keys, 5 % flipped actions."""
+    rng = np.random.default_rng(seed)
+    events = []
+    while len(events) < n_events * 1.05:  # a few target events fall on batch edges
+        events += simulate_session(600, seed=seed + len(events), start_ns=events[-1].timestamp_ns if events else 0,
+                                   format=vocab.config.format)
+    m = len(events)
+    shift = np.where(rng.random(m) < 0.2, 0, np.round(rng.laplace(0, 4, m)))
+    shift = np.where(rng.random(m) < 0.03, rng.integers(-300, 301, m), shift).astype(np.int64) * 10_000_000
+    exact = rng.random(m) < 0.25
+    scale, jitter = 1 + rng.normal(0, 0.08, (m, 2)), rng.integers(-2, 3, (m, 2))
+    wrong_vk, flip, vk = rng.random(m) < 0.1, rng.random(m) < 0.05, rng.integers(0, 256, m)
+    preds = []
+    for i, e in enumerate(events):  # benchmark set-up, not timed
+        change = {"timestamp_ns": max(0, e.timestamp_ns + int(shift[i]))}
+        if e.kind == "mouse" and not exact[i]:
+            change.update({axis: int(np.clip(round(v * scale[i, j]) + jitter[i, j], -2000, 1999))
+                           for j, (axis, v) in enumerate((("dx", e.dx), ("dy", e.dy)))})
+        elif e.kind == "keyboard":
+            change.update(vk=int(vk[i]) if wrong_vk[i] else e.vk,
+                          action=("press" if e.action == "release" else "release") if flip[i] else e.action)
+        preds.append(dataclasses.replace(e, **change))
+    target_ids = np.array(vocab.encode(events, ignore_images=True))
+    pred_ids = np.array(vocab.encode(preds, ignore_images=True))
+    starts = np.flatnonzero(target_ids == vocab.ids["<EVENT_START>"])
+    rows, begin = [], 0
+    for s, e in zip(starts, np.append(starts[1:], len(target_ids))):  # whole events per row of seq_len tokens
+        if e - begin > seq_len:
+            rows.append((begin, s))
+            begin = s
+    out = []
+    for first in range(0, len(rows) - batch + 1, batch):
+        shape = (batch, seq_len)
+        p, t = torch.full(shape, -100), torch.full(shape, -100)
+        for r, (b0, b1) in enumerate(rows[first:first + batch]):
+            t[r, :b1 - b0] = torch.from_numpy(target_ids[b0:b1])
+            p[r, :b1 - b0] = torch.from_numpy(pred_ids[b0:b1])
+        out.append((p.clamp(min=0), t))
+    return out
+
+
+class PeakRss:
+    """Peak resident memory above the level at entry, sampled every 0.5 ms by a thread (freed heap given back
+    to the OS first, so the entry level is the live data)."""
+
+    def __enter__(self):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        self.page = os.sysconf("SC_PAGE_SIZE")
+        self.base = self._rss()
+        self.peak, self.running = self.base, True
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+        self.thread.start()
+        return self
+
+    def _rss(self) -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * self.page
+
+    def _sample(self) -> None:
+        while self.running:
+            self.peak = max(self.peak, self._rss())
+            time.sleep(0.0005)
+
+    def __exit__(self, *exc):
+        self.running = False
+        self.thread.join()
+        self.peak = max(self.peak, self._rss())
+        self.extra = self.peak - self.base
+
+
+def state_bytes(metric) -> int:
+    parts = [t for v in metric.metric_state.values() for t in (v if isinstance(v, list) else [v])]
+    return sum(t.numel() * t.element_size() for t in parts)
+
+
 def bench_compute(sizes: list[int], repeats: int) -> None:
+    torch.set_num_threads(1)
     rng = np.random.default_rng(0)
+    print(f"torch {torch.__version__}, 1 thread\nSignedPercentError: IQM + CI of n float errors (all distinct)")
     print(f"{'n':>9} {'mode':<10} {'compute ms':>11} {'state bytes':>12}")
     for n in sizes:
         pred = torch.from_numpy(rng.normal(100, 30, n))
@@ -100,32 +189,49 @@ def bench_compute(sizes: list[int], repeats: int) -> None:
         for mode in ("exact", "sketch"):
             metric = SignedPercentError(mode=mode)
             metric.update(pred, true)
-            state = metric.signed_percent_errors
-            nbytes = sum(t.numel() * t.element_size() for t in state) if isinstance(state, list) else state.numel() * 8
 
             def run():
                 metric._computed = None  # force a fresh compute (no cached result)
                 metric.compute()
 
             s = timed(run, repeats if mode == "sketch" or n <= 10**5 else 1)
-            print(f"{n:>9} {mode:<10} {s * 1e3:>11.1f} {nbytes:>12,}")
+            print(f"{n:>9} {mode:<10} {s * 1e3:>11.1f} {state_bytes(metric):>12,}")
         if n <= 10**4:
             values = ((pred - true) / true * 100).numpy()
             s = timed(lambda: reference_iqm_ci(values), 1)
             print(f"{n:>9} {'reference':<10} {s * 1e3:>11.1f} {'-':>12}")
+
     tokenizer = build_tokenizer()
-    print("\nOWAEventMetrics.compute() after 5 updates of 32 x 2048 (7 bootstrap CIs, every key):")
-    for mode in ("exact", "sketch"):
-        metric = OWAEventMetrics(tokenizer, mode=mode)
-        for seed in range(5):
-            metric.update(*make_batch(metric.vocab, 32, 2048, seed=seed))
+    vocab = OWAEventMetrics(tokenizer).vocab
+    begin = time.perf_counter()
+    batches = field_error_batches(vocab, max(sizes))
+    print(f"\nOWAEventMetrics.compute() (7 bootstrap CIs, every key), predictions with field errors "
+          f"({len(batches)} batches of 32 x 2048 made in {time.perf_counter() - begin:.0f} s):")
+    print(f"{'events':>9} {'mode':<7} {'compute ms':>11} {'state MB':>9} {'peak extra MB':>14} {'extra / state':>13} "
+          f"{'distinct ts / pe_x / pe_y':>26}")
+    for n in sizes:
+        for mode in ("exact", "sketch"):
+            metric = OWAEventMetrics(tokenizer, mode=mode)
+            for preds, target in batches:
+                metric.update(preds, target)
+                if metric.event_counts[0] >= n:
+                    break
 
-        def run():
-            metric._computed = None
-            return metric.compute()
+            def run():
+                metric._computed = None
+                return metric.compute()
 
-        s = timed(run, 3)
-        print(f"{mode:<7} {int(run()['count/valid_target_events']):>7} events {s * 1e3:>9.1f} ms")
+            with PeakRss() as memory:  # the first compute: it also merges the list states' pieces
+                report = run()
+            s = timed(run, repeats if mode == "sketch" or n <= 10**5 else max(3, repeats // 2))
+            distinct = "-"
+            if mode == "exact":
+                signed, _ = metric._timestamp_distributions()[0]
+                _, pe_x, pe_y, _ = metric._mouse_distributions()
+                distinct = " / ".join(str(d.values.numel()) for d in (signed, pe_x, pe_y))
+            size = state_bytes(metric)
+            print(f"{int(report['count/valid_target_events']):>9} {mode:<7} {s * 1e3:>11.1f} {size / 1e6:>9.1f} "
+                  f"{memory.extra / 1e6:>14.1f} {memory.extra / size:>13.2f} {distinct:>26}")
 
 
 def main() -> None:

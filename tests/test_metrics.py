@@ -341,3 +341,39 @@ def test_event_level_metric_classes_match_the_report(tokenizer, vocab):
     for metric in (events, tokens):
         for key, value in metric.compute().items():
             assert close(value, expected[key]) if key in expected else math.isnan(value), key
+
+
+# --------------------------------------------------------------------------- exact-mode state size (issue 9)
+TENSOR_BYTES = 512  # what one more tensor costs beyond its data (TensorImpl, storage, Python object): ~0.1-0.6 KB
+
+
+def _state_bytes(state) -> int:
+    pieces = state if isinstance(state, list) else [state]
+    return sum(t.untyped_storage().nbytes() + TENSOR_BYTES for t in pieces)
+
+
+def test_exact_state_does_not_grow_per_update_call(tokenizer):
+    """10^4 update() calls of one sample cost at most 2x the bytes of one call with all of them (the list
+    state is merged as it grows), and the same for the whole report's two sample states; results unchanged."""
+    rng = np.random.default_rng(8)
+    p, t = (torch.from_numpy(a) for a in rng.integers(1, 500, size=(2, 10_000)))
+    one_call, per_sample = SignedPercentError(), SignedPercentError()
+    one_call.update(p, t)
+    for i in range(p.numel()):
+        per_sample.update(p[i:i + 1], t[i:i + 1])
+    assert _state_bytes(per_sample.signed_percent_errors) <= 2 * _state_bytes(one_call.signed_percent_errors)
+    assert len(per_sample.signed_percent_errors) <= math.log2(p.numel()) + 1
+    assert all(close(one_call.compute()[k], v, 1e-12) for k, v in per_sample.compute().items())
+
+    events = [e for e in simulate_session(20, seed=4) if e.kind != "screen"][:200]
+    truth = OWAEventMetrics(tokenizer).vocab
+    preds, target, _ = _batch_from(truth, [(perturb([e], rng, change_kinds=False), [e]) for e in events], rng)
+    preds = preds.clamp(min=0)
+    whole, per_event = OWAEventMetrics(tokenizer), OWAEventMetrics(tokenizer)
+    whole.update(preds, target)
+    for row in range(len(events)):
+        per_event.update(preds[row:row + 1], target[row:row + 1])
+    for name in ("timestamp_samples", "mouse_samples"):
+        assert _state_bytes(getattr(per_event, name)) <= 2 * _state_bytes(getattr(whole, name)), name
+    a, b = whole.compute(), per_event.compute()
+    assert a.keys() == b.keys() and all(close(a[k], b[k], 1e-12) for k in a)

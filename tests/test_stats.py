@@ -6,9 +6,31 @@ import torch
 
 from owa_metrics.functional.events import digit_precision_accuracy, direction_error_deg, wrapped_difference
 from owa_metrics.functional.stats import (
-    SketchSpec, bootstrap_iqm_ci, iqm, quantile, sketch_bootstrap_iqm_ci, sketch_counts, sketch_iqm, sketch_quantile,
+    SketchSpec, bootstrap_iqm_ci, bootstrap_iqm_ci_of_counts, distinct, iqm, iqm_of_counts, quantile,
+    quantile_of_counts, sketch_bootstrap_iqm_ci, sketch_counts, sketch_iqm, sketch_quantile,
 )
 from oracles import close, np_bootstrap_ci, np_iqm
+
+QS = [0, 0.01, 0.025, 0.25, 0.5, 0.75, 0.95, 0.99, 1]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Values, not speed, are tested here: one intra-op thread, so that a busy shared machine does not make
+    torch's thread pool wait on itself (10x slower on 2 loaded cores)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _data(kind: str, n: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    if kind == "integer":  # mouse deltas
+        return rng.integers(-40, 41, n).astype(np.float64)
+    if kind == "float":  # all distinct
+        return rng.standard_t(3, n) * 50
+    return np.round(rng.standard_t(2, n) * 3) * 10  # ties: multiples of 10 ms, a third of them 0
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 7, 100, 1000])
@@ -21,6 +43,60 @@ def test_exact_statistics_equal_numpy(n):
     ci = bootstrap_iqm_ci(torch.from_numpy(x)).numpy()
     want = np_bootstrap_ci(x)
     assert close(ci[0], want[0], 1e-9) and close(ci[1], want[1], 1e-9)
+
+
+@pytest.mark.parametrize("tail_margin", [4.0, 0.0])  # 0: tails at the quartile ranks, so about half the resamples split
+@pytest.mark.parametrize("kind, n", [("integer", 3000), ("float", 2000), ("ties", 5000)])
+def test_bootstrap_over_distinct_values_equals_the_multinomial_oracle(kind, n, tail_margin):
+    x = _data(kind, n)
+    assert np.allclose(quantile(torch.from_numpy(x), QS).numpy(), np.percentile(x, [100 * q for q in QS]), rtol=1e-12)
+    assert close(iqm(torch.from_numpy(x)), np_iqm(x), 1e-12)
+    got = bootstrap_iqm_ci(torch.from_numpy(x), tail_margin=tail_margin).numpy()
+    want = np_bootstrap_ci(x, tail_margin=tail_margin)
+    assert close(got[0], want[0], 1e-9) and close(got[1], want[1], 1e-9), (got, want)
+    assert got[0] < np_iqm(x) < got[1]
+
+
+def test_statistics_past_2_24_values_equal_the_oracle():
+    n = (1 << 24) + 3
+    x = np.random.default_rng(1).integers(-300, 301, n).astype(np.float64)
+    values, counts = distinct(torch.from_numpy(x))  # the one sort the metrics make per distribution
+    assert np.array_equal(quantile_of_counts(values, counts, [0.25, 0.5, 0.95]).numpy(), np.percentile(x, [25, 50, 95]))
+    assert close(iqm_of_counts(values, counts), np_iqm(x), 1e-12)
+    got, want = bootstrap_iqm_ci_of_counts(values, counts, num_resamples=4).numpy(), np_bootstrap_ci(x, resamples=4)
+    assert close(got[0], want[0], 1e-9) and close(got[1], want[1], 1e-9), (got, want)
+
+
+def _index_bootstrap_ci(x: np.ndarray, resamples: int, seed: int) -> np.ndarray:
+    """The textbook bootstrap, written independently: n indices with replacement per resample."""
+    rows = np.sort(x[np.random.default_rng(seed).integers(0, x.size, (resamples, x.size))], axis=1)
+    q25, q75 = np.percentile(rows, [25, 75], axis=1)
+    inside = (rows >= q25[:, None]) & (rows <= q75[:, None])
+    return np.percentile((rows * inside).sum(1) / inside.sum(1), [2.5, 97.5])
+
+
+def _ks_distance(a: np.ndarray, b: np.ndarray) -> float:
+    grid = np.union1d(a, b)
+    cdf = lambda s: np.searchsorted(np.sort(s), grid, side="right") / s.size  # noqa: E731
+    return float(np.abs(cdf(a) - cdf(b)).max())
+
+
+@pytest.mark.parametrize("kind", ["ties", "float"])  # kept counts by value / sample by sample
+def test_resampling_counts_has_the_distribution_of_resampling_indices(kind):
+    """Over many seeds, the CI ends of the count bootstrap (tails merged, or split at every quartile) and of
+    the index bootstrap are one distribution (two-sample Kolmogorov-Smirnov, alpha = 0.001); resamples of
+    n / 2 values (a wrong procedure: CIs sqrt(2) wider) are rejected, so the test can fail."""
+    x = _data(kind, 400, seed=7)
+    seeds, resamples = range(200), 50
+    critical = math.sqrt(-math.log(0.001 / 2) / 2) * math.sqrt(2 / len(seeds))
+    by_index = np.array([_index_bootstrap_ci(x, resamples, 1000 + s) for s in seeds])
+    for margin in (4.0, 0.0):
+        by_counts = np.array([bootstrap_iqm_ci(torch.from_numpy(x), resamples, s, tail_margin=margin).numpy()
+                              for s in seeds])
+        for end in (0, 1):
+            assert _ks_distance(by_counts[:, end], by_index[:, end]) < critical, (margin, end)
+    wrong = np.array([bootstrap_iqm_ci(torch.from_numpy(x[::2]), resamples, s).numpy() for s in seeds])
+    assert _ks_distance(wrong[:, 0], by_index[:, 0]) > critical
 
 
 def test_iqm_is_the_mean_inside_the_quartiles_not_of_the_quartiles():
@@ -55,6 +131,50 @@ def test_worked_examples():
     window = 16_000_000_000
     assert wrapped_difference(torch.tensor([15_990_000_000]), torch.tensor([10_000_000]), window).item() == -20_000_000
     assert wrapped_difference(torch.tensor([10_000_000]), torch.tensor([15_990_000_000]), window).item() == 20_000_000
+
+
+def _sketch_case(kind: str) -> np.ndarray:
+    rng = np.random.default_rng(11)
+    n = 50_000
+    if kind == "mostly_zero":  # issue 9: fewer than 1 / 256 negative, most exactly 0
+        x = np.zeros(n)
+        x[:100], x[100:500] = -rng.integers(1, 201, 100) * 10, rng.integers(1, 201, 400) * 10
+        return x
+    if kind == "mostly_zero_both_signs":  # issue 9's 534,890 values: 0.3 % at -10..-2000, 0.3 % at 10..2000
+        x = np.zeros(534_890)
+        k = int(0.003 * x.size)
+        x[:k], x[k:2 * k] = -rng.integers(10, 2001, k), rng.integers(10, 2001, k)
+        return x
+    if kind == "heavy_tailed":
+        return rng.lognormal(0.0, 1.5, n) * np.where(rng.random(n) < 0.7, 1.0, -1.0)
+    if kind == "bimodal":
+        return np.concatenate([rng.normal(-100, 10, n // 2), rng.normal(80, 5, n - n // 2)])
+    if kind == "integer":
+        return np.round(rng.standard_t(2, n) * 3) * 10
+    if kind == "all_equal":
+        return np.full(n, 37.5)
+    return np.array([-12.0])  # a single value
+
+
+@pytest.mark.parametrize("kind", ["mostly_zero", "mostly_zero_both_signs", "heavy_tailed", "bimodal", "integer",
+                                  "all_equal", "single_value"])
+def test_sketch_stays_within_its_bounds_of_exact_mode(kind):
+    """Quantiles within alpha of the two order statistics they interpolate (relative), the IQM and the CI's hold
+    on the exact CI's centre within alpha times the mean |x| of the middle values (README: "Exact vs sketch"),
+    on the data where a merged resampling unit used to break (zeros merged with the negatives)."""
+    x = _sketch_case(kind)
+    spec = SketchSpec(relative_accuracy=0.005)
+    counts = sketch_counts(torch.from_numpy(x), spec)
+    percents = [100 * q for q in QS]
+    reach = np.maximum(*(np.abs(np.percentile(x, percents, method=m)) for m in ("lower", "higher")))
+    got_q = sketch_quantile(counts, spec, QS).numpy()
+    assert (np.abs(got_q - np.percentile(x, percents)) <= spec.relative_accuracy * reach).all(), got_q
+    q25, q75 = np.percentile(x, [25, 75])
+    bound = spec.relative_accuracy * np.abs(x[(x >= q25) & (x <= q75)]).mean() + 1e-12
+    assert abs(sketch_iqm(counts, spec).item() - np_iqm(x)) <= bound
+    exact_ci = bootstrap_iqm_ci(torch.from_numpy(x)).numpy()
+    low, high = sketch_bootstrap_iqm_ci(counts, spec).numpy()
+    assert low - bound <= exact_ci.mean() <= high + bound, (low, high, exact_ci)
 
 
 def test_sketch_on_heavy_tailed_signed_data(capsys):

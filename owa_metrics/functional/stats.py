@@ -1,15 +1,31 @@
 """Robust statistics on 1-D samples, exact or from a mergeable log-bucketed sketch.
 
+Both modes read a sample as its ascending distinct values with their counts: exact mode from one sort of the
+samples (`distinct`), sketch mode from its non-empty buckets. Quantiles, IQM, CI and histograms read that pair.
+
 Exact (float64, equal to numpy on the same values):
 
-- quantile: linear interpolation between order statistics (``numpy.percentile`` default), any n: one
-  sort and an index, so it has no size limit (``torch.quantile`` refuses more than 2^24 values).
+- quantile: linear interpolation between order statistics (``numpy.percentile`` default), any n: the order
+  statistic of rank r is the value whose cumulative count first exceeds r (``torch.quantile`` refuses more
+  than 2^24 values; this has no limit).
 - IQM: ``mean({x : Q25 <= x <= Q75})`` (inclusive), not the mean of the two quartiles. Two distinct
   values leave that set empty: NaN, as numpy.
-- bootstrap CI of the IQM: B resamples of size n drawn with replacement from the *sorted* sample by
-  ``numpy.random.default_rng(seed).integers(0, n, (B, n))``; CI = 2.5th / 97.5th percentiles of the
-  replicate IQMs. Sorting first makes the result a function of the values alone (not of their order),
-  so it is the same on any device and for any number of ranks.
+- bootstrap CI of the IQM: resampling n values with replacement is drawing counts over the K distinct values
+  ``~ Multinomial(n, c / n)``; the IQM of each of the B resamples is read from its counts, and CI = the
+  (1 - confidence) / 2 and (1 + confidence) / 2 percentiles of the B IQMs. With ``w = ceil(tail_margin sqrt(n))``,
+  ``r25 = floor(0.25 (n - 1))``, ``r75 = ceil(0.75 (n - 1))``, the values all of whose ranks are below
+  ``r25 - w`` form the left tail, those all above ``r75 + w`` the right tail, the others are kept. The draws,
+  from ``rng = numpy.random.default_rng(seed)``: (1) ``rng.multinomial(n, [left, kept, right] / n, size=B)``
+  (the samples in each group; empty tails left out); (2) each resample's kept counts given their total T, in
+  order: ``rng.multinomial(T, kept / kept total)`` when there are at most max(256, kept samples / 8) kept
+  values, else the ``bincount`` of ``rng.integers(0, kept total, size=T)`` read as kept samples in value order;
+  (3) a resample whose left count exceeds r25 or whose right count reaches n - r75 (a quartile would read a
+  tail value: about 1e-15 of them at tail_margin 4) has both tails split over their values by
+  ``numpy.random.default_rng([seed, 1]).multinomial`` (left, then right). Every step is a conditional
+  multinomial, so each resample is exactly one of resampling with replacement; without a split its IQM reads
+  kept values only. The result is a function of the values and the seed: the same on any device and number of
+  ranks. Cost after the sort: O(B x min(kept values, kept samples)), the kept values being those within w ranks
+  of the IQR.
 
 Sketch (DDSketch-style, signed): a value x lands in bucket ``ceil(log_gamma |x|)`` on its sign's side,
 ``gamma = (1 + alpha) / (1 - alpha)``, and is read back as ``2 gamma^i / (gamma + 1)``: every order
@@ -20,6 +36,7 @@ clamped to the top bucket.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Optional
@@ -27,7 +44,9 @@ from typing import Optional
 import numpy as np
 import torch
 
-CHUNK_ELEMENTS = 1 << 21  # bootstrap replicates are drawn in chunks of about this many indices
+CHUNK_ELEMENTS = 1 << 15  # resamples per chunk: about this many counts (256 KB, below torch's parallel grain)
+TAIL_MARGIN = 4.0  # kept ranks reach TAIL_MARGIN sqrt(n) past the quartile ranks (about 9 standard deviations)
+BY_VALUE = 256, 8  # kept counts drawn value by value when at most max(256, kept samples / 8) kept values
 
 
 def _lerp(a: torch.Tensor, b: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
@@ -36,81 +55,152 @@ def _lerp(a: torch.Tensor, b: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     return torch.where(t >= 0.5, b - diff * (1 - t), a + diff * t)
 
 
-def quantile_sorted(xs: torch.Tensor, q) -> torch.Tensor:
-    """Quantile(s) ``q`` in [0, 1] of an ascending 1-D tensor (linear interpolation); NaN when empty or when
-    any value is NaN (sorting puts NaNs last), as numpy."""
-    q = torch.as_tensor(q, dtype=torch.float64, device=xs.device)
-    n = xs.numel()
-    if n == 0 or bool(torch.isnan(xs[-1])):
-        return torch.full_like(q, float("nan"))
+def _nan(shape, device) -> torch.Tensor:
+    return torch.full(shape, float("nan"), dtype=torch.float64, device=device)
+
+
+def distinct(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(values, counts)``: the ascending distinct values of ``x`` and how often each occurs (float64, NaNs
+    last, each its own value). One sort: O(n log n); everything after it is O(distinct)."""
+    values, counts = torch.unique_consecutive(x.reshape(-1).double().sort().values, return_counts=True)
+    return values, counts.double()
+
+
+def distinct_by_group(x: torch.Tensor, group: torch.Tensor, groups: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """`distinct` of all of ``x``, then of each group's values (``group`` in [0, groups) per value): one sort for
+    all, each group a masked pass over the sorted values (a subsequence of a sorted array is sorted). O(n log n +
+    groups x n)."""
+    xs, order = x.reshape(-1).double().sort()
+    group = group.reshape(-1)[order]
+    runs = lambda v: torch.unique_consecutive(v, return_counts=True)  # noqa: E731
+    return [(v, c.double()) for v, c in (runs(xs), *(runs(xs[group == g]) for g in range(groups)))]
+
+
+def abs_of_counts(values: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The distinct values of ``|x|`` and their counts, from those of x: O(K log K), no pass over the samples."""
+    magnitudes, inverse = torch.unique(values.abs(), sorted=True, return_inverse=True)
+    return magnitudes, torch.zeros_like(magnitudes).index_add_(0, inverse, counts)
+
+
+def _quantile_rows(values: torch.Tensor, cum: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Quantiles ``q`` [m] of each row of cumulative counts ``cum`` [..., K] over the ascending ``values`` [K]."""
+    n = cum[..., -1:]
     h = q * (n - 1)
-    lo = h.floor().long()
-    hi = (lo + 1).clamp(max=n - 1)
-    return _lerp(xs[lo].double(), xs[hi].double(), h - lo)
+    lo = h.floor()
+    at = lambda rank: values[torch.searchsorted(cum, rank, right=True)]  # noqa: E731  (rank-th smallest, 0-based)
+    return _lerp(at(lo), at(torch.minimum(lo + 1, n - 1)), h - lo)
+
+
+def _iqm_rows(values: torch.Tensor, counts: torch.Tensor, tied: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """IQM of each row of ``counts`` [..., K] over ``values`` [K]: the mean of the values in [Q25, Q75], a value
+    counted whole when it is ``tied`` (None: all, numpy's inclusive IQM of exact values), else (a sketch bucket
+    spread over a range) for the ranks it holds in [ceil(0.25 (n - 1)), floor(0.75 (n - 1))]. O(K) per row."""
+    cum = counts.cumsum(-1)
+    quartiles = _quantile_rows(values, cum, torch.tensor([0.25, 0.75], dtype=torch.float64, device=values.device))
+    covered = torch.where((values >= quartiles[..., :1]) & (values <= quartiles[..., 1:]), counts, 0.0)
+    if tied is not None:
+        n = cum[..., -1:]
+        ranks = torch.minimum(cum - 1, torch.floor(0.75 * (n - 1))) - torch.maximum(cum - counts, torch.ceil(0.25 * (n - 1)))
+        covered = torch.where(tied, covered, (ranks + 1).clamp(min=0))
+    return (covered * values).sum(-1) / covered.sum(-1)
+
+
+def quantile_of_counts(values: torch.Tensor, counts: torch.Tensor, q) -> torch.Tensor:
+    """Quantile(s) ``q`` in [0, 1] of the sample given as ascending distinct ``values`` and their ``counts``
+    (linear interpolation); NaN when empty or when a value is NaN, as numpy. O(K)."""
+    q = torch.as_tensor(q, dtype=torch.float64, device=values.device)
+    if values.numel() == 0 or bool(torch.isnan(values[-1])):
+        return torch.full_like(q, float("nan"))
+    return _quantile_rows(values, counts.cumsum(0), q.reshape(-1)).reshape(q.shape)
+
+
+def iqm_of_counts(values: torch.Tensor, counts: torch.Tensor, tied: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Interquartile mean ``mean({x : Q25 <= x <= Q75})`` of the sample ``(values, counts)`` (a sketch's: with
+    ``tied``, see `_iqm_rows`); NaN when empty."""
+    if values.numel() == 0 or bool(torch.isnan(values[-1])):
+        return _nan((), values.device)
+    return _iqm_rows(values, counts, tied)
+
+
+def bootstrap_iqm_ci_of_counts(values: torch.Tensor, counts: torch.Tensor, num_resamples: int = 1000, seed: int = 42,
+                               confidence: float = 0.95, tail_margin: float = TAIL_MARGIN) -> torch.Tensor:
+    """``[low, high]`` percentile bootstrap CI of the IQM of the sample ``(values, counts)`` (see the module
+    docstring); NaN when empty. O(B x min(kept values, kept samples)), kept ~ within w ranks of the IQR."""
+    if values.numel() == 0 or bool(torch.isnan(values[-1])):
+        return _nan((2,), values.device)
+    replicates = _resample_iqms(values.double().cpu(), counts.double().cpu(), num_resamples, seed, tail_margin)
+    return _percentile_interval(replicates, confidence).to(values.device)
 
 
 def quantile(x: torch.Tensor, q) -> torch.Tensor:
     """Quantile(s) ``q`` in [0, 1] of the values of ``x`` (linear interpolation, any size); NaN when empty."""
-    return quantile_sorted(x.reshape(-1).double().sort().values, q)
+    return quantile_of_counts(*distinct(x), q)
 
 
 def iqm(x: torch.Tensor) -> torch.Tensor:
     """Interquartile mean: ``mean({x : Q25 <= x <= Q75})``; NaN when empty."""
-    xs = x.reshape(-1).double().sort().values
-    if xs.numel() == 0:
-        return torch.tensor(float("nan"), dtype=torch.float64, device=x.device)
-    q25, q75 = quantile_sorted(xs, [0.25, 0.75])
-    return xs[(xs >= q25) & (xs <= q75)].mean()
+    return iqm_of_counts(*distinct(x))
 
 
-def bootstrap_iqm_ci(x: torch.Tensor, num_resamples: int = 1000, seed: int = 42,
-                     confidence: float = 0.95) -> torch.Tensor:
-    """``[low, high]`` percentile bootstrap CI of the IQM (see the module docstring); NaN when empty.
+def bootstrap_iqm_ci(x: torch.Tensor, num_resamples: int = 1000, seed: int = 42, confidence: float = 0.95,
+                     tail_margin: float = TAIL_MARGIN) -> torch.Tensor:
+    """``[low, high]`` bootstrap CI of the IQM of ``x`` (see the module docstring); NaN when empty.
+    O(n log n) for the sort, then O(B x min(kept values, kept samples))."""
+    return bootstrap_iqm_ci_of_counts(*distinct(x), num_resamples, seed, confidence, tail_margin)
 
-    Vectorized per chunk of replicates: each resample is a vector of counts over the sorted values, so its
-    quartiles are searches in the cumulative counts and its IQM a difference of cumulative sums.
-    """
-    xs = x.reshape(-1).double().sort().values
-    n = xs.numel()
-    if n == 0:
-        return torch.full((2,), float("nan"), dtype=torch.float64, device=x.device)
-    rng = np.random.default_rng(seed)
-    chunk = max(1, CHUNK_ELEMENTS // n)
-    replicates = []
-    for first in range(0, num_resamples, chunk):  # loop over chunks of replicates, each fully vectorized
-        index = torch.from_numpy(rng.integers(0, n, size=(min(chunk, num_resamples - first), n))).to(xs.device)
-        counts = torch.zeros(index.shape, dtype=torch.float64, device=xs.device)
-        counts.scatter_add_(1, index, torch.ones_like(counts))
-        replicates.append(_iqm_of_counts(xs, counts))
+
+def _percentile_interval(replicates: torch.Tensor, confidence: float) -> torch.Tensor:
     tail = (1 - confidence) / 2
-    return quantile(torch.cat(replicates), [tail, 1 - tail])
+    return quantile_of_counts(replicates.sort().values, torch.ones_like(replicates), [tail, 1 - tail])
 
 
-def _iqm_of_counts(xs: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    """IQM of each resample given as ``counts`` [k, n] over the ascending values ``xs`` [n]."""
-    n = int(counts[0].sum().item())
-    cum = counts.cumsum(1)
-    cum_x = (counts * xs).cumsum(1)
+def _resample_iqms(values: torch.Tensor, counts: torch.Tensor, num_resamples: int, seed: int, tail_margin: float,
+                   tied: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The IQMs (`_iqm_rows` with ``tied``) of ``num_resamples`` bootstrap resamples of ``(values, counts)`` (CPU,
+    ascending, counts > 0), drawn as in the module docstring: O(B x kept values) by value, O(B x kept samples)
+    sample by sample, vectorized per chunk of resamples (the bookkeeping in numpy, whose generator draws)."""
+    c = counts.numpy()
+    n, k = int(c.sum()), c.size
+    cum = np.cumsum(c)
+    width = math.ceil(tail_margin * math.sqrt(n))
+    r25, r75 = math.floor(0.25 * (n - 1)), math.ceil(0.75 * (n - 1))
+    a = int(np.searchsorted(cum, r25 - width, side="right"))  # c[:a]: the left tail (every rank below r25 - w)
+    b = int(np.searchsorted(cum - c, r75 + width, side="right"))  # c[b:]: the right tail (every rank above r75 + w)
+    kept, kept_total = c[a:b], int(c[a:b].sum())
+    totals = np.array([c[:a].sum(), kept_total, c[b:].sum()])
+    present = totals > 0
+    rng, split_rng = np.random.default_rng(seed), None
+    groups = np.zeros((num_resamples, 3), dtype=np.int64)  # left tail, kept, right tail
+    groups[:, present] = rng.multinomial(n, totals[present] / n, size=num_resamples)
+    by_value = b - a <= max(BY_VALUE[0], kept_total / BY_VALUE[1])
+    slot = None if by_value else np.repeat(np.arange(b - a), kept.astype(np.int64))  # sample -> kept value
 
-    def order_stat(rank: int) -> torch.Tensor:  # the rank-th smallest value (0-based) of each resample
-        target = torch.full((counts.shape[0], 1), float(min(rank, n - 1)), dtype=torch.float64, device=xs.device)
-        return xs[torch.searchsorted(cum, target, right=True).squeeze(1)]
+    def kept_counts(sizes: np.ndarray) -> np.ndarray:
+        if by_value:
+            return rng.multinomial(sizes, kept / kept_total)
+        return np.stack([np.bincount(slot[rng.integers(0, kept_total, size=m)], minlength=b - a) for m in sizes])
 
-    def quartile(q: float) -> torch.Tensor:
-        h = q * (n - 1)
-        lo = math.floor(h)
-        return _lerp(order_stat(lo), order_stat(lo + 1), torch.tensor(h - lo, dtype=torch.float64, device=xs.device))
+    def split(total: int, part: np.ndarray) -> np.ndarray:  # a tail's counts over its values, given its total
+        nonlocal split_rng
+        if not part.size:
+            return part
+        split_rng = split_rng or np.random.default_rng([seed, 1])
+        return split_rng.multinomial(total, part / part.sum())
 
-    q25, q75 = quartile(0.25), quartile(0.75)
-    a = torch.searchsorted(xs, q25, right=False)  # first value >= Q25
-    b = torch.searchsorted(xs, q75, right=True) - 1  # last value <= Q75
-
-    def before(cumulative: torch.Tensor, i: torch.Tensor) -> torch.Tensor:  # cumulative[i], 0 for i = -1
-        return torch.where(i >= 0, cumulative.gather(1, i.clamp(min=0)[:, None]).squeeze(1), 0.0)
-
-    total = before(cum_x, b) - before(cum_x, a - 1)
-    count = before(cum, b) - before(cum, a - 1)
-    return total / count
+    # a merged tail reads as its value nearest the kept ones: outside [Q25, Q75] while the quartiles are kept values
+    group = lambda v: torch.cat([v[a - 1:a] if a else v[:0], v[a:b], v[b:b + 1]])  # noqa: E731
+    group_values, group_tied = group(values), None if tied is None else group(tied)
+    rows, out = max(1, CHUNK_ELEMENTS // (b - a + 2)), []
+    for first in range(0, num_resamples, rows):  # loop over chunks of resamples, each vectorized
+        chunk = groups[first:first + rows]
+        middle = kept_counts(chunk[:, 1])
+        drawn = np.concatenate([chunk[:, :1][:, :int(a > 0)], middle, chunk[:, 2:][:, :int(b < k)]], axis=1)
+        iqms = _iqm_rows(group_values, torch.from_numpy(drawn).double(), group_tied)
+        for i in np.flatnonzero((chunk[:, 0] > r25) | (chunk[:, 2] >= n - r75)):  # a tail reaches a quartile: rare
+            full = np.concatenate([split(int(chunk[i, 0]), c[:a]), middle[i], split(int(chunk[i, 2]), c[b:])])
+            iqms[i] = _iqm_rows(values, torch.from_numpy(full).double(), tied)
+        out.append(iqms)
+    return torch.cat(out)
 
 
 # ------------------------------------------------------------------------------------------- sketch
@@ -154,8 +244,9 @@ class SketchSpec:
         tiny = x.abs() < self.min_value
         return torch.where(tiny, m, torch.where(x > 0, m + 1 + k, m - 1 - k))
 
+    @functools.lru_cache(maxsize=8)
     def values(self, device=None) -> torch.Tensor:
-        """The value each bucket reads back as (within relative_accuracy of anything in it)."""
+        """The value each bucket reads back as (within relative_accuracy of anything in it); cached, read-only."""
         gamma = math.exp(self.log_gamma)
         k = torch.arange(self.buckets_per_sign, dtype=torch.float64, device=device) + self._k_min
         pos = 2 * torch.exp(k * self.log_gamma) / (gamma + 1)
@@ -174,67 +265,83 @@ def sketch_counts(x: torch.Tensor, spec: SketchSpec, group: Optional[torch.Tenso
     return counts if group is None else counts.view(groups, spec.size)
 
 
-def _compact(counts: torch.Tensor, spec: SketchSpec) -> tuple[torch.Tensor, torch.Tensor]:
-    """The non-empty buckets: (values, counts), ascending."""
-    keep = counts > 0
-    return spec.values(counts.device)[keep], counts[keep]
+def sketch_distinct(counts: torch.Tensor, spec: SketchSpec) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The non-empty buckets ``(values, counts, tied)``, ascending (as `distinct` of exact samples): a bucket
+    whose two neighbours are empty is read as tied values (integers below 1 / (4 alpha) in magnitude, multiples
+    of 10 below 10 / (4 alpha), exact zeros), the others as values spread over their bucket."""
+    occupied = counts > 0
+    near = torch.zeros_like(occupied)
+    near[1:] |= occupied[:-1]
+    near[:-1] |= occupied[1:]
+    return spec.values(counts.device)[occupied], counts[occupied], ~near[occupied]
 
 
 def sketch_quantile(counts: torch.Tensor, spec: SketchSpec, q) -> torch.Tensor:
     """Quantile(s) ``q`` from bucket counts: each order statistic read from its bucket, then interpolated."""
-    values, c = _compact(counts, spec)
-    q = torch.as_tensor(q, dtype=torch.float64, device=counts.device)
-    n = int(c.sum().item())
-    if n == 0:
-        return torch.full_like(q, float("nan"))
-    cum = c.cumsum(0)
-    h = q * (n - 1)
-    lo = h.floor()
-    at = lambda rank: values[torch.searchsorted(cum, rank.clamp(max=n - 1), right=True)]  # noqa: E731
-    return _lerp(at(lo), at(lo + 1), h - lo)
-
-
-def _rank_iqm(values: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    """IQM of each row of bucket ``counts`` [k, K] over bucket ``values`` [K]: the mean of the order statistics
-    with rank in [ceil(0.25 (n-1)), floor(0.75 (n-1))], each bucket contributing the ranks it covers."""
-    cum = counts.cumsum(-1)
-    n = cum[..., -1:]
-    r_lo, r_hi = torch.ceil(0.25 * (n - 1)), torch.floor(0.75 * (n - 1))
-    first_rank = cum - counts
-    covered = (torch.minimum(cum - 1, r_hi) - torch.maximum(first_rank, r_lo) + 1).clamp(min=0)
-    return (covered * values).sum(-1) / covered.sum(-1)
+    return quantile_of_counts(*sketch_distinct(counts, spec)[:2], q)
 
 
 def sketch_iqm(counts: torch.Tensor, spec: SketchSpec) -> torch.Tensor:
-    """IQM from bucket counts (rank-based: boundary buckets count for the ranks they cover); NaN when empty."""
-    values, c = _compact(counts, spec)
-    if c.numel() == 0:
-        return torch.tensor(float("nan"), dtype=torch.float64, device=counts.device)
-    return _rank_iqm(values, c[None])[0]
+    """IQM from bucket counts: a bucket spread over a range counts for the ranks it holds within the IQR, a tied
+    one (`sketch_distinct`) whole when its value is in [Q25, Q75], as exact mode; NaN when empty."""
+    return iqm_of_counts(*sketch_distinct(counts, spec))
 
 
-BOOTSTRAP_BLOCKS = 256
+SKETCH_UNITS = 4  # resampling units of a sketch CI near each quartile (twice as many between them)
 
 
 def sketch_bootstrap_iqm_ci(counts: torch.Tensor, spec: SketchSpec, num_resamples: int = 1000, seed: int = 42,
-                            confidence: float = 0.95, blocks: int = BOOTSTRAP_BLOCKS) -> torch.Tensor:
+                            confidence: float = 0.95, tail_margin: float = TAIL_MARGIN,
+                            units: int = SKETCH_UNITS) -> torch.Tensor:
     """``[low, high]`` bootstrap CI of the IQM from bucket counts; NaN when empty.
 
-    Each resample is an exact Multinomial(n) draw (``numpy.random.default_rng(seed).multinomial``) over at
-    most ``blocks`` runs of consecutive buckets holding about n / blocks values each, a run read back as
-    the count-weighted mean of its buckets: the cost is num_resamples x blocks whatever n and the number of
-    buckets; what this leaves out is the resampling variation inside a run (second order for the IQM).
+    The exact-mode resampling (module docstring: group totals, far tails merged, the seed's stream) over the
+    non-empty buckets, whose kept part is first merged into resampling units (`_sketch_units`: about 4 x
+    ``units``, never across a sign, never with the zero bucket or a tied bucket near a quartile), each read back
+    as its count-weighted mean; each resample's IQM as `sketch_iqm`. Cost O(B x units) whatever n and the
+    number of buckets; what this leaves out is the resampling variation inside a unit (second order).
     """
-    values, c = _compact(counts.cpu(), spec)
-    n = int(c.sum().item())
-    if n == 0:
-        return torch.full((2,), float("nan"), dtype=torch.float64, device=counts.device)
-    block = ((c.cumsum(0) - c) * blocks / n).floor().long()  # consecutive buckets, about n / blocks values each
-    block_counts = torch.zeros(blocks, dtype=torch.float64).index_add_(0, block, c)
-    block_values = torch.zeros(blocks, dtype=torch.float64).index_add_(0, block, c * values)
-    keep = block_counts > 0
-    block_counts, block_values = block_counts[keep], block_values[keep] / block_counts[keep]
-    draws = np.random.default_rng(seed).multinomial(n, (block_counts / n).numpy(), size=num_resamples)
-    replicates = _rank_iqm(block_values, torch.from_numpy(draws).double())
-    tail = (1 - confidence) / 2
-    return quantile(replicates, [tail, 1 - tail]).to(counts.device)
+    return sketch_bootstrap_iqm_ci_of_counts(*sketch_distinct(counts, spec), num_resamples, seed, confidence,
+                                             tail_margin, units)
+
+
+def sketch_bootstrap_iqm_ci_of_counts(values: torch.Tensor, counts: torch.Tensor, tied: torch.Tensor,
+                                      num_resamples: int = 1000, seed: int = 42, confidence: float = 0.95,
+                                      tail_margin: float = TAIL_MARGIN, units: int = SKETCH_UNITS) -> torch.Tensor:
+    """`sketch_bootstrap_iqm_ci` from the non-empty buckets ``(values, counts, tied)`` of `sketch_distinct`."""
+    if counts.numel() == 0:
+        return _nan((2,), counts.device)
+    sample = _sketch_units(values.cpu(), counts.cpu(), tied.cpu(), tail_margin, units)
+    replicates = _resample_iqms(*sample[:2], num_resamples, seed, tail_margin, sample[2])
+    return _percentile_interval(replicates, confidence).to(counts.device)
+
+
+def _sketch_units(values: torch.Tensor, counts: torch.Tensor, tied: torch.Tensor, tail_margin: float,
+                  units: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Consecutive buckets (CPU) merged into resampling units ``(values, counts, tied)``, a unit's value the
+    count-weighted mean of its buckets'.
+
+    By a bucket's first rank: within w ranks of r25 or of r75 (w, r25, r75 as the module docstring), ``units``
+    units of equal rank span each, and a tied bucket holding a quarter of a unit's ranks or more alone; between
+    them 2 x ``units``; beyond, one unit per bucket (the tails: merged or split exactly by the resampling). A new
+    unit also starts wherever the sign changes, so the zero bucket and the two signs are never merged.
+    """
+    v, c, t = values.numpy(), counts.numpy(), tied.numpy()
+    n = int(c.sum())
+    first = np.cumsum(c) - c
+    width = math.ceil(tail_margin * math.sqrt(n))
+    r25, r75 = math.floor(0.25 * (n - 1)), math.ceil(0.75 * (n - 1))
+    bounds = np.array([r25 - width, r25 + width, max(r25 + width, r75 - width), max(r25 + width, r75 + width)], float)
+    zone = np.searchsorted(bounds, first, side="right")  # 0 and 4: beyond the kept ranks
+    span = np.maximum(np.concatenate([[1.0], np.diff(bounds), [1.0]]), 1)[zone]
+    per_zone = np.array([0, units, 2 * units, units, 0], float)[zone]
+    cell = np.floor((first - np.concatenate([[0.0], bounds])[zone]) / span * per_zone)
+    alone = (zone % 4 == 0) | (t & (zone % 2 == 1) & (4 * c * per_zone >= span))  # near a quartile: big ties
+    sign = np.sign(v)
+    new = np.ones(v.size, dtype=bool)
+    new[1:] = (zone[1:] != zone[:-1]) | (cell[1:] != cell[:-1]) | (sign[1:] != sign[:-1]) | alone[1:] | alone[:-1]
+    unit = np.cumsum(new) - 1
+    unit_counts = np.bincount(unit, weights=c)
+    unit_tied = (np.bincount(unit) == 1) & (np.bincount(unit, weights=t) == 1)
+    return (torch.from_numpy(np.bincount(unit, weights=c * v) / unit_counts), torch.from_numpy(unit_counts),
+            torch.from_numpy(unit_tied))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Literal, Optional
 
 import torch
@@ -9,38 +10,58 @@ from torchmetrics import Metric
 from torchmetrics.utilities.data import dim_zero_cat
 
 from ..functional.stats import (
-    SketchSpec, bootstrap_iqm_ci, iqm, quantile, sketch_bootstrap_iqm_ci, sketch_counts, sketch_iqm, sketch_quantile,
+    SketchSpec, abs_of_counts, bootstrap_iqm_ci_of_counts, distinct, iqm_of_counts, quantile_of_counts,
+    sketch_bootstrap_iqm_ci_of_counts, sketch_counts, sketch_distinct,
 )
 
 Mode = Literal["exact", "sketch"]
 
 
 class Distribution:
-    """The samples of one quantity: raw values (exact mode) or sketch bucket counts (sketch mode)."""
+    """The samples of one quantity, read as ascending distinct values with their counts.
+
+    Exact mode: ``values`` and ``counts`` (float64, the same length), from one sort of the samples
+    (`Distribution.exact`); every statistic is O(distinct values) after it. Sketch mode: ``counts`` are the
+    bucket counts [spec.size] of ``spec``, read once as their non-empty buckets (`sketch_distinct`).
+    """
 
     def __init__(self, values: Optional[torch.Tensor] = None, counts: Optional[torch.Tensor] = None,
                  spec: Optional[SketchSpec] = None):
         self.values, self.counts, self.spec = values, counts, spec
 
+    @classmethod
+    def exact(cls, samples: torch.Tensor) -> "Distribution":
+        """From raw samples: one sort (O(n log n))."""
+        return cls(*distinct(samples))
+
     @property
     def count(self) -> int:
-        return int(self.values.numel()) if self.values is not None else int(self.counts.sum().item())
+        return int(self.counts.sum().item())
+
+    @functools.cached_property
+    def _sample(self) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+        return (self.values, self.counts, None) if self.spec is None else sketch_distinct(self.counts, self.spec)
+
+    def distinct(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(values, counts)``: the distinct values (a sketch: its non-empty buckets' values), ascending."""
+        return self._sample[:2]
 
     def quantile(self, q) -> torch.Tensor:
-        return quantile(self.values, q) if self.values is not None else sketch_quantile(self.counts, self.spec, q)
+        return quantile_of_counts(*self._sample[:2], q)
 
     def iqm(self) -> torch.Tensor:
-        return iqm(self.values) if self.values is not None else sketch_iqm(self.counts, self.spec)
+        return iqm_of_counts(*self._sample)
 
     def iqm_ci(self, num_resamples: int = 1000, seed: int = 42, confidence: float = 0.95) -> torch.Tensor:
-        if self.values is not None:
-            return bootstrap_iqm_ci(self.values, num_resamples, seed, confidence)
-        return sketch_bootstrap_iqm_ci(self.counts, self.spec, num_resamples, seed, confidence)
+        if self.spec is None:
+            return bootstrap_iqm_ci_of_counts(self.values, self.counts, num_resamples, seed, confidence)
+        return sketch_bootstrap_iqm_ci_of_counts(*self._sample, num_resamples, seed, confidence)
 
     def abs(self) -> "Distribution":
-        """The distribution of |x| (a sketch folds its negative buckets onto the positive ones)."""
-        if self.values is not None:
-            return Distribution(values=self.values.abs())
+        """The distribution of |x| (exact: O(distinct log distinct); a sketch folds its negative buckets onto the
+        positive ones)."""
+        if self.spec is None:
+            return Distribution(*abs_of_counts(self.values, self.counts))
         m = self.spec.buckets_per_sign
         folded = torch.zeros_like(self.counts)
         folded[m:] = self.counts[m:]
@@ -49,19 +70,34 @@ class Distribution:
 
 
 def cat_samples(state, device) -> torch.Tensor:
-    """The flat float64 samples of an exact-mode ``cat`` state (a list before sync, a tensor after)."""
-    if isinstance(state, list) and not state:
+    """The flat float64 samples of an exact-mode ``cat`` state (a list before sync, a tensor after); a list's
+    pieces are first merged into one in place, so that compute holds the samples once, not twice."""
+    if not isinstance(state, list):
+        return state.reshape(-1)
+    if not state:
         return torch.zeros(0, dtype=torch.float64, device=device)
-    return dim_zero_cat(state).reshape(-1)
+    state[:] = [dim_zero_cat(state)] if len(state) > 1 else state
+    return state[0].reshape(-1)
+
+
+def append_samples(state: list, samples: torch.Tensor) -> None:
+    """Append to an exact-mode ``cat`` state, merging the newest pieces while the one before is at most twice as
+    long: lengths more than halve along the list, so n samples sit in at most log2(n) + 1 tensors (not one per
+    ``update`` call) and each is copied O(log n) times."""
+    state.append(samples)
+    while len(state) > 1 and state[-2].numel() <= 2 * state[-1].numel():
+        last = state.pop()
+        state[-1] = torch.cat([state[-1], last])
 
 
 class SampleMetric(Metric):
     """Base of the quantile-based metrics: one switch between exact and constant-memory states.
 
-    - ``mode="exact"`` (default): every sample kept (``cat`` states, float64); results equal numpy's.
+    - ``mode="exact"`` (default): every sample kept (``cat`` states, float64, merged as they arrive into at
+      most log2(n) + 1 tensors: `append_samples`); results equal numpy's.
     - ``mode="sketch"``: a signed log-bucketed histogram per quantity (``sum`` states of fixed size, about
-      ``2 ln(max/min) / relative_accuracy`` buckets, whatever the number of samples). Each quantile is within
-      ``relative_accuracy`` (relative) of the exact one; IQM / CI are read from the buckets, within
+      ``2 ln(max/min) / relative_accuracy`` buckets, whatever the number of samples). Each order statistic is
+      within ``relative_accuracy`` (relative) of the exact one; IQM / CI are read from the buckets, within
       ``relative_accuracy`` of the mean magnitude of the middle values (plus the bootstrap's own noise).
       Magnitudes below ``sketch_range[0]`` count as 0, above ``sketch_range[1]`` as the top bucket.
 
@@ -93,7 +129,7 @@ class SampleMetric(Metric):
         """Add samples; NaN (an undefined error, e.g. a zero ground truth) is left out."""
         values = values.detach().reshape(-1).to(torch.float64)
         if self.mode == "exact":
-            getattr(self, name).append(values[~torch.isnan(values)])
+            append_samples(getattr(self, name), values[~torch.isnan(values)])
         else:
             setattr(self, name, getattr(self, name) + sketch_counts(values, self.spec).to(self.device))
 
@@ -105,4 +141,4 @@ class SampleMetric(Metric):
         state = getattr(self, name)
         if self.mode == "sketch":
             return Distribution(counts=state, spec=self.spec)
-        return Distribution(values=cat_samples(state, self.device))
+        return Distribution.exact(cat_samples(state, self.device))

@@ -18,11 +18,11 @@ from ..functional.events import (
     event_type_sums, keyboard_report, keyboard_sums, mouse_action_report, mouse_action_sums, movement_r2_report,
     movement_sums, ratio, signed_percent_error, timestamp_errors,
 )
-from ..functional.stats import SketchSpec, sketch_counts
+from ..functional.stats import SketchSpec, distinct_by_group, sketch_counts
 from ..functional.tokens import TOKEN_FIELDS, event_token_stats, token_report, token_sums
 from ..tokens.codec import CodecConfig
 from ..tokens.vocab import VocabMap
-from .base import Distribution, Mode, cat_samples
+from .base import Distribution, Mode, append_samples, cat_samples
 
 N_CAT = len(CATEGORY_NAMES)
 GROUPS = ("all", *CATEGORY_NAMES)  # timestamp metrics: over all comparable events, then per category
@@ -143,7 +143,8 @@ class OWAEventMetrics(Metric):
                            dim=1).double()  # [N, all + categories]
         self.timestamp_digits += groups.T @ rows
         if self.mode == "exact":
-            self.timestamp_samples.append(torch.stack([signed_ms, percent, category.double()], dim=1)[comparable].reshape(-1))
+            append_samples(self.timestamp_samples,
+                           torch.stack([signed_ms, percent, category.double()], dim=1)[comparable].reshape(-1))
         else:  # rows of the sketch state: (quantity, group) with group 0 = all, 1 + c = category c
             n_groups = len(GROUPS)
             signed_ms = torch.where(comparable, signed_ms, float("nan"))  # NaN: left out of the sketch
@@ -158,7 +159,7 @@ class OWAEventMetrics(Metric):
         columns = torch.stack([euclidean_percent_error(p, g), signed_percent_error(p[:, 0], g[:, 0]),
                                signed_percent_error(p[:, 1], g[:, 1]), direction_error_deg(p, g)], dim=1)
         if self.mode == "exact":
-            self.mouse_samples.append(columns[is_mouse].reshape(-1))
+            append_samples(self.mouse_samples, columns[is_mouse].reshape(-1))
         else:
             columns = torch.where(is_mouse[:, None], columns, float("nan"))
             quantity = torch.arange(len(MOUSE_COLUMNS), device=columns.device).repeat_interleave(columns.shape[0])
@@ -191,9 +192,10 @@ class OWAEventMetrics(Metric):
         out["status/invalid_target_rate"] = self._warn_invalid_targets()
         if self.alignment == "teacher_forcing":
             out.update(token_report(self.token_fields, self.token_loss))
+        timestamp = self._timestamp_distributions()
         for g, group in enumerate(GROUPS):
             prefix = "timestamp" if group == "all" else f"{group}/timestamp"
-            signed, percent = self._timestamp_distributions(g)
+            signed, percent = timestamp[g]
             low, high = signed.iqm_ci(self.num_resamples, self.seed)
             out[f"{prefix}/abs_error_p95_ms"] = signed.abs().quantile(0.95)
             out[f"{prefix}/signed_error_iqm_ms"] = signed.iqm()
@@ -236,26 +238,29 @@ class OWAEventMetrics(Metric):
     def extra_repr(self) -> str:
         return f"{self.vocab.describe()}, alignment={self.alignment}, mode={self.mode}"
 
-    def _timestamp_distributions(self, group: int) -> tuple[Distribution, Distribution]:
+    def _timestamp_distributions(self) -> list[tuple[Distribution, Distribution]]:
+        """(signed error, percent error) of each of GROUPS; exact mode: one sort per quantity for all groups."""
         if self.mode == "sketch":
-            return tuple(Distribution(counts=self.timestamp_sketch[i, group], spec=self.spec) for i in range(2))
+            return [(Distribution(counts=self.timestamp_sketch[0, g], spec=self.spec),
+                     Distribution(counts=self.timestamp_sketch[1, g], spec=self.spec)) for g in range(len(GROUPS))]
         rows = _rows(self.timestamp_samples, len(TIMESTAMP_COLUMNS), self.device)
-        if group:
-            rows = rows[rows[:, 2] == group - 1]
-        return Distribution(values=rows[:, 0]), Distribution(values=_finite(rows[:, 1]))
+        category, defined = rows[:, 2].to(torch.uint8), ~torch.isnan(rows[:, 1])
+        signed = distinct_by_group(rows[:, 0], category, N_CAT)
+        percent = distinct_by_group(rows[defined, 1], category[defined], N_CAT)
+        return [(Distribution(*s), Distribution(*p)) for s, p in zip(signed, percent)]
 
     def _mouse_distributions(self) -> list[Distribution]:
         if self.mode == "sketch":
             return [Distribution(counts=self.mouse_sketch[i], spec=self.spec) for i in range(len(MOUSE_COLUMNS))]
         rows = _rows(self.mouse_samples, len(MOUSE_COLUMNS), self.device)
-        return [Distribution(values=_finite(rows[:, i])) for i in range(len(MOUSE_COLUMNS))]
+        return [Distribution.exact(_finite(rows[:, i])) for i in range(len(MOUSE_COLUMNS))]
 
     def error_histograms(self, bins: int = 50) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """``{name: (counts, edges)}`` of the signed timestamp error (ms), the mouse signed percent errors and
         the direction error (deg) over all ranks (call on every rank). The range shows the bulk: P2..P98 of the
         values, narrowed to Tukey's fences (Q1 - 1.5 IQR, Q3 + 1.5 IQR); values outside it count in the edge bins."""
         with self.sync_context():
-            signed, _ = self._timestamp_distributions(0)
+            signed, _ = self._timestamp_distributions()[0]
             _, signed_x, signed_y, direction = self._mouse_distributions()
             named = {"timestamp/signed_error_ms": signed, "mouse/signed_pe_x_pct": signed_x,
                      "mouse/signed_pe_y_pct": signed_y, "mouse/direction_error_deg": direction}
@@ -266,12 +271,7 @@ class OWAEventMetrics(Metric):
                 low, q1, q3, high = (float(v) for v in dist.quantile([0.02, 0.25, 0.75, 0.98]))
                 if q3 > q1:
                     low, high = max(low, q1 - 1.5 * (q3 - q1)), min(high, q3 + 1.5 * (q3 - q1))
-                if dist.values is not None:
-                    values, weights = dist.values.cpu().numpy(), None
-                else:
-                    keep = dist.counts > 0
-                    values = self.spec.values(dist.counts.device)[keep].cpu().numpy()
-                    weights = dist.counts[keep].cpu().numpy()
+                values, weights = (t.cpu().numpy() for t in dist.distinct())
                 high = high if high > low else low + 1
                 out[name] = np.histogram(np.clip(values, low, high), bins=bins, range=(low, high), weights=weights)
             return out
