@@ -145,6 +145,10 @@ def _sketch_case(kind: str) -> np.ndarray:
         k = int(0.003 * x.size)
         x[:k], x[k:2 * k] = -rng.integers(10, 2001, k), rng.integers(10, 2001, k)
         return x
+    if kind == "zeros_then_positives":  # a quartile on the edge of the zeros: ties decide the IQM
+        x = np.zeros(n)
+        x[:100], x[35_000:] = -rng.integers(1, 201, 100) * 10, rng.integers(1, 40, n - 35_000) * 10
+        return x
     if kind == "heavy_tailed":
         return rng.lognormal(0.0, 1.5, n) * np.where(rng.random(n) < 0.7, 1.0, -1.0)
     if kind == "bimodal":
@@ -156,8 +160,8 @@ def _sketch_case(kind: str) -> np.ndarray:
     return np.array([-12.0])  # a single value
 
 
-@pytest.mark.parametrize("kind", ["mostly_zero", "mostly_zero_both_signs", "heavy_tailed", "bimodal", "integer",
-                                  "all_equal", "single_value"])
+@pytest.mark.parametrize("kind", ["mostly_zero", "mostly_zero_both_signs", "zeros_then_positives", "heavy_tailed",
+                                  "bimodal", "integer", "all_equal", "single_value"])
 def test_sketch_stays_within_its_bounds_of_exact_mode(kind):
     """Quantiles within alpha of the two order statistics they interpolate (relative), the IQM and the CI's hold
     on the exact CI's centre within alpha times the mean |x| of the middle values (README: "Exact vs sketch"),
