@@ -36,6 +36,7 @@ class DemoConfig:
     epochs: int = 5
     batch_size: int = 8
     lr: float = 3e-3
+    threads: int = 1  # torch intra-op threads: a tiny model trains faster on one, and a busy second core cannot stall it
     metric_mode: str = "exact"
     samples: int = 2
     logger: str = "tensorboard"
@@ -125,6 +126,7 @@ def run_demo(config: DemoConfig) -> dict:
 
     from .callbacks import OWAEventMetricsCallback
 
+    torch.set_num_threads(config.threads)
     L.seed_everything(config.seed, verbose=False)
     tokenizer = build_tokenizer(format=config.format)
     vocab = VocabMap.from_tokenizer(tokenizer)
