@@ -82,25 +82,29 @@ def abs_of_counts(values: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Ten
     return magnitudes, torch.zeros_like(magnitudes).index_add_(0, inverse, counts)
 
 
-def _quantile_rows(values: torch.Tensor, cum: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """Quantiles ``q`` [m] of each row of cumulative counts ``cum`` [..., K] over the ascending ``values`` [K]."""
-    n = cum[..., -1:]
-    h = q * (n - 1)
-    lo = h.floor()
-    at = lambda rank: values[torch.searchsorted(cum, rank, right=True)]  # noqa: E731  (rank-th smallest, 0-based)
-    return _lerp(at(lo), at(torch.minimum(lo + 1, n - 1)), h - lo)
+def _quantile_rows(values: torch.Tensor, cum: torch.Tensor, n: int, q: list[float]) -> torch.Tensor:
+    """Quantiles ``q`` of each row of cumulative counts ``cum`` [..., K] (n samples each) over the ascending
+    ``values`` [K] -> [..., len(q)]: the order statistics of ranks floor(h), floor(h) + 1 (h = q (n - 1),
+    0-based; rank r is the value whose cumulative count first exceeds r), interpolated."""
+    h = [p * (n - 1) for p in q]
+    lo = [math.floor(x) for x in h]
+    ranks = torch.tensor(lo + [min(r + 1, n - 1) for r in lo], dtype=cum.dtype, device=cum.device)
+    at = values[torch.searchsorted(cum, ranks.expand(*cum.shape[:-1], -1).contiguous(), right=True)]
+    t = torch.tensor([x - r for x, r in zip(h, lo)], dtype=torch.float64, device=cum.device)
+    return _lerp(at[..., :len(q)], at[..., len(q):], t)
 
 
 def _iqm_rows(values: torch.Tensor, counts: torch.Tensor, tied: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """IQM of each row of ``counts`` [..., K] over ``values`` [K]: the mean of the values in [Q25, Q75], a value
-    counted whole when it is ``tied`` (None: all, numpy's inclusive IQM of exact values), else (a sketch bucket
-    spread over a range) for the ranks it holds in [ceil(0.25 (n - 1)), floor(0.75 (n - 1))]. O(K) per row."""
+    """IQM of each row of ``counts`` [..., K] (rows of one size n) over ``values`` [K]: the mean of the values in
+    [Q25, Q75], a value counted whole when it is ``tied`` (None: all, numpy's inclusive IQM of exact values),
+    else (a sketch bucket spread over a range) for the ranks it holds in [ceil(0.25 (n - 1)), floor(0.75 (n - 1))].
+    O(K) per row."""
     cum = counts.cumsum(-1)
-    quartiles = _quantile_rows(values, cum, torch.tensor([0.25, 0.75], dtype=torch.float64, device=values.device))
+    n = int(cum.reshape(-1, cum.shape[-1])[0, -1])
+    quartiles = _quantile_rows(values, cum, n, [0.25, 0.75])
     covered = torch.where((values >= quartiles[..., :1]) & (values <= quartiles[..., 1:]), counts, 0.0)
     if tied is not None:
-        n = cum[..., -1:]
-        ranks = torch.minimum(cum - 1, torch.floor(0.75 * (n - 1))) - torch.maximum(cum - counts, torch.ceil(0.25 * (n - 1)))
+        ranks = (cum - 1).clamp(max=math.floor(0.75 * (n - 1))) - (cum - counts).clamp(min=math.ceil(0.25 * (n - 1)))
         covered = torch.where(tied, covered, (ranks + 1).clamp(min=0))
     return (covered * values).sum(-1) / covered.sum(-1)
 
@@ -108,10 +112,11 @@ def _iqm_rows(values: torch.Tensor, counts: torch.Tensor, tied: Optional[torch.T
 def quantile_of_counts(values: torch.Tensor, counts: torch.Tensor, q) -> torch.Tensor:
     """Quantile(s) ``q`` in [0, 1] of the sample given as ascending distinct ``values`` and their ``counts``
     (linear interpolation); NaN when empty or when a value is NaN, as numpy. O(K)."""
-    q = torch.as_tensor(q, dtype=torch.float64, device=values.device)
+    q = torch.as_tensor(q, dtype=torch.float64)
     if values.numel() == 0 or bool(torch.isnan(values[-1])):
-        return torch.full_like(q, float("nan"))
-    return _quantile_rows(values, counts.cumsum(0), q.reshape(-1)).reshape(q.shape)
+        return torch.full(q.shape, float("nan"), dtype=torch.float64, device=values.device)
+    cum = counts.cumsum(0)
+    return _quantile_rows(values, cum, int(cum[-1]), q.reshape(-1).tolist()).reshape(q.shape)
 
 
 def iqm_of_counts(values: torch.Tensor, counts: torch.Tensor, tied: Optional[torch.Tensor] = None) -> torch.Tensor:
