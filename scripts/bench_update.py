@@ -7,7 +7,7 @@
 the reference that works the way the upstream OWA evaluator does: per target event, the tokenizer decodes
 the predicted and the true span to strings, a regex splits them, the codec parses them, and a per-event
 comparison record (timestamp, digit matches, mouse / keyboard fields) is appended to a Python list.
-Label tokens/s count B x T positions. Medians; threads 1 and the default.
+Label tokens/s count B x T positions. Medians, 1 thread; the compiled kernel (`backend="kernel"`) next to the torch ops, with logits and in generation.
 
 ``compute`` (one thread): one IQM + bootstrap CI (B = 1000) over n float signed percent errors (all distinct)
 in exact and sketch mode, the state bytes, and the reference's numpy IQM with a Python loop of 1000 resamples
@@ -75,7 +75,8 @@ def reference_iqm_ci(values, resamples: int = 1000, seed: int = 42):
 
 def bench_update(repeats: int) -> None:
     tokenizer = build_tokenizer()
-    print(f"torch {torch.__version__}, default threads {torch.get_num_threads()}")
+    torch.set_num_threads(1)
+    print(f"torch {torch.__version__}, 1 thread")
     print(f"{'batch':>10} {'path':<34} {'threads':>7} {'median ms':>10} {'tokens/s':>13} {'vs reference':>12}")
     for batch, seq_len in ((8, 1024), (32, 2048)):
         probe = OWAEventMetrics(tokenizer)
@@ -84,19 +85,19 @@ def bench_update(repeats: int) -> None:
         ref_s = timed(lambda: UpstreamStyleReference(tokenizer).update(preds, target), 3)
         print(f"{batch}x{seq_len:>5} {'upstream-style string path':<34} {'-':>7} {ref_s * 1e3:>10.1f} "
               f"{positions / ref_s:>13,.0f} {'1x':>12}")
-        default_threads = torch.get_num_threads()
-        for mode in ("exact", "sketch"):
-            for backend in ("torch", "kernel"):
-                for threads in (1, default_threads):
-                    torch.set_num_threads(threads)
-                    metric = OWAEventMetrics(tokenizer, mode=mode, backend=backend)
-                    for _ in range(2):  # the kernel compiles (or loads numba's cache) here, outside the timing
-                        metric.update(preds, target)
-                    s = timed(lambda: metric.update(preds, target), repeats)
-                    name = f"update ({mode}, {backend})"
-                    print(f"{batch}x{seq_len:>5} {name:<34} {threads:>7} {s * 1e3:>10.2f} "
-                          f"{positions / s:>13,.0f} {ref_s / s:>11.0f}x")
-        torch.set_num_threads(default_threads)
+        logits = torch.randn(*target.shape, len(tokenizer))
+        cases = [(mode, backend, "teacher_forcing", False) for mode in ("exact", "sketch") for backend in ("torch", "kernel")]
+        cases += [("exact", backend, "teacher_forcing", True) for backend in ("torch", "kernel")]
+        cases += [("exact", backend, "generation", False) for backend in ("torch", "kernel")]
+        for mode, backend, alignment, with_logits in cases:
+            metric = OWAEventMetrics(tokenizer, mode=mode, backend=backend, alignment=alignment)
+            args = (preds, target, logits) if with_logits else (preds, target)
+            for _ in range(2):  # the kernel compiles (or loads numba's cache) here, outside the timing
+                metric.update(*args)
+            s = timed(lambda: metric.update(*args), repeats)
+            extra = f", logits V={logits.shape[-1]}" if with_logits else (", generation" if alignment == "generation" else "")
+            name = f"update ({mode}, {backend}{extra})"
+            print(f"{batch}x{seq_len:>5} {name:<34} {1:>7} {s * 1e3:>10.2f} {positions / s:>13,.0f} {ref_s / s:>11.0f}x")
 
 
 def field_error_batches(vocab, n_events: int, batch: int = 32, seq_len: int = 2048, seed: int = 0):

@@ -267,8 +267,8 @@ def test_empty_inputs(vocab):
 @settings(max_examples=15, deadline=None)
 @given(st.data())
 def test_metric_states_are_the_same_on_the_kernel_and_the_torch_path(format_vocab, data):
-    """Every state of OWAEventMetrics (exact and sketch, both alignments, with logits under teacher forcing)
-    after the same corrupted batches, decoded by the CPU kernel and by the torch ops."""
+    """Every state of OWAEventMetrics (exact and sketch, both alignments, with or without logits under teacher
+    forcing) after the same corrupted batches: the compiled kernel (decode and accumulation) and the torch ops."""
     from owa_metrics import OWAEventMetrics
 
     alignment = data.draw(st.sampled_from(["teacher_forcing", "generation"]))
@@ -278,7 +278,7 @@ def test_metric_states_are_the_same_on_the_kernel_and_the_torch_path(format_voca
     target = torch.tensor([t + [-100] * (width - len(t)) for t in targets], dtype=torch.long)
     pred = torch.tensor([p + [0 if alignment == "teacher_forcing" else -100] * (pwidth - len(p)) for p in preds])
     logits = None
-    if alignment == "teacher_forcing":
+    if alignment == "teacher_forcing" and data.draw(st.booleans(), label="with logits"):
         logits = torch.randn(*target.shape, format_vocab.size, generator=torch.Generator().manual_seed(len(preds)))
     for mode in ("exact", "sketch"):
         metrics = [OWAEventMetrics(vocab=format_vocab, alignment=alignment, mode=mode, backend=b)
@@ -290,5 +290,8 @@ def test_metric_states_are_the_same_on_the_kernel_and_the_torch_path(format_voca
             other = states[1][name]
             if isinstance(value, list):
                 value, other = torch.cat(value) if value else value, torch.cat(other) if other else other
-            torch.testing.assert_close(torch.as_tensor(other), torch.as_tensor(value), rtol=0, atol=0, equal_nan=True,
-                                       msg=f"{mode} {name}")
+            # counts are exact; per-sequence means (a sum of ratios) and the direction error (torch's own atan2
+            # gives a last-bit difference by the element's position in the tensor) to the last bits
+            rtol = 1e-12 if name in ("keyboard", "event_counts", "mouse_samples") else 0
+            torch.testing.assert_close(torch.as_tensor(other), torch.as_tensor(value), rtol=rtol, atol=0,
+                                       equal_nan=True, msg=f"{mode} {name}")

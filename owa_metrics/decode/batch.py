@@ -172,17 +172,23 @@ def decode_batch(preds: torch.Tensor, target: torch.Tensor, vocab: VocabMap,
 
 
 def _decode_with_kernel(preds, target, vocab: VocabMap, alignment: Alignment, layouts: "_Tables") -> EventBatch:
-    if target.device.type != "cpu" or not kernel.available():
-        raise ValueError("backend='kernel' needs CPU tensors and numba: use backend='torch' (or 'auto')")
-    t_code = vocab.codes(target)
-    p_code = vocab.codes(torch.where(target < 0, IGNORE_INDEX, preds) if alignment == "teacher_forcing" else preds)
-    out = kernel.decode_arrays(t_code.numpy(), p_code.numpy(), layouts, alignment == "generation")
+    out = kernel_arrays(preds, target, vocab, alignment, layouts)
     sides = [EventFields(n_timestamp_digits=layouts.n_ts, **{k: torch.from_numpy(np.ascontiguousarray(v))
                                                              for k, v in out[side].items()})
              for side in ("target", "pred")]
     return EventBatch(seq_idx=torch.from_numpy(out["seq"]), status=torch.from_numpy(out["status"]), target=sides[0],
                       pred=sides[1], target_count=torch.from_numpy(out["target_count"]),
                       pred_count=torch.from_numpy(out["pred_count"]), num_sequences=target.shape[0], alignment=alignment)
+
+
+def kernel_arrays(preds, target, vocab: VocabMap, alignment: Alignment, layouts: "_Tables") -> dict:
+    """`kernel.decode_arrays` of checked CPU inputs (`_check_inputs`): numpy arrays, no `EventBatch`."""
+    if target.device.type != "cpu" or not kernel.available():
+        raise ValueError("backend='kernel' needs CPU tensors and numba: use backend='torch' (or 'auto')")
+    table, t_ids = vocab.codes_table.numpy(), target.numpy()
+    t_code = kernel.codes(t_ids, table)
+    p_code = kernel.codes(preds.numpy(), table, t_ids if alignment == "teacher_forcing" else None)
+    return kernel.decode_arrays(t_code, p_code, layouts, alignment == "generation")
 
 
 def _check_inputs(preds, target, alignment):

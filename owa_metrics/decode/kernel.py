@@ -45,6 +45,17 @@ def _jit(fn):
 
 
 @_jit
+def _codes(ids, table, mask_by, out):
+    """``VocabMap.codes``: the packed code of each id (``table[clamp(id, -1, size) + 1]``); where ``mask_by``
+    (the target ids under teacher forcing, else empty) is negative, the code of an ignored label."""
+    size = table.shape[0] - 2
+    masked = mask_by.shape[0] == ids.shape[0]
+    for k in range(ids.shape[0]):
+        i = -1 if masked and mask_by[k] < 0 else min(max(ids[k], -1), size)
+        out[k] = table[i + 1]
+
+
+@_jit
 def _spans(code, B, T, seq, first, last, cut, counts):
     """Every event span of every row (see `EventCodec.spans`); returns how many. Positions are row-relative."""
     n = 0
@@ -206,6 +217,15 @@ def _compare(t_status, t_kind, p_status, p_kind, generation, out):
             out[i] = TYPE_MISMATCH
         else:
             out[i] = p_status[i]
+
+
+def codes(ids: np.ndarray, table: np.ndarray, mask_by=None) -> np.ndarray:
+    """Packed codes [B, T] (int32) of token ids [B, T] (int64) read from ``VocabMap.codes_table``; with
+    ``mask_by`` (ids of the same shape) positions where it is negative read as ignored labels."""
+    out = np.empty(ids.shape, np.int32)
+    empty = np.empty(0, np.int64)
+    _codes(ids.reshape(-1), table, empty if mask_by is None else mask_by.reshape(-1), out.reshape(-1))
+    return out
 
 
 def decode_arrays(t_code: np.ndarray, p_code: np.ndarray, tables, generation: bool) -> dict:

@@ -67,20 +67,35 @@ def event_token_stats(batch: EventBatch, preds: torch.Tensor, target: torch.Tens
     field_correct = torch.bincount(bins, weights=(counted & (guesses == labels)).reshape(-1).double(),
                                    minlength=len(TOKEN_FIELDS))
     loss_sum = skipped = None
-    if logits is not None:  # cross-entropy at the labelled positions only: no copy of the whole logits
-        labels_flat = target.reshape(-1).long()
-        scored = (labels_flat >= 0).nonzero().squeeze(1)
-        picked = logits[torch.div(scored, T, rounding_mode="floor"), scored % T].float()
-        wanted = labels_flat.index_select(0, scored)
-        vocab_size = picked.shape[-1]
-        token_ce = torch.nn.functional.cross_entropy(picked, wanted.clamp(max=vocab_size - 1), reduction="none").double()
-        usable = (wanted < vocab_size) & torch.isfinite(token_ce)  # a label past the logits, a NaN / inf logit: skipped
-        token_loss = torch.zeros(B * T, dtype=torch.float64, device=target.device)
-        token_loss[scored] = torch.where(usable, token_ce, 0.0)
+    if logits is not None:
+        token_loss, skipped = token_losses(logits, target)
         cumulative = torch.cat([token_loss.new_zeros(1), token_loss.cumsum(0)])
         loss_sum = cumulative[last + 1] - cumulative[first]
-        skipped = (~usable).sum().double()
     return EventTokenStats(batch.target.category.index_select(0, rows), loss_sum, field_correct, field_total, skipped)
+
+
+def token_losses(logits: torch.Tensor, target: torch.Tensor, chunk_rows: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(token_loss [B * T] float64, skipped)``: the cross-entropy ``logsumexp(z) - z[label]`` of each labelled
+    position of ``target`` under ``logits`` [B, T, V] (0 elsewhere), computed at the labelled positions only, in
+    blocks of ``chunk_rows`` positions (default: 2048 on the CPU, where buffers of that size are reused rather than
+    faulted in anew; all at once elsewhere) — no copy of the whole logits; a label past
+    the logits' vocabulary or a non-finite loss (NaN / inf logits) is 0 and counted in ``skipped``."""
+    B, T = target.shape
+    labels_flat = target.reshape(-1)
+    scored = (labels_flat >= 0).nonzero().squeeze(1)
+    rows = logits.reshape(B * T, -1)
+    vocab_size = rows.shape[-1]
+    wanted = labels_flat.index_select(0, scored)
+    token_ce = torch.empty(scored.numel(), dtype=torch.float64, device=target.device)
+    chunk_rows = chunk_rows or (2048 if target.device.type == "cpu" else max(scored.numel(), 1))
+    for lo in range(0, scored.numel(), chunk_rows):  # a loop over blocks of positions, not over tokens
+        token_ce[lo:lo + chunk_rows] = torch.nn.functional.cross_entropy(
+            rows.index_select(0, scored[lo:lo + chunk_rows]).float(), wanted[lo:lo + chunk_rows].clamp(max=vocab_size - 1),
+            reduction="none")
+    usable = (wanted < vocab_size) & torch.isfinite(token_ce)
+    token_loss = torch.zeros(B * T, dtype=torch.float64, device=target.device)
+    token_loss.index_copy_(0, scored, torch.where(usable, token_ce, 0.0))
+    return token_loss, (~usable).sum().double()
 
 
 def token_sums(stats: EventTokenStats) -> tuple[torch.Tensor, torch.Tensor]:

@@ -11,15 +11,17 @@ import torch
 from torchmetrics import Metric
 from torchmetrics.utilities import rank_zero_warn
 
-from ..decode.batch import Alignment, Backend, EventBatch, decode_batch
+from ..decode import kernel as decode_kernel
+from ..decode.batch import Alignment, Backend, EventBatch, _check_inputs, _Tables, decode_batch, kernel_arrays
 from ..events.event import CATEGORY_NAMES, Category, Status
 from ..functional.events import (
     EVENT_COUNTS, digit_matches, digit_precision_sums, direction_error_deg, euclidean_percent_error, event_type_report,
     event_type_sums, keyboard_report, keyboard_sums, mouse_action_report, mouse_action_sums, movement_r2_report,
     movement_sums, ratio, signed_percent_error, timestamp_errors,
 )
+from ..functional import kernel as fused
 from ..functional.stats import SketchSpec, distinct_by_group, sketch_counts
-from ..functional.tokens import TOKEN_FIELDS, event_token_stats, token_report, token_sums
+from ..functional.tokens import TOKEN_FIELDS, event_token_stats, field_table, token_losses, token_report, token_sums
 from ..tokens.codec import CodecConfig
 from ..tokens.vocab import VocabMap
 from .base import Distribution, Mode, append_samples, cat_samples
@@ -76,6 +78,7 @@ class OWAEventMetrics(Metric):
         self.window_ns = vocab.config.timestamp_window_ns
         columns = vocab.config.token_format.digit_columns
         self.n_ts, self.n_delta = columns.count("timestamp"), columns.count("dx")
+        self._field_table = field_table(vocab.config).numpy()
 
         def sums(name, *shape):
             self.add_state(name, default=torch.zeros(shape, dtype=torch.float64), dist_reduce_fx="sum")
@@ -111,13 +114,18 @@ class OWAEventMetrics(Metric):
             if logits is not None and self.alignment != "teacher_forcing":
                 raise ValueError("logits give the token loss under teacher forcing only; with alignment='generation' "
                                  "pass the generated ids and the target ids alone")
+            if logits is not None and tuple(logits.shape[:-1]) != tuple(getattr(target, "shape", ())):
+                raise ValueError(f"logits {tuple(logits.shape)} must be [B, T, V] aligned with target "
+                                 f"{tuple(getattr(target, 'shape', ()))}")
+            preds, target = _check_inputs(preds, target, self.alignment)  # [B, T] int64
+            if logits is not None and logits.dim() == 2:
+                logits = logits[None]
+            if self._compiled(target):
+                self._update_compiled(preds, target, logits)
+                return
             batch = decode_batch(preds, target, self.vocab, self.alignment, self.backend)
             if self.alignment == "teacher_forcing":
-                if logits is not None and logits.shape[:-1] != target.shape:
-                    raise ValueError(f"logits {tuple(logits.shape)} must be [B, T, V] aligned with target "
-                                     f"{tuple(target.shape)}")
-                fields, loss = token_sums(event_token_stats(batch, preds.reshape(target.shape), target,
-                                                            self.vocab.config, logits))
+                fields, loss = token_sums(event_token_stats(batch, preds, target, self.vocab.config, logits))
                 self.token_fields += fields
                 self.token_loss += loss
         confusion, statuses, counts = event_type_sums(batch)
@@ -134,6 +142,42 @@ class OWAEventMetrics(Metric):
         is_mouse = comparable & ((category == int(Category.MOUSE_OP)) | (category == int(Category.MOUSE_NOP)))
         self._update_mouse(pred, true, is_mouse)
 
+    def _compiled(self, target: torch.Tensor) -> bool:
+        """Whether this update runs the compiled CPU kernel (decode and accumulate in numba, see `backend`)."""
+        if self.backend == "torch" or self.device.type != "cpu":
+            return False
+        return self.backend == "kernel" or (target.device.type == "cpu" and decode_kernel.available())
+
+    def _update_compiled(self, preds: torch.Tensor, target: torch.Tensor, logits: Optional[torch.Tensor]) -> None:
+        """The same states as the torch ops, from two compiled loops: `kernel.decode_arrays` over the tokens, then
+        `functional.kernel.accumulate` over the events (and `token_stats` under teacher forcing)."""
+        out = kernel_arrays(preds, target, self.vocab, self.alignment, _Tables.get(self.vocab.config, target.device))
+        seq, t, p = out["seq"], out["target"], out["pred"]
+        n = seq.shape[0]
+        ts_rows, mouse_rows, angle_args = np.empty((n, 3)), np.empty((n, 4)), np.empty((2, 2 * n))
+        m_ts, m_mouse = fused.accumulate(
+            seq, out["status"], t["status"], t["kind"], t["values"], t["digits"], p["kind"], p["values"], p["digits"],
+            out["target_count"], out["pred_count"], self.n_ts, self.n_delta, self.window_ns, fused.KIND_CATEGORY,
+            self.confusion.numpy(), self.statuses.numpy(), self.target_statuses.numpy(), self.event_counts.numpy(),
+            self.timestamp_digits.numpy(), self.mouse_digits.numpy(), self.keyboard.numpy(), self.mouse_action.numpy(),
+            self.movement.numpy(), ts_rows, mouse_rows, angle_args)
+        if self.alignment == "teacher_forcing":
+            token_loss, skipped = token_losses(logits, target) if logits is not None else (torch.zeros(1), 0)
+            fused.token_stats(seq, t["status"], t["kind"], t["values"], t["start"], t["end"], t["start_cut"],
+                              target.shape[1], target.numpy().reshape(-1), preds.numpy().reshape(-1),
+                              self._field_table, token_loss.numpy(), logits is not None, self.token_fields.numpy(),
+                              self.token_loss.numpy())
+            self.token_loss[0, -1] += skipped
+        mouse_rows = mouse_rows[:m_mouse]
+        mouse_rows[:, 3] = fused.direction_deg(angle_args, m_mouse)
+        timestamps, mouse = torch.from_numpy(ts_rows[:m_ts]), torch.from_numpy(mouse_rows)
+        if self.mode == "exact":
+            append_samples(self.timestamp_samples, timestamps.reshape(-1))
+            append_samples(self.mouse_samples, mouse.reshape(-1))
+        else:
+            self._add_timestamp_sketch(timestamps[:, 0], timestamps[:, 1], timestamps[:, 2].long())
+            self._add_mouse_sketch(mouse)
+
     def _update_timestamps(self, pred, true, comparable: torch.Tensor) -> None:
         signed_ms, percent = timestamp_errors(pred.timestamp_ns, true.timestamp_ns, self.window_ns)
         category = true.category.clamp(max=N_CAT - 1)
@@ -145,14 +189,17 @@ class OWAEventMetrics(Metric):
         if self.mode == "exact":
             append_samples(self.timestamp_samples,
                            torch.stack([signed_ms, percent, category.double()], dim=1)[comparable].reshape(-1))
-        else:  # rows of the sketch state: (quantity, group) with group 0 = all, 1 + c = category c
-            n_groups = len(GROUPS)
-            signed_ms = torch.where(comparable, signed_ms, float("nan"))  # NaN: left out of the sketch
-            percent = torch.where(comparable, percent, float("nan"))
-            self.timestamp_sketch += sketch_counts(
-                torch.cat([signed_ms, signed_ms, percent, percent]), self.spec,
-                torch.cat([torch.zeros_like(category), category + 1, torch.full_like(category, n_groups),
-                           category + 1 + n_groups]), 2 * n_groups).view(2, n_groups, -1)
+        else:  # NaN: left out of the sketch
+            self._add_timestamp_sketch(torch.where(comparable, signed_ms, float("nan")),
+                                       torch.where(comparable, percent, float("nan")), category)
+
+    def _add_timestamp_sketch(self, signed_ms: torch.Tensor, percent: torch.Tensor, category: torch.Tensor) -> None:
+        """Rows of the sketch state: (quantity, group) with group 0 = all, 1 + c = category c."""
+        n_groups = len(GROUPS)
+        self.timestamp_sketch += sketch_counts(
+            torch.cat([signed_ms, signed_ms, percent, percent]), self.spec,
+            torch.cat([torch.zeros_like(category), category + 1, torch.full_like(category, n_groups),
+                       category + 1 + n_groups]), 2 * n_groups).view(2, n_groups, -1)
 
     def _update_mouse(self, pred, true, is_mouse: torch.Tensor) -> None:
         p, g = torch.stack([pred.dx, pred.dy], 1), torch.stack([true.dx, true.dy], 1)
@@ -161,9 +208,7 @@ class OWAEventMetrics(Metric):
         if self.mode == "exact":
             append_samples(self.mouse_samples, columns[is_mouse].reshape(-1))
         else:
-            columns = torch.where(is_mouse[:, None], columns, float("nan"))
-            quantity = torch.arange(len(MOUSE_COLUMNS), device=columns.device).repeat_interleave(columns.shape[0])
-            self.mouse_sketch += sketch_counts(columns.T.reshape(-1), self.spec, quantity, len(MOUSE_COLUMNS))
+            self._add_mouse_sketch(torch.where(is_mouse[:, None], columns, float("nan")))
         self.mouse_action += mouse_action_sums(pred.button_flags, pred.button_data, true.button_flags,
                                                true.button_data, weight=is_mouse)
         self.movement += movement_sums(p, g, weight=is_mouse)
@@ -172,6 +217,11 @@ class OWAEventMetrics(Metric):
             digit_precision_sums(pred.dy_digits, true.dy_digits, is_mouse),
             digit_precision_sums(torch.stack([pred.dx_digits, pred.dy_digits], 2),
                                  torch.stack([true.dx_digits, true.dy_digits], 2), is_mouse)])
+
+    def _add_mouse_sketch(self, columns: torch.Tensor) -> None:
+        """``columns`` [N, MOUSE_COLUMNS] into the sketch state, one row per quantity (NaN left out)."""
+        quantity = torch.arange(len(MOUSE_COLUMNS), device=columns.device).repeat_interleave(columns.shape[0])
+        self.mouse_sketch += sketch_counts(columns.T.reshape(-1), self.spec, quantity, len(MOUSE_COLUMNS))
 
     # ----------------------------------------------------------------------------------------- compute
     def _wrap_compute(self, compute):
