@@ -264,7 +264,7 @@ def test_empty_inputs(vocab):
         assert len(batch) == 0 and batch.target_count.tolist() == [0] * shape[0]
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(st.data())
 def test_metric_states_are_the_same_on_the_kernel_and_the_torch_path(format_vocab, data):
     """Every state of OWAEventMetrics (exact and sketch, both alignments, with or without logits under teacher
