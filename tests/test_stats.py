@@ -183,7 +183,7 @@ def test_sketch_stays_within_its_bounds_of_exact_mode(kind):
 
 def test_sketch_on_heavy_tailed_signed_data(capsys):
     rng = np.random.default_rng(3)
-    n = 10**6
+    n = 3 * 10**5
     x = rng.lognormal(0.0, 1.5, size=n) * np.where(rng.random(n) < 0.7, 1.0, -1.0)
     spec = SketchSpec(relative_accuracy=0.005)
     counts = sketch_counts(torch.from_numpy(x), spec)
@@ -196,7 +196,7 @@ def test_sketch_on_heavy_tailed_signed_data(capsys):
     sketch_ci = sketch_bootstrap_iqm_ci(counts, spec)
     assert ((sketch_ci - exact_ci).abs() <= 0.02 * exact_ci.abs()).all(), (sketch_ci, exact_ci)
     sizes = {}
-    for m in (10**4, 10**5, 10**6, 10**7):
+    for m in (10**4, 10**5, 10**6):
         values = torch.from_numpy(rng.lognormal(0, 1.5, size=m))
         state = sketch_counts(values, spec)
         sizes[m] = state.numel() * state.element_size()
