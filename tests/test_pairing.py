@@ -67,11 +67,14 @@ def _compare(report, oracle):
 
 
 def _recording_batches(vocab, rng):
-    """Batches of (generated rows, target rows, origins): recording chunks (many cross the 16 s window's wrap)
+    """Batches of (generated rows, target rows, origins): recording chunks (some cross the 16 s window's wrap)
     with generated sides as above, plus empty and garbage generations and garbage inside a generation."""
     batches = []
-    for path in recording_paths():
-        events = read_recording(path)
+    for stretch, path in zip((3, 1, 2), recording_paths()):
+        events = read_recording(path)  # moved to end 3 s after a window starts, stretched: 2 or 3 wraps crossed
+        first = events[0].timestamp_ns
+        events = [dataclasses.replace(e, timestamp_ns=1000 * WINDOW_NS - 3 * 10**9 + (e.timestamp_ns - first) * stretch)
+                  for e in events]
         bounds = np.cumsum(rng.integers(15, 160, size=len(events)))
         chunks = [events[lo:hi] for lo, hi in zip([0, *bounds], bounds) if lo < len(events)]
         for lo in range(0, len(chunks), 4):
