@@ -205,3 +205,10 @@ def test_misuse_raises_saying_what_to_do(tokenizer):
         metric.update(decode_batch(ids, ids, metric.vocab, "generation", pairing="time"))
     with pytest.raises(ValueError, match="origin_ns"):
         decode_batch(ids, ids, metric.vocab, "generation", pairing="time", origin_ns=torch.zeros(3))
+
+
+def test_the_hf_adapter_refuses_time_pairing(tokenizer):
+    from owa_metrics.callbacks import OWAEventMetricsForTrainer
+
+    with pytest.raises(ValueError, match="teacher-forced logits"):
+        OWAEventMetricsForTrainer(tokenizer, alignment="generation", pairing="time")
