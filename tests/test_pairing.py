@@ -102,7 +102,8 @@ def _recording_batches(vocab, rng):
 @pytest.mark.parametrize("mode", ["exact", "sketch"])
 def test_time_pairing_equals_the_oracle_on_recordings(tokenizer, mode):
     rng = np.random.default_rng(11)
-    metric = OWAEventMetrics(tokenizer, alignment="generation", pairing="time", mode=mode)
+    metric = OWAEventMetrics(tokenizer, alignment="generation", pairing="time", mode=mode,
+                             backend="kernel" if mode == "exact" else "torch")  # both greedy_match paths
     vocab = metric.vocab
     batches = _recording_batches(vocab, rng)
     rows = {"preds": [], "targets": [], "origins": []}
@@ -171,9 +172,12 @@ def test_greedy_match_equals_the_sequential_rule(data):
     t_key, p_key = (data.draw(st.lists(keys, min_size=n, max_size=n)) for n in (n_t, n_p))
     t_ns, p_ns = (data.draw(st.lists(times, min_size=n, max_size=n)) for n in (n_t, n_p))
     tolerance = data.draw(st.integers(0, 5))
-    got = greedy_match(torch.tensor(t_key, dtype=torch.long), torch.tensor(t_ns, dtype=torch.long),
-                       torch.tensor(p_key, dtype=torch.long), torch.tensor(p_ns, dtype=torch.long), tolerance)
-    assert got.tolist() == sequential_greedy(t_key, t_ns, p_key, p_ns, tolerance)
+    want = sequential_greedy(t_key, t_ns, p_key, p_ns, tolerance)
+    for backend in ("kernel", "torch"):  # the compiled scan; deferred acceptance in torch ops
+        got = greedy_match(torch.tensor(t_key, dtype=torch.long), torch.tensor(t_ns, dtype=torch.long),
+                           torch.tensor(p_key, dtype=torch.long), torch.tensor(p_ns, dtype=torch.long), tolerance,
+                           backend)
+        assert got.tolist() == want, backend
 
 
 @settings(max_examples=100, deadline=None)
