@@ -66,7 +66,8 @@ class OWAEventMetricsCallback(Callback):
         self.max_new_tokens, self.histograms, self.confusion_figure = max_new_tokens, histograms, confusion_figure
         self.samples, self.artifacts, self.log_sanity_check = samples, artifacts, log_sanity_check
         self.metric = self._new_metric()
-        self._kept: list[tuple[torch.Tensor, torch.Tensor, int]] = []  # sample table: CPU ids and time origin
+        self._kept: list[tuple[torch.Tensor, torch.Tensor]] = []  # a few sequences for the sample table (CPU ids)
+        self._origins: list[int] = []  # their time origins (pairing="time"; -1: the first true event)
         self._generated = 0
 
     def _new_metric(self) -> OWAEventMetrics:
@@ -81,7 +82,7 @@ class OWAEventMetricsCallback(Callback):
     def on_validation_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.metric = self.metric.to(pl_module.device)
         self.metric.reset()
-        self._kept, self._generated = [], 0
+        self._kept, self._origins, self._generated = [], [], 0
 
     def on_validation_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
                                 batch_idx: int, dataloader_idx: int = 0) -> None:
@@ -114,8 +115,8 @@ class OWAEventMetricsCallback(Callback):
     def _keep(self, preds: torch.Tensor, target: torch.Tensor, origin_ns: Optional[torch.Tensor] = None) -> None:
         room = self.samples - len(self._kept)
         for b in range(min(room, preds.shape[0])):  # at most `samples` sequences per epoch
-            origin = -1 if origin_ns is None else int(origin_ns[b])
-            self._kept.append((preds[b].detach().cpu(), target[b].detach().cpu(), origin))
+            self._kept.append((preds[b].detach().cpu(), target[b].detach().cpu()))
+            self._origins.append(-1 if origin_ns is None else int(origin_ns[b]))
 
     def _generate(self, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         if batch_idx % self.every_n_batches or self._generated >= self.max_sequences:
@@ -167,10 +168,10 @@ class OWAEventMetricsCallback(Callback):
     def _sample_rows(self) -> list[list[str]]:
         if not self._kept:
             return []
-        preds, target = _stack([(p, t) for p, t, _ in self._kept])
+        preds, target = _stack(self._kept)
         batch = decode_batch(preds, target, self.metric.vocab, self.alignment, pairing=self.pairing,
                              tolerance_ms=self.tolerance_ms,
-                             origin_ns=torch.tensor([o for _, _, o in self._kept]) if self.pairing == "time" else None)
+                             origin_ns=torch.tensor(self._origins) if self.pairing == "time" else None)
         return sample_rows(batch, preds, target, self.metric.vocab, sequences=range(len(self._kept)))
 
     # ------------------------------------------------------------------------------------ checkpoints
