@@ -50,11 +50,13 @@ class OWAEventMetricsCallback(Callback):
     `OWAEventMetrics`; the format and image tokens in use are the first line the callback logs.
     """
 
-    SETTINGS = ("alignment", "pairing", "tolerance_ms", "mode", "prefix", "log_loss", "every_n_batches", "max_sequences", "predict_events",
-                "max_new_tokens", "histograms", "confusion_figure", "samples", "artifacts", "log_sanity_check")
+    SETTINGS = ("alignment", "pairing", "tolerance_ms", "mode", "prefix", "log_loss", "every_n_batches",
+                "max_sequences", "predict_events", "max_new_tokens", "histograms", "confusion_figure", "samples",
+                "artifacts", "log_sanity_check")
 
     def __init__(self, tokenizer, *, alignment: Literal["teacher_forcing", "generation"] = "teacher_forcing",
-                 pairing: Pairing = "index", tolerance_ms: float = 100.0, mode: Mode = "exact", prefix: str = "val/owa/", log_loss: bool = True,
+                 pairing: Pairing = "index", tolerance_ms: float = 100.0, mode: Mode = "exact",
+                 prefix: str = "val/owa/", log_loss: bool = True,
                  every_n_batches: int = 1, max_sequences: int = 32, predict_events: int = 4,
                  max_new_tokens: Optional[int] = None, generate_fn: Optional[Callable] = None,
                  histograms: bool = True, confusion_figure: bool = True, samples: int = 2,
@@ -76,8 +78,9 @@ class OWAEventMetricsCallback(Callback):
 
     # ------------------------------------------------------------------------------------------- hooks
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        rank_zero_info(f"OWAEventMetricsCallback: {self.metric.vocab.describe()}; alignment={self.alignment}, "
-                       f"mode={self.mode}")
+        pairing = f", pairing=time (tolerance {self.tolerance_ms} ms)" if self.pairing == "time" else ""
+        rank_zero_info(f"OWAEventMetricsCallback: {self.metric.vocab.describe()}; alignment={self.alignment}"
+                       f"{pairing}, mode={self.mode}")
 
     def on_validation_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.metric = self.metric.to(pl_module.device)
@@ -253,7 +256,8 @@ def _last_event_ns(prompt: torch.Tensor, mask: torch.Tensor, vocab) -> torch.Ten
     valid = (events.status == int(Status.VALID)).nonzero().squeeze(1)
     last = torch.full((ids.shape[0],), -1, dtype=torch.long, device=events.status.device)
     last = last.scatter_reduce(0, batch.seq_idx[valid].long(), valid, "amax")
-    return torch.where(last >= 0, events.timestamp_ns[last.clamp(min=0)] if len(events.status) else 0, -1).to(ids.device)
+    timestamp_ns = events.timestamp_ns[last.clamp(min=0)] if len(events.status) else 0
+    return torch.where(last >= 0, timestamp_ns, -1).to(ids.device)
 
 
 def _default_generate(pl_module: LightningModule, tokenizer) -> Callable:
