@@ -126,7 +126,7 @@ def test_time_pairing_equals_the_oracle_on_recordings(tokenizer, mode):
 
 def test_tolerance_and_default_origin(tokenizer):
     rng = np.random.default_rng(3)
-    for tolerance_ms in (0, 30, 400):
+    for tolerance_ms in (0, 400):  # none and wide (100 ms: the test above)
         metric = OWAEventMetrics(tokenizer, alignment="generation", pairing="time", tolerance_ms=tolerance_ms)
         preds, targets, _ = _recording_batches(metric.vocab, rng)[int(rng.integers(0, 5))]
         metric.update(pad(preds), pad(targets))
