@@ -34,6 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     evaluate.add_argument("--mode", choices=["exact", "sketch"], default="exact")
     evaluate.add_argument("--json", type=Path, help="also write every metric to this JSON file")
     evaluate.add_argument("--format", choices=FORMAT_NAMES, help="the token format (default: the target file's)")
+    evaluate.add_argument("--pairing", choices=["index", "time"], default="index",
+                          help="pair the k-th events (index) or match events within --tolerance-ms (time)")
+    evaluate.add_argument("--tolerance-ms", type=float, default=100.0, help="time pairing's tolerance (ms)")
     evaluate.add_argument("--strict", action="store_true", help="exit 1 when there are warnings (e.g. no event decodes)")
     args = parser.parse_args(argv)
     if args.command == "inspect":
@@ -43,12 +46,14 @@ def main(argv: list[str] | None = None) -> int:
 
         return demo_main(args.config, args.epochs, args.logger, args.mcap, args.out, args.format)
     if args.command == "evaluate":
-        return _evaluate(args.pred, args.target, args.mode, args.json, args.format, args.strict)
+        return _evaluate(args.pred, args.target, args.mode, args.json, args.format, args.strict, args.pairing,
+                         args.tolerance_ms)
     parser.print_help()
     return 0
 
 
-def _evaluate(pred: Path, target: Path, mode: str, json_path: Path | None, format: str | None, strict: bool) -> int:
+def _evaluate(pred: Path, target: Path, mode: str, json_path: Path | None, format: str | None, strict: bool,
+              pairing: str = "index", tolerance_ms: float = 100.0) -> int:
     import json
     import os
 
@@ -56,7 +61,7 @@ def _evaluate(pred: Path, target: Path, mode: str, json_path: Path | None, forma
     from .report import format_report
 
     try:
-        report = evaluate(pred, target, mode, format=format)
+        report = evaluate(pred, target, mode, format=format, pairing=pairing, tolerance_ms=tolerance_ms)
     except (InputError, ImportError) as err:
         print(f"owa-metrics evaluate: {err}".splitlines()[0], file=sys.stderr)
         return 2

@@ -2,7 +2,8 @@
 
 A file is an OWA MCAP recording (one sequence: the whole recording), or text / JSONL with one sequence of
 event tokens per line (JSONL: a JSON string, or an object with a "text" field). The k-th predicted sequence
-is compared with the k-th true one, event by event (generation alignment). The token format is the target
+is compared with the k-th true one, event by event (generation alignment; events paired by index, or by time
+with ``pairing="time"``). The token format is the target
 file's (`guess_format`) unless one is named.
 """
 
@@ -114,14 +115,15 @@ def to_ids(contents: list[str] | list[Event], tokenizer, vocab: VocabMap) -> lis
 
 
 def evaluate(pred_path, target_path, mode: str = "exact", batch_size: int = 16, progress: bool = True,
-             format: Optional[str] = None) -> dict:
-    """``OWAEventMetrics(alignment="generation")`` over the paired sequences of two files, in ``format`` (guessed
-    from the target file's tokens when None, see `guess_format`)."""
+             format: Optional[str] = None, pairing: str = "index", tolerance_ms: float = 100.0) -> dict:
+    """``OWAEventMetrics(alignment="generation", pairing=, tolerance_ms=)`` over the paired sequences of two files,
+    in ``format`` (guessed from the target file's tokens when None, see `guess_format`); under time pairing each
+    sequence's time origin is its first valid true event."""
     from tqdm.auto import tqdm
 
     pred_contents, target_contents = read_file(pred_path), read_file(target_path)
     tokenizer = build_tokenizer(format=format or guess_format(target_contents))
-    metric = OWAEventMetrics(tokenizer, alignment="generation", mode=mode)
+    metric = OWAEventMetrics(tokenizer, alignment="generation", mode=mode, pairing=pairing, tolerance_ms=tolerance_ms)
     preds, targets = to_ids(pred_contents, tokenizer, metric.vocab), to_ids(target_contents, tokenizer, metric.vocab)
     if len(preds) != len(targets):
         raise ValueError(f"{pred_path} has {len(preds)} sequences but {target_path} has {len(targets)}")

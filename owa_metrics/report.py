@@ -21,6 +21,7 @@ HEADLINE = (
     ("comparable_rate", "comparable events", "ratio", None),
     ("count_accuracy", "event count right (per sequence)", "ratio", GENERATION),
     ("category/macro_f1", "category macro F1", "ratio", None),
+    ("detect/f1", "detection F1 (time pairing)", "ratio", GENERATION),
     ("timestamp/abs_error_p95_ms", "timestamp abs error P95", "ms", None),
     ("timestamp/signed_error_iqm_ms", "timestamp signed error IQM", "ms", None),
     ("mouse/euclidean_iqmpe_pct", "mouse euclidean error IQM", "%", None),

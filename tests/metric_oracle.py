@@ -75,11 +75,18 @@ def oracle_report(sequences, fmt=Hierarchical):
 
     Pairs the k-th predicted with the k-th true event of each sequence; ``fmt`` gives the window and digits.
     """
+    return paired_report([([preds[k] if k < len(preds) and valid[k] else None for k in range(len(truths))], truths,
+                           len(preds)) for preds, truths, valid in sequences], fmt)
+
+
+def paired_report(sequences, fmt=Hierarchical):
+    """``sequences``: list of (the predicted event paired with each true event or None, true events, number of
+    predicted events)."""
     window = fmt.window_ns
     pairs, seq_rates, count_match = [], [], []
-    for preds, truths, valid in sequences:
-        count_match.append(len(preds) == len(truths))
-        seq = [(preds[k] if k < len(preds) and valid[k] else None, t) for k, t in enumerate(truths)]
+    for paired, truths, n_preds in sequences:
+        count_match.append(n_preds == len(truths))
+        seq = list(zip(paired, truths))
         pairs += seq
         if seq:
             seq_rates.append(np.mean([p is not None and p.kind == t.kind for p, t in seq]))

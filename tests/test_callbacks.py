@@ -387,3 +387,35 @@ def test_validation_step_may_return_an_hf_output_or_argmax_ids(tmp_path, tokeniz
     assert ("screen/loss" in logged) == (returns == "model_output")  # the loss needs logits
     assert all(close(logged[k], v, 1e-6) for k, v in by_hand.items() if k in logged)
     assert logged["comparable_rate"] == pytest.approx(by_hand["comparable_rate"])
+
+
+def test_generation_by_time_uses_the_prompts_last_event_as_origin(tmp_path, tokenizer, vocab):
+    """A model that skips the first event it should generate: the callback's time pairing equals the oracle with
+    the origin at each prompt's last event (read by the string reference path)."""
+    from matching_oracle import parse_rows, time_oracle
+
+    _, val = _loaders(vocab)
+    sequences = [x["input_ids"].tolist() for x in event_sequences(vocab)]
+    seen = []
+
+    def skip_first(input_ids, attention_mask, max_new_tokens):
+        rows = []
+        for prompt, mask in zip(input_ids, attention_mask):
+            kept = prompt[mask.bool()].tolist()
+            rest = next(s for s in sequences if s[:len(kept)] == kept)[len(kept):]
+            generated = rest[rest.index(vocab.ids["<EVENT_START>"], 1):] if rest.count(vocab.ids["<EVENT_START>"]) > 1 else []
+            seen.append((kept, generated, rest))
+            rows.append(prompt.tolist() + generated)
+        width = max(map(len, rows))
+        return [r + [-100] * (width - len(r)) for r in rows]
+
+    callback = OWAEventMetricsCallback(tokenizer, alignment="generation", pairing="time", predict_events=3,
+                                       max_sequences=6, generate_fn=skip_first, artifacts=False)
+    trainer = _trainer(tmp_path, callback, False, epochs=1)
+    trainer.validate(TinyLM(vocab.size), val)
+    logged = {k[len("val/owa/"):]: float(v) for k, v in trainer.callback_metrics.items()}
+    origins = [[e["timestamp_ns"] for e in row if e["status"] == 0][-1] for row in parse_rows([k for k, _, _ in seen], vocab)]
+    oracle = time_oracle([g for _, g, _ in seen], [r for _, _, r in seen], vocab, origins=origins)
+    assert oracle["count/missing_events"] == len(seen) and oracle["detect/recall"] < 1
+    for key, value in oracle.items():
+        assert close(logged[key], value, 1e-6), key

@@ -108,3 +108,31 @@ def test_demo_learns_and_logs_every_epoch(tmp_path, capsys):
     assert comparable[-1] > comparable[0]
     logged = {tag for tags in events.Tags().values() if isinstance(tags, list) for tag in tags}
     assert len(readme_tags()) >= 8 and readme_tags() <= logged, readme_tags() - logged  # as the README names them
+
+
+def test_evaluate_pairs_by_time(tmp_path, capsys):
+    from matching_oracle import time_oracle
+    from owa_metrics import build_tokenizer
+    from owa_metrics.evaluate import tokenize
+
+    events = read_recording(recording_paths()[0])
+    codec = EventCodec()
+    truth = "".join(map(codec.encode, events[:80]))
+    guess = "".join(map(codec.encode, events[1:40] + [dataclasses.replace(e, timestamp_ns=e.timestamp_ns + 70_000_000)
+                                                      for e in events[40:80]]))
+    (tmp_path / "true.txt").write_text(truth + "\n")
+    (tmp_path / "pred.txt").write_text(guess + "\n")
+    assert main(["evaluate", "--pred", str(tmp_path / "pred.txt"), "--target", str(tmp_path / "true.txt"),
+                 "--pairing", "time", "--tolerance-ms", "100", "--json", str(tmp_path / "out.json")]) == 0
+    report = json.loads((tmp_path / "out.json").read_text())
+    assert "detection F1 (time pairing)" in capsys.readouterr().out
+    tokenizer = build_tokenizer()
+    ids = [[tokenize(text, tokenizer.get_vocab(), tokenizer.unk_token_id)] for text in (guess, truth)]
+    from owa_metrics import VocabMap
+
+    oracle = time_oracle(*ids, VocabMap.from_tokenizer(tokenizer), tolerance_ms=100)
+    assert oracle["count/missing_events"] >= 1 and oracle["detect/time_error_abs_p50_ms"] == 70
+    assert all(abs(report[k] - v) <= 1e-9 * max(1, abs(v)) for k, v in oracle.items()), oracle
+    assert main(["evaluate", "--pred", str(tmp_path / "pred.txt"), "--target", str(tmp_path / "true.txt"),
+                 "--pairing", "time", "--tolerance-ms", "9000"]) == 2
+    assert "tolerance_ms must be in [0, 8000)" in capsys.readouterr().err

@@ -52,6 +52,10 @@ def _worker(rank, world, port, out_path):
             metric.update(preds, target)
         results[mode] = {"report": {k: v.item() for k, v in metric.compute().items()},
                          "confusion": metric.confusion_matrix().tolist()}
+    metric = OWAEventMetrics(tokenizer, alignment="generation", pairing="time")  # detection counts and samples
+    for preds, target in shards[rank]:
+        metric.update(preds, target)
+    results["time"] = {"report": {k: v.item() for k, v in metric.compute().items()}, "confusion": []}
     if world == 2:  # compute() mid-epoch on every rank, then updates on rank 0 only, then compute() again
         metric = OWAEventMetrics(tokenizer, alignment="generation")
         for preds, target in shards[rank][:MID_EPOCH[rank]]:
@@ -78,22 +82,24 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _single_process(mode):
+def _single_process(mode, pairing="index"):
     tokenizer = build_tokenizer()
-    metric = OWAEventMetrics(tokenizer, alignment="generation", mode=mode)
+    metric = OWAEventMetrics(tokenizer, alignment="generation", mode=mode, pairing=pairing)
     for shard in _batches(VocabMap.from_tokenizer(tokenizer)):
         for preds, target in shard:
             metric.update(preds, target)
-    return {k: v.item() for k, v in metric.compute().items()}, metric.confusion_matrix().tolist()
+    return {k: v.item() for k, v in metric.compute().items()}, [] if pairing == "time" else metric.confusion_matrix().tolist()
 
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_synced_compute_equals_one_process(tmp_path, world):
     expected = {mode: _single_process(mode) for mode in ("exact", "sketch")}
+    expected["time"] = _single_process("exact", "time")
     out = tmp_path / "synced.json"
     mp.spawn(_worker, args=(world, _free_port(), str(out)), nprocs=world, join=True)
     synced = json.loads(out.read_text())
-    for mode in ("exact", "sketch"):
+    assert expected["time"][0]["detect/f1"] < 1 and "detect/time_error_abs_p50_ms" in expected["time"][0]
+    for mode in ("exact", "sketch", "time"):
         got = synced[mode]
         report, confusion = expected[mode]
         assert got["confusion"] == confusion

@@ -22,6 +22,12 @@ class OWAEventMetricsForTrainer:
     """
 
     def __init__(self, tokenizer, prefix: str = "owa/", **metric_kwargs: Any):
+        if metric_kwargs.get("pairing", "index") != "index" or metric_kwargs.get("alignment", "teacher_forcing") != \
+                "teacher_forcing":
+            raise ValueError("OWAEventMetricsForTrainer scores the Trainer's teacher-forced logits, where every "
+                             "position pairs with itself: alignment / pairing do not apply. To pair generated events "
+                             "by time use OWAEventMetrics(tokenizer, alignment='generation', pairing='time') on "
+                             "generated ids, or OWAEventMetricsCallback(..., alignment='generation', pairing='time')")
         self.metric = OWAEventMetrics(tokenizer, sync_on_compute=False, **metric_kwargs)
         self.prefix = prefix
 

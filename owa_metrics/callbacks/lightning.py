@@ -13,7 +13,8 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
-from ..decode.batch import decode_batch
+from ..decode.batch import Pairing, decode_batch
+from ..events.event import Status
 from ..metrics.base import Mode
 from ..metrics.collection import OWAEventMetrics
 from ..report import SAMPLE_COLUMNS, format_report, sample_rows, sample_table
@@ -39,7 +40,8 @@ class OWAEventMetricsCallback(Callback):
     device and nothing of the logits outlives the batch. Generation: every ``every_n_batches``-th batch, up to
     ``max_sequences`` sequences per epoch, the sequence minus its last ``predict_events`` events is the prompt;
     greedy ``generate`` (or ``generate_fn(input_ids, attention_mask, max_new_tokens)``, see `GENERATE_NEEDS`)
-    continues it, and the generated events are paired with the true ones by index.
+    continues it, and the generated events are paired with the true ones by index, or with ``pairing="time"``
+    matched within ``tolerance_ms`` on the time axis unwrapped from the prompt's last event (`_last_event_ns`).
 
     Every rank computes (the metric syncs); rank zero adds, each switchable: histograms of the errors, the
     category confusion matrix as a figure, a sample table, and ``owa_metrics/epoch_{E}.json`` / ``.md`` in
@@ -48,36 +50,42 @@ class OWAEventMetricsCallback(Callback):
     `OWAEventMetrics`; the format and image tokens in use are the first line the callback logs.
     """
 
-    SETTINGS = ("alignment", "mode", "prefix", "log_loss", "every_n_batches", "max_sequences", "predict_events",
-                "max_new_tokens", "histograms", "confusion_figure", "samples", "artifacts", "log_sanity_check")
+    SETTINGS = ("alignment", "pairing", "tolerance_ms", "mode", "prefix", "log_loss", "every_n_batches",
+                "max_sequences", "predict_events", "max_new_tokens", "histograms", "confusion_figure", "samples",
+                "artifacts", "log_sanity_check")
 
     def __init__(self, tokenizer, *, alignment: Literal["teacher_forcing", "generation"] = "teacher_forcing",
-                 mode: Mode = "exact", prefix: str = "val/owa/", log_loss: bool = True,
+                 pairing: Pairing = "index", tolerance_ms: float = 100.0, mode: Mode = "exact",
+                 prefix: str = "val/owa/", log_loss: bool = True,
                  every_n_batches: int = 1, max_sequences: int = 32, predict_events: int = 4,
                  max_new_tokens: Optional[int] = None, generate_fn: Optional[Callable] = None,
                  histograms: bool = True, confusion_figure: bool = True, samples: int = 2,
                  artifacts: bool = True, log_sanity_check: bool = False, **metric_kwargs: Any):
         self.tokenizer, self.generate_fn, self.metric_kwargs = tokenizer, generate_fn, metric_kwargs
         self.alignment, self.mode, self.prefix, self.log_loss = alignment, mode, prefix, log_loss
+        self.pairing, self.tolerance_ms = pairing, tolerance_ms
         self.every_n_batches, self.max_sequences, self.predict_events = every_n_batches, max_sequences, predict_events
         self.max_new_tokens, self.histograms, self.confusion_figure = max_new_tokens, histograms, confusion_figure
         self.samples, self.artifacts, self.log_sanity_check = samples, artifacts, log_sanity_check
         self.metric = self._new_metric()
         self._kept: list[tuple[torch.Tensor, torch.Tensor]] = []  # a few sequences for the sample table (CPU ids)
+        self._origins: list[int] = []  # their time origins (pairing="time"; -1: the first true event)
         self._generated = 0
 
     def _new_metric(self) -> OWAEventMetrics:
-        return OWAEventMetrics(self.tokenizer, alignment=self.alignment, mode=self.mode, **self.metric_kwargs)
+        return OWAEventMetrics(self.tokenizer, alignment=self.alignment, mode=self.mode, pairing=self.pairing,
+                               tolerance_ms=self.tolerance_ms, **self.metric_kwargs)
 
     # ------------------------------------------------------------------------------------------- hooks
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        rank_zero_info(f"OWAEventMetricsCallback: {self.metric.vocab.describe()}; alignment={self.alignment}, "
-                       f"mode={self.mode}")
+        pairing = f", pairing=time (tolerance {self.tolerance_ms} ms)" if self.pairing == "time" else ""
+        rank_zero_info(f"OWAEventMetricsCallback: {self.metric.vocab.describe()}; alignment={self.alignment}"
+                       f"{pairing}, mode={self.mode}")
 
     def on_validation_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.metric = self.metric.to(pl_module.device)
         self.metric.reset()
-        self._kept, self._generated = [], 0
+        self._kept, self._origins, self._generated = [], [], 0
 
     def on_validation_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
                                 batch_idx: int, dataloader_idx: int = 0) -> None:
@@ -107,10 +115,11 @@ class OWAEventMetricsCallback(Callback):
         self.metric.reset()
 
     # ----------------------------------------------------------------------------------------- helpers
-    def _keep(self, preds: torch.Tensor, target: torch.Tensor) -> None:
+    def _keep(self, preds: torch.Tensor, target: torch.Tensor, origin_ns: Optional[torch.Tensor] = None) -> None:
         room = self.samples - len(self._kept)
         for b in range(min(room, preds.shape[0])):  # at most `samples` sequences per epoch
             self._kept.append((preds[b].detach().cpu(), target[b].detach().cpu()))
+            self._origins.append(-1 if origin_ns is None else int(origin_ns[b]))
 
     def _generate(self, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         if batch_idx % self.every_n_batches or self._generated >= self.max_sequences:
@@ -132,8 +141,9 @@ class OWAEventMetricsCallback(Callback):
         pad = self.tokenizer.pad_token_id
         if pad is not None:
             generated = torch.where(generated == pad, -100, generated)
-        self.metric.update(generated, target)
-        self._keep(generated, target)
+        origin = _last_event_ns(prompt, mask, self.metric.vocab) if self.pairing == "time" else None
+        self.metric.update(generated, target, origin_ns=origin)
+        self._keep(generated, target, origin)
 
     @rank_zero_only
     def _rank_zero_extras(self, trainer: Trainer, report: dict, histograms: dict, confusion) -> None:
@@ -162,7 +172,9 @@ class OWAEventMetricsCallback(Callback):
         if not self._kept:
             return []
         preds, target = _stack(self._kept)
-        batch = decode_batch(preds, target, self.metric.vocab, self.alignment)
+        batch = decode_batch(preds, target, self.metric.vocab, self.alignment, pairing=self.pairing,
+                             tolerance_ms=self.tolerance_ms,
+                             origin_ns=torch.tensor(self._origins) if self.pairing == "time" else None)
         return sample_rows(batch, preds, target, self.metric.vocab, sequences=range(len(self._kept)))
 
     # ------------------------------------------------------------------------------------ checkpoints
@@ -233,6 +245,19 @@ def _split_prompt(ids: torch.Tensor, labels: torch.Tensor, vocab, predict_events
     tail = torch.arange(T, device=ids.device) + cut[:, None]
     target = torch.where(tail < T, labels.gather(1, tail.clamp(max=T - 1)), -100)
     return prompt, mask.long(), target
+
+
+def _last_event_ns(prompt: torch.Tensor, mask: torch.Tensor, vocab) -> torch.Tensor:
+    """[B]: the timestamp (ns, within the window) of each prompt row's last valid event, -1 for none: the time
+    origin of ``pairing="time"``."""
+    ids = torch.where(mask.bool(), prompt, -100)
+    batch = decode_batch(ids, ids, vocab, "teacher_forcing")
+    events = batch.target
+    valid = (events.status == int(Status.VALID)).nonzero().squeeze(1)
+    last = torch.full((ids.shape[0],), -1, dtype=torch.long, device=events.status.device)
+    last = last.scatter_reduce(0, batch.seq_idx[valid].long(), valid, "amax")
+    timestamp_ns = events.timestamp_ns[last.clamp(min=0)] if len(events.status) else 0
+    return torch.where(last >= 0, timestamp_ns, -1).to(ids.device)
 
 
 def _default_generate(pl_module: LightningModule, tokenizer) -> Callable:

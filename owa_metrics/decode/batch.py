@@ -18,7 +18,7 @@ The decoder never loops over events or tokens in Python. It works in three steps
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Literal, NamedTuple
+from typing import TYPE_CHECKING, Literal, NamedTuple, Optional, Union
 
 import numpy as np
 import torch
@@ -29,8 +29,12 @@ from ..tokens.format import FIELDS, Role
 from ..tokens.vocab import IMAGE_BIT, ROLE_MASK, SKIP_BIT, STRUCT_BIT, VALUE_SHIFT, VocabMap
 from . import kernel
 
+if TYPE_CHECKING:
+    from .matching import TimeMatching
+
 Alignment = Literal["teacher_forcing", "generation"]
 Backend = Literal["auto", "torch", "kernel"]
+Pairing = Literal["index", "time"]
 IGNORE_INDEX = -100
 
 
@@ -100,6 +104,7 @@ class EventBatch:
     type token names another kind: under teacher forcing whatever follows it, in generation the prediction
     decodes), the prediction's own decode status (INVALID_FORMAT, MISSING_FIELDS, TRUNCATED, MISSING) or INVALID_TARGET.
     ``target_count`` / ``pred_count`` [num_sequences] count events per sequence (equal under teacher forcing).
+    ``time_matching``: what generation by time found (`owa_metrics.decode.matching.TimeMatching`), else None.
     """
 
     seq_idx: torch.Tensor
@@ -110,6 +115,7 @@ class EventBatch:
     pred_count: torch.Tensor
     num_sequences: int
     alignment: Alignment
+    time_matching: Optional["TimeMatching"] = None  # pairing="time": detection counts, errors, extra events
 
     def __len__(self) -> int:
         return int(self.seq_idx.numel())
@@ -132,7 +138,8 @@ def align_teacher_forcing(preds_or_logits: torch.Tensor, labels: torch.Tensor) -
 
 
 def decode_batch(preds: torch.Tensor, target: torch.Tensor, vocab: VocabMap,
-                 alignment: Alignment = "teacher_forcing", backend: Backend = "auto") -> EventBatch:
+                 alignment: Alignment = "teacher_forcing", backend: Backend = "auto", pairing: Pairing = "index",
+                 tolerance_ms: float = 100.0, origin_ns: Union[None, int, torch.Tensor] = None) -> EventBatch:
     """Decode predicted and target token ids into an `EventBatch` (one row per target event).
 
     ``target`` [B, T] may hold -100 (ignored: padding, image labels). Teacher forcing: ``preds`` [B, T] is
@@ -140,10 +147,19 @@ def decode_batch(preds: torch.Tensor, target: torch.Tensor, vocab: VocabMap,
     (pad them with -100), paired event by event with the target's. Malformed events become rows with a
     status; nothing raises. ``backend``: ``"auto"`` runs the compiled CPU kernel (`owa_metrics.decode.kernel`)
     for CPU tensors and the torch ops elsewhere; ``"torch"`` / ``"kernel"`` force one (the same results).
+    ``pairing="time"`` (generation only) matches generated events to true ones within ``tolerance_ms`` on the
+    time axis unwrapped from ``origin_ns`` (one or [B]; default / negative: each row's first valid target event)
+    instead of by index: see `owa_metrics.decode.matching`.
     """
     preds, target = _check_inputs(preds, target, alignment)
     if backend not in ("auto", "torch", "kernel"):
         raise ValueError(f"backend must be 'auto', 'torch' or 'kernel', got {backend!r}")
+    check_pairing(pairing, alignment)
+    if pairing == "time":
+        from .matching import decode_by_time, tolerance_ns
+
+        return decode_by_time(preds, target, vocab, backend,
+                              tolerance_ns(tolerance_ms, vocab.config.timestamp_window_ns), origin_ns)
     layouts = _Tables.get(vocab.config, target.device)
     if backend == "kernel" or (backend == "auto" and target.device.type == "cpu" and kernel.available()):
         return _decode_with_kernel(preds, target, vocab, alignment, layouts)
@@ -169,6 +185,15 @@ def decode_batch(preds: torch.Tensor, target: torch.Tensor, vocab: VocabMap,
         torch.where(decided & (pred.kind != tgt.kind), int(Status.TYPE_MISMATCH), pred.status))
     return EventBatch(seq_idx=t_spans.seq, status=status, target=tgt, pred=pred, target_count=target_count,
                       pred_count=pred_count, num_sequences=B, alignment=alignment)
+
+
+def check_pairing(pairing: Pairing, alignment: Alignment) -> None:
+    """Raise if ``pairing`` is unknown or does not apply to ``alignment``."""
+    if pairing not in ("index", "time"):
+        raise ValueError(f"pairing must be 'index' or 'time', got {pairing!r}")
+    if pairing == "time" and alignment != "generation":
+        raise ValueError("pairing='time' matches generated events to true ones: use it with alignment='generation' "
+                         "(teacher forcing pairs every position with itself)")
 
 
 def _decode_with_kernel(preds, target, vocab: VocabMap, alignment: Alignment, layouts: "_Tables") -> EventBatch:

@@ -214,10 +214,43 @@ def event_type_sums(batch: EventBatch) -> tuple[torch.Tensor, torch.Tensor, torc
     counts = torch.stack([
         torch.tensor(float(len(batch)), device=device), torch.tensor(float(batch.num_sequences), device=device),
         (batch.pred_count == batch.target_count).sum().double(), batch.pred_count.sum().double(),
-        (batch.pred_count - batch.target_count).clamp(min=0).sum().double(),
-        (batch.target_count - batch.pred_count).clamp(min=0).sum().double(),
+        *_extra_and_missing(batch),
         torch.where(seen, hits / per_seq.clamp(min=1), 0.0).sum(), seen.sum().double()])
     return confusion, statuses, counts
+
+
+def _extra_and_missing(batch: EventBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """Index pairing: the surplus of generated / target events per sequence; time pairing: the valid generated
+    events paired with nothing, and the valid target events left unpaired (status MISSING)."""
+    if batch.time_matching is not None:
+        return (batch.time_matching.extra_events.double(),
+                (batch.status == int(Status.MISSING)).sum().double())
+    return ((batch.pred_count - batch.target_count).clamp(min=0).sum().double(),
+            (batch.target_count - batch.pred_count).clamp(min=0).sum().double())
+
+
+DETECTION_MICRO = (int(Category.KEYBOARD), int(Category.MOUSE_OP), int(Category.MOUSE_NOP))
+
+
+def detection_report(counts: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per-category and micro precision / recall / F1 from TP, FP, FN counts [3, N_CAT + 1] (the last column:
+    invalid generated events, FP of no category). P = TP / (TP + FP), R = TP / (TP + FN), F1 = 2PR / (P + R),
+    each 0 when its denominator is 0; a category with no target and no generated event is left out. The micro
+    scores sum keyboard, mouse_op, mouse_nop and the invalid events: ``detect/precision|recall|f1``."""
+    counts = counts.double()
+    micro = counts[:, list(DETECTION_MICRO)].sum(1) + torch.stack([counts.new_zeros(()), counts[1, N_CAT],
+                                                                   counts.new_zeros(())])
+    out = {}
+    for name, (tp, fp, fn) in [*((f"{c}/", counts[:, i]) for i, c in enumerate(CATEGORY_NAMES)), ("", micro)]:
+        if float(tp + fp + fn) == 0:
+            continue
+        p, r = _or_zero(tp, tp + fp), _or_zero(tp, tp + fn)
+        out.update({f"detect/{name}precision": p, f"detect/{name}recall": r, f"detect/{name}f1": _or_zero(2 * p * r, p + r)})
+    return out
+
+
+def _or_zero(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
+    return torch.where(den > 0, num / den.clamp(min=1e-300), 0.0)
 
 
 def event_type_report(confusion: torch.Tensor, statuses: torch.Tensor, counts: torch.Tensor) -> dict[str, torch.Tensor]:

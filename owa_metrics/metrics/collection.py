@@ -12,10 +12,13 @@ from torchmetrics import Metric
 from torchmetrics.utilities import rank_zero_warn
 
 from ..decode import kernel as decode_kernel
-from ..decode.batch import Alignment, Backend, EventBatch, _check_inputs, _Tables, decode_batch, kernel_arrays
+from ..decode.batch import (
+    Alignment, Backend, EventBatch, Pairing, _check_inputs, _Tables, check_pairing, decode_batch, kernel_arrays,
+)
+from ..decode.matching import TimeMatching, tolerance_ns
 from ..events.event import CATEGORY_NAMES, Category, Status
 from ..functional.events import (
-    EVENT_COUNTS, digit_matches, digit_precision_sums, direction_error_deg, euclidean_percent_error, event_type_report,
+    EVENT_COUNTS, detection_report, digit_matches, digit_precision_sums, direction_error_deg, euclidean_percent_error, event_type_report,
     event_type_sums, keyboard_report, keyboard_sums, mouse_action_report, mouse_action_sums, movement_r2_report,
     movement_sums, ratio, signed_percent_error, timestamp_errors,
 )
@@ -52,6 +55,12 @@ class OWAEventMetrics(Metric):
     call syncs whatever each rank did since the last. ``persistent=True`` puts the states in ``state_dict()``
     (``torch.save`` / ``load_state_dict`` round-trip, also with ``weights_only`` loading). ``backend`` picks the
     decoder (`decode_batch`: the compiled CPU kernel for CPU tensors by default, else torch ops).
+
+    Generation pairs the k-th generated event with the k-th true one (``pairing="index"``), or matches them
+    within ``tolerance_ms`` on the unwrapped time axis (``pairing="time"``, see `owa_metrics.decode.matching`;
+    ``update(..., origin_ns=)`` gives each row's origin, by default its first valid target event): the pairs feed
+    every metric, and the detection matches add ``detect/{category}/precision|recall|f1``, the micro
+    ``detect/precision|recall|f1``, ``detect/time_error_abs_p50_ms`` and ``count/invalid_pred_events``.
     """
 
     full_state_update = False
@@ -61,7 +70,8 @@ class OWAEventMetrics(Metric):
     def __init__(self, tokenizer=None, *, vocab: Optional[VocabMap] = None, config: Optional[CodecConfig] = None,
                  format: Optional[str] = None, alignment: Alignment = "teacher_forcing", mode: Mode = "exact", relative_accuracy: float = 0.005,
                  sketch_range: tuple[float, float] = (1e-4, 1e8), num_resamples: int = 1000, seed: int = 42,
-                 persistent: bool = False, backend: Backend = "auto", **kwargs):
+                 persistent: bool = False, backend: Backend = "auto", pairing: Pairing = "index",
+                 tolerance_ms: float = 100.0, **kwargs):
         kwargs.setdefault("compute_with_cache", False)  # every compute() syncs, on every rank: no stale rank
         super().__init__(**kwargs)
         if vocab is None:
@@ -72,6 +82,9 @@ class OWAEventMetrics(Metric):
             raise ValueError(f"alignment must be 'teacher_forcing' or 'generation', got {alignment!r}")
         if mode not in ("exact", "sketch"):
             raise ValueError(f"mode must be 'exact' or 'sketch', got {mode!r}")
+        check_pairing(pairing, alignment)
+        tolerance_ns(tolerance_ms, vocab.config.timestamp_window_ns)  # raises saying what is allowed
+        self.pairing, self.tolerance_ms = pairing, tolerance_ms
         self.vocab, self.alignment, self.mode, self.backend = vocab, alignment, mode, backend
         self.spec = SketchSpec(relative_accuracy, *sketch_range)
         self.num_resamples, self.seed = num_resamples, seed
@@ -101,13 +114,26 @@ class OWAEventMetrics(Metric):
         else:
             sums("timestamp_sketch", 2, len(GROUPS), self.spec.size)  # signed error, percent error
             sums("mouse_sketch", len(MOUSE_COLUMNS), self.spec.size)
+        if pairing == "time":
+            sums("detection", 3, N_CAT + 1)  # TP, FP, FN per category; last column: invalid generated events
+            if mode == "exact":
+                self.add_state("detection_samples", default=[], dist_reduce_fx="cat")  # |a_p - a_t| ms
+            else:
+                sums("detection_sketch", self.spec.size)
         self.persistent(persistent)
 
     # ------------------------------------------------------------------------------------------ update
     def update(self, preds: Union[torch.Tensor, EventBatch], target: Optional[torch.Tensor] = None,
-               logits: Optional[torch.Tensor] = None) -> None:
+               logits: Optional[torch.Tensor] = None, origin_ns: Union[None, int, torch.Tensor] = None) -> None:
+        if origin_ns is not None and self.pairing != "time":
+            raise ValueError("origin_ns is the time origin of pairing='time': build OWAEventMetrics(..., "
+                             "alignment='generation', pairing='time') to use it")
         if isinstance(preds, EventBatch):
             batch = preds
+            if (batch.time_matching is not None) != (self.pairing == "time"):
+                raise ValueError(f"this EventBatch was paired by {'time' if batch.time_matching else 'index'} but "
+                                 f"the metric pairs by {self.pairing}: decode with decode_batch(..., "
+                                 f"pairing='{self.pairing}') or build the metric with the batch's pairing")
         else:
             if target is None:
                 raise ValueError("update(preds, target): target token ids are missing")
@@ -120,10 +146,11 @@ class OWAEventMetrics(Metric):
             preds, target = _check_inputs(preds, target, self.alignment)  # [B, T] int64
             if logits is not None and logits.dim() == 2:
                 logits = logits[None]
-            if self._compiled(target):
+            if self.pairing == "index" and self._compiled(target):
                 self._update_compiled(preds, target, logits)
                 return
-            batch = decode_batch(preds, target, self.vocab, self.alignment, self.backend)
+            batch = decode_batch(preds, target, self.vocab, self.alignment, self.backend, self.pairing,
+                                 self.tolerance_ms, origin_ns)
             if self.alignment == "teacher_forcing":
                 fields, loss = token_sums(event_token_stats(batch, preds, target, self.vocab.config, logits))
                 self.token_fields += fields
@@ -141,6 +168,15 @@ class OWAEventMetrics(Metric):
                                        weight=comparable & (category == int(Category.KEYBOARD)))
         is_mouse = comparable & ((category == int(Category.MOUSE_OP)) | (category == int(Category.MOUSE_NOP)))
         self._update_mouse(pred, true, is_mouse)
+        if batch.time_matching is not None:
+            self._update_detection(batch.time_matching)
+
+    def _update_detection(self, found: TimeMatching) -> None:
+        self.detection += found.detection_counts.to(self.detection.device)
+        if self.mode == "exact":
+            append_samples(self.detection_samples, found.detection_error_ms.to(self.device))
+        else:
+            self.detection_sketch += sketch_counts(found.detection_error_ms.to(self.device), self.spec)
 
     def _compiled(self, target: torch.Tensor) -> bool:
         """Whether this update runs the compiled CPU kernel (decode and accumulate in numba, see `backend`)."""
@@ -266,6 +302,12 @@ class OWAEventMetrics(Metric):
         for i, name in enumerate(("dx", "dy", "euclidean")):
             out.update(_levels(f"mouse/{name}_precision", self.mouse_digits[i]))
         out["mouse/r2"] = movement_r2_report(self.movement)
+        if self.pairing == "time":
+            out.update(detection_report(self.detection))
+            out["count/invalid_pred_events"] = self.detection[1, N_CAT]
+            errors = (Distribution(counts=self.detection_sketch, spec=self.spec) if self.mode == "sketch"
+                      else Distribution.exact(cat_samples(self.detection_samples, self.device)))
+            out["detect/time_error_abs_p50_ms"] = errors.quantile(0.5)
         return {k: torch.as_tensor(v, dtype=torch.float64).to(self.device) for k, v in out.items()
                 if not bool(torch.isnan(torch.as_tensor(v)))}
 
@@ -286,7 +328,8 @@ class OWAEventMetrics(Metric):
         return rate
 
     def extra_repr(self) -> str:
-        return f"{self.vocab.describe()}, alignment={self.alignment}, mode={self.mode}"
+        pairing = f", pairing={self.pairing}, tolerance_ms={self.tolerance_ms}" if self.pairing == "time" else ""
+        return f"{self.vocab.describe()}, alignment={self.alignment}{pairing}, mode={self.mode}"
 
     def _timestamp_distributions(self) -> list[tuple[Distribution, Distribution]]:
         """(signed error, percent error) of each of GROUPS; exact mode: one sort per quantity for all groups."""
