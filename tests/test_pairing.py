@@ -8,11 +8,12 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from owa_metrics import OWAEventMetrics, decode_batch
+from owa_metrics import Event, OWAEventMetrics, decode_batch
 from owa_metrics.decode import greedy_match, unwrap_ns
 from owa_metrics.events import read_recording, simulate_session
 from conftest import recording_paths
 from matching_oracle import greedy, time_oracle, unwrap
+from metric_oracle import FORMATS
 
 WINDOW_NS = 16_000_000_000
 
@@ -67,11 +68,11 @@ def _compare(report, oracle):
 
 
 def _recording_batches(vocab, rng):
-    """Batches of (generated rows, target rows, origins): recording chunks (some cross the 16 s window's wrap)
-    with generated sides as above, plus empty and garbage generations and garbage inside a generation."""
+    """Batches of (generated rows, target rows, origins): recording chunks (some cross the window's wrap) with
+    generated sides as above, plus empty and garbage generations and garbage inside a generation."""
     batches = []
     for stretch, path in zip((3, 1, 2), recording_paths()):
-        events = read_recording(path)  # moved to end 3 s after a window starts, stretched: 2 or 3 wraps crossed
+        events = read_recording(path, vocab.config.format)  # moved to end 3 s after a window starts, stretched: 2 or 3 wraps crossed
         first = events[0].timestamp_ns
         events = [dataclasses.replace(e, timestamp_ns=1000 * WINDOW_NS - 3 * 10**9 + (e.timestamp_ns - first) * stretch)
                   for e in events]
@@ -131,6 +132,39 @@ def test_tolerance_and_default_origin(tokenizer):
         preds, targets, _ = _recording_batches(metric.vocab, rng)[int(rng.integers(0, 5))]
         metric.update(pad(preds), pad(targets))
         _compare(metric.compute(), time_oracle(preds, targets, metric.vocab, tolerance_ms))
+
+
+def test_time_pairing_in_each_format(format_vocab):
+    """Both token formats (16 s and 10 s windows), origins given for some rows: equal to the oracle."""
+    rng = np.random.default_rng(8)
+    metric = OWAEventMetrics(vocab=format_vocab, alignment="generation", pairing="time")
+    rows = {"preds": [], "targets": [], "origins": []}
+    for preds, targets, origins in _recording_batches(format_vocab, rng)[::4]:
+        metric.update(pad(preds), pad(targets), origin_ns=torch.tensor(origins))
+        for key, part in zip(rows, (preds, targets, origins)):
+            rows[key] += part
+    _compare(metric.compute(), time_oracle(rows["preds"], rows["targets"], format_vocab, origins=rows["origins"],
+                                           fmt=FORMATS[format_vocab.config.format]))
+
+
+def test_the_origin_decides_which_window_a_first_event_falls_in(tokenizer):
+    """Hand-computed (16 s window): targets A at 7 s and 12 s, one generated A at 12 s. From the origin 0 the
+    generated event unwraps to 0 + signed(12 s) = -4 s: nothing within 100 ms, precision = recall = 0, 2 missing,
+    1 extra. From the default origin (the first target, 7 s) it unwraps to 7 + signed(5 s) = 12 s: one match,
+    precision 1, recall 1 / 2."""
+    key = dict(kind="keyboard", vk=65, action="press")
+    targets = [Event(timestamp_ns=7 * 10**9, **key), Event(timestamp_ns=12 * 10**9, **key)]
+    got = {}
+    for origin in (0, -1):
+        metric = OWAEventMetrics(tokenizer, alignment="generation", pairing="time")
+        metric.update(pad([metric.vocab.encode(targets[1:])]), pad([metric.vocab.encode(targets)]),
+                      origin_ns=torch.tensor([origin]))
+        got[origin] = {k: float(v) for k, v in metric.compute().items()}
+    assert got[0]["detect/precision"] == 0 and got[0]["detect/recall"] == 0
+    assert got[0]["count/missing_events"] == 2 and got[0]["count/extra_events"] == 1
+    assert got[-1]["detect/precision"] == 1 and got[-1]["detect/recall"] == 0.5
+    assert got[-1]["count/missing_events"] == 1 and got[-1]["count/extra_events"] == 0
+    assert got[-1]["timestamp/abs_error_p95_ms"] == 0
 
 
 def test_story_one_dropped_event(tokenizer):
