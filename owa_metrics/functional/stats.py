@@ -266,7 +266,8 @@ def sketch_counts(x: torch.Tensor, spec: SketchSpec, group: Optional[torch.Tenso
     bucket = spec.index(torch.nan_to_num(x))
     if group is not None:
         bucket = bucket + group.reshape(-1) * spec.size
-    counts = torch.bincount(bucket, weights=(~torch.isnan(x)).double(), minlength=groups * spec.size)
+    counts = torch.zeros(groups * spec.size, dtype=torch.float64, device=x.device).index_add_(
+        0, bucket, (~torch.isnan(x)).double())  # no host sync (a CUDA bincount reads the range of its input)
     return counts if group is None else counts.view(groups, spec.size)
 
 
