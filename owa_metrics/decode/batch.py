@@ -241,14 +241,14 @@ def _decode_with_torch(preds, target, vocab: VocabMap, alignment: Alignment, L: 
                             for x in scans.spans(at))
     status, kind, values, digits = _decode_rows(code.view(-1), first, last, cut, L, present)
     row_start = torch.div(first, W, rounding_mode="floor") * W
-    rows = torch.stack([status, kind, first - row_start, last - row_start, cut.long()])
+    rows = torch.stack([status, kind, first - row_start, last - row_start])
     if present is not None:  # a target event without its k-th generated one: MISSING, no span
         rows = torch.where(present, rows, L.missing[:, None])
-    status, kind, start, end, cut = rows.view(5, 2, n).unbind(0)
-    values = values.view(len(VALUE_COLUMNS), 2, n).permute(1, 2, 0).contiguous()
-    digits = digits.view(L.n_digits, 2, n).permute(1, 2, 0).contiguous()
-    tgt, pred = (EventFields(status=status[i], kind=kind[i], values=values[i], digits=digits[i], start=start[i],
-                             end=end[i], start_cut=cut[i].bool(), n_timestamp_digits=L.n_ts) for i in (0, 1))
+        cut = cut & present
+    rows, cuts = rows.view(8, n).unbind(0), cut.view(2, n).unbind(0)
+    values, digits = (x.view(x.shape[0], 2, n).permute(1, 2, 0).unbind(0) for x in (values, digits))  # [n, columns]
+    tgt, pred = (EventFields(status=rows[i], kind=rows[2 + i], values=values[i], digits=digits[i], start=rows[4 + i],
+                             end=rows[6 + i], start_cut=cuts[i], n_timestamp_digits=L.n_ts) for i in (0, 1))
     # a type token of another kind is a type mismatch; under teacher forcing whatever the data tokens after it
     decided = pred.status == int(Status.VALID) if generation else pred.kind >= 0
     status = torch.where(
@@ -360,30 +360,36 @@ class _Tables:
             "digit_sign": self.digit_sign.cpu().numpy(), "digit_field": self.digit_field.cpu().numpy().astype(np.int64)}
         self.n_ts = columns.count("timestamp")
         self.unit_ns, self.scroll_unit = fmt.timestamp_unit_ns, fmt.scroll_unit
-        self.offsets = torch.arange(self.width, dtype=torch.int32, device=device)[:, None]
+        # the torch ops check one slot more: a run layout's first data token (an image token or an ignored label);
+        # in another layout the slot after <EVENT_END> accepts nothing (a teacher-forced prediction ending early)
+        self.window = self.width + 1
+        data = [(1 << int(Role.IMAGE)) | (1 << int(Role.IGNORED)) | 0x7FFF << 16]
+        window_rules = [(row[:len(r)] + (data if run >= 0 else [0]) + row[len(r):])[:self.window]
+                        for row, r, run in zip(rules, slot_rules, runs)]
+        checked = [len(r) + (run >= 0) for r, run in zip(slot_rules, runs)]  # slots whose failure is a status
+        self.offsets = torch.arange(self.window, dtype=torch.int32, device=device)[:, None]
+        self.place = torch.nn.functional.pad(self.fields, (0, 1))
         # values of a row that does not decode: category INVALID, numbers 0
         self.blank = torch.tensor([int(Category.INVALID)] + [0] * 7, device=device)
-        # for the torch ops: each layout's columns in one row (rules, length, run start, modulus, the modulus'
-        # half (no modulus: never reached), digit slots, digit signs), and lookups by role or by kind + 1
+        # for the torch ops: each layout's columns in one row (window rules, checked slots, run start, modulus,
+        # the modulus' half (no modulus: never reached), digit slots, digit signs), and lookups by role or kind + 1
         self.n_layouts, self.n_digits = n_lay, len(columns)
-        self.digits_at = self.width + 2 + 2 * n_f
+        self.digits_at = self.window + 2 + 2 * n_f
         half = torch.where(self.modulus > 0, self.modulus // 2, 1 << 62)
-        self.by_layout = torch.cat([self.rules.long(), self.length[:, None], self.run_start[:, None], self.modulus,
-                                    half, self.digit_slots, self.digit_sign.long()], dim=1)
+        self.by_layout = torch.cat([torch.tensor(window_rules, device=device), torch.tensor(checked, device=device)[:, None],
+                                    self.run_start[:, None], self.modulus, half, self.digit_slots,
+                                    self.digit_sign.long()], dim=1)
         roles = torch.arange(ROLE_MASK + 1)
         self.kind_of_role = torch.where((roles >= int(Role.KEYBOARD)) & (roles <= int(Role.SCREEN)),
                                         roles - int(Role.KEYBOARD), -1).to(device)
         self.layout_of_kind = torch.cat([self.kind_layout[:1], self.kind_layout])  # kind -1 reads as keyboard
         ends = (roles == int(Role.END)) | (roles == int(Role.IGNORED))  # where a field was expected
         self.missing_status = torch.where(ends, int(Status.MISSING_FIELDS), int(Status.INVALID_FORMAT)).to(device)
-        data = (roles == int(Role.IMAGE)) | (roles == int(Role.IGNORED))  # the first token of a screen's data
-        self.run_status = torch.where(data, int(Status.VALID), torch.where(
-            roles == int(Role.END), int(Status.MISSING_FIELDS), int(Status.INVALID_FORMAT))).to(device)
         self.kind_category = torch.tensor([int(Category.KEYBOARD), int(Category.KEYBOARD), int(Category.MOUSE_NOP),
                                            int(Category.SCREEN)], device=device)
         self.units = torch.tensor([self.unit_ns if f == "timestamp" else self.scroll_unit if f == "scroll" else 1
                                    for f in FIELDS], device=device)[:, None]
-        self.missing = torch.tensor([int(Status.MISSING), -1, -1, -1, 0], device=device)  # status, kind, span, cut
+        self.missing = torch.tensor([int(Status.MISSING), -1, -1, -1], device=device)  # status, kind, span
 
     @classmethod
     def get(cls, config: CodecConfig, device) -> "_Tables":
@@ -403,44 +409,39 @@ def _decode_rows(flat: torch.Tensor, first: torch.Tensor, last: torch.Tensor, cu
     n = first.numel()
     cut = cut.long()
     slot0 = first - cut  # flat position of <EVENT_START> (virtual for a cut-off start)
-    window = flat.index_select(0, (slot0 + L.offsets).clamp(0, flat.numel() - 1).view(-1)).view(L.width, n)
+    window = flat.index_select(0, (slot0 + L.offsets).clamp(0, flat.numel() - 1).view(-1)).view(L.window, n)
     r, v = window & ROLE_MASK, (window >> VALUE_SHIFT) - 1
     span_len = last - slot0 + 1
 
     kind = torch.where(span_len > 1, L.kind_of_role.index_select(0, r[1]), -1)
     lay = L.layout_of_kind.index_select(0, kind + 1)
     for base, longer, at, role in L.variants:  # the format's extended layouts (a mouse event with a scroll)
-        lay = torch.where((lay == base) & (span_len > at) & (r[min(at, L.width - 1)] == role), longer, lay)
+        lay = torch.where((lay == base) & (span_len > at) & (r[at] == role), longer, lay)
     table = L.by_layout.index_select(0, lay).T  # [columns, N]: this row's layout
-    rules, (length, run_start) = table[:L.width], table[L.width:L.width + 2]
-    modulus, half = table[L.width + 2:L.width + 2 + len(FIELDS)], table[L.width + 2 + len(FIELDS):L.digits_at]
+    rules, (checked, run_start) = table[:L.window], table[L.window:L.window + 2]
+    modulus, half = table[L.window + 2:L.window + 2 + len(FIELDS)], table[L.window + 2 + len(FIELDS):L.digits_at]
     slots, signed = table[L.digits_at:L.digits_at + L.n_digits], table[L.digits_at + L.n_digits:]
 
     # slot by slot: the first slot whose token is not accepted, or the first past the span, gives the status
     accepted = (rules >> r) & (v < (rules >> 16)) & 1
-    first_bad = torch.where((accepted == 0) & (L.offsets >= cut) & (L.offsets < span_len), L.offsets, L.width).amin(0)
-    bad_role = r.gather(0, first_bad.clamp(max=L.width - 1)[None]).squeeze(0)
-    status = torch.where(first_bad < length, L.missing_status.index_select(0, bad_role),
-                         torch.where(span_len < length, int(Status.TRUNCATED), int(Status.VALID)))
-
-    # a run (screen data): image tokens (or ignored labels) closed by <EVENT_END> at the span's last token;
-    # otherwise tokens after the layout's <EVENT_END> inside the span (a teacher-forced prediction ending early)
+    first_bad = torch.where((accepted == 0) & (L.offsets >= cut) & (L.offsets < span_len), L.offsets, L.window).amin(0)
+    bad_role = r.gather(0, first_bad.clamp(max=L.window - 1)[None]).squeeze(0)
+    # a run (screen data): image tokens (or ignored labels) closed by <EVENT_END> at the span's last token
     not_image = ((flat & IMAGE_BIT) == 0).cumsum(0, dtype=torch.int32)
-    data_end, data_start = not_image.index_select(0, torch.cat([last, (slot0 + run_start - 1).clamp(0, flat.numel() - 1)])).view(2, n)
-    others = data_end - data_start
-    first_data = L.run_status.index_select(0, r.gather(0, run_start.clamp(0, L.width - 1)[None]).squeeze(0))
+    ends = not_image.index_select(0, torch.cat([last, (slot0 + run_start - 1).clamp(0, flat.numel() - 1)])).view(2, n)
+    others = ends[0] - ends[1]  # tokens from the data's start to the span's last that are not image tokens
     closed = (others == 1) & ((flat.index_select(0, last) & ROLE_MASK) == int(Role.END))
-    run_status = torch.where(others <= 0, int(Status.TRUNCATED),
-                             torch.where(first_data != int(Status.VALID), first_data,
-                                         torch.where(closed, int(Status.VALID), int(Status.INVALID_FORMAT))))
-    after_end = torch.where(length < span_len, int(Status.INVALID_FORMAT), int(Status.VALID))
-    status = torch.where(status == int(Status.VALID), torch.where(run_start >= 0, run_status, after_end), status)
+    tail = torch.where(run_start >= 0, torch.where(others <= 0, int(Status.TRUNCATED),
+                                                   torch.where(closed, int(Status.VALID), int(Status.INVALID_FORMAT))),
+                       torch.where(first_bad < L.window, int(Status.INVALID_FORMAT), int(Status.VALID)))
+    status = torch.where(first_bad < checked, L.missing_status.index_select(0, bad_role),
+                         torch.where(span_len < checked, int(Status.TRUNCATED), tail))
     ok = status == int(Status.VALID)
     if present is not None:
         ok &= present
 
     # every field of every layout in one product, then each row's layout: (-1)^minus * sum(value * place)
-    per_layout = (L.fields @ v.double()).view(2, L.n_layouts, len(FIELDS), n)
+    per_layout = (L.place @ v.double()).view(2, L.n_layouts, len(FIELDS), n)
     magnitude, minus = per_layout.gather(1, lay.view(1, 1, 1, n).expand(2, 1, len(FIELDS), n)).squeeze(1)
     number = (magnitude * (1 - 2 * minus)).round().long()
     number = number - modulus * (number >= half)  # a field read modulo its range: the upper half is negative

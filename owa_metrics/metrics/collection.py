@@ -176,7 +176,7 @@ class OWAEventMetrics(Metric):
         groups = plan.groups.index_select(0, category + 4 * comparable + 8 * valid)
         same = p_values == t_values
         digits = p.digits == t.digits
-        delta = digits[:, self.n_ts:].view(-1, 2, self.n_delta)
+        delta = digits[:, self.n_ts:].reshape(-1, 2, self.n_delta)
         flags = t_values[:, 6:8] != 0
         moves, true_moves = p_values[:, 4:6] - t_values[:, 4:6], t_values[:, 4:6]
         kb_right = same[:, 2:4].all(1, keepdim=True)
