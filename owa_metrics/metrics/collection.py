@@ -170,25 +170,25 @@ class OWAEventMetrics(Metric):
         plan = _Plan.get(self, batch.pred.values.device, tokens is not None, with_loss, batch.time_matching is not None)
         t, p = batch.target, batch.pred
         t_values, p_values = t.values, p.values
-        valid, comparable = t.status == int(Status.VALID), batch.status == int(Status.VALID)
-        category = t_values[:, 0].clamp(max=N_CAT - 1)
-        key = ((batch.status * len(Status) + t.status) * (N_CAT + 1) + p_values[:, 0]) * 4 + p.kind + 1
-        groups = plan.groups.index_select(0, category + 4 * comparable + 8 * valid)
+        category = t_values[:, 0]
+        status_key = (batch.status * len(Status) + t.status) * (N_CAT + 1) + p_values[:, 0]
+        looked_up = plan.rows.index_select(0, status_key * 4 * (N_CAT + 1) + p.kind * (N_CAT + 1) + category + N_CAT + 1)
+        onehots, groups = looked_up[:, :plan.ONE + 1], looked_up[:, plan.ONE + 1:]
         same = p_values == t_values
         digits = p.digits == t.digits
         delta = digits[:, self.n_ts:].reshape(-1, 2, self.n_delta)
         flags = t_values[:, 6:8] != 0
         moves, true_moves = p_values[:, 4:6] - t_values[:, 4:6], t_values[:, 4:6]
         kb_right = same[:, 2:4].all(1, keepdim=True)
-        x = torch.cat([plan.onehots.index_select(0, key), digits[:, :self.n_ts].cumprod(1), same[:, 2:4], kb_right,
+        x = torch.cat([onehots, digits[:, :self.n_ts].cumprod(1), same[:, 2:4], kb_right,
                        torch.stack([same[:, 6:8] & flags, flags], 2).view(-1, 4), (moves * moves).sum(1, keepdim=True),
                        true_moves, true_moves * true_moves,
                        torch.cat([delta, delta.all(1, keepdim=True)], 1).cumprod(2).view(-1, 3 * self.n_delta)], 1)
         sums = groups.T @ x.double()
         # per sequence: valid, comparable, comparable keyboard events and those right -> the means of the ratios
-        keys = groups[:, 2 + int(Category.KEYBOARD)]
+        keys = groups[:, plan.KEYBOARD:plan.KEYBOARD + 1]
         per_seq = torch.zeros((batch.num_sequences, 4), dtype=torch.float64, device=keys.device).index_add_(
-            0, batch.seq_idx, torch.stack([valid.double(), comparable.double(), keys, keys * kb_right[:, 0]], 1))
+            0, batch.seq_idx, torch.cat([groups.index_select(1, plan.per_seq), keys * kb_right], 1))
         seen = per_seq[:, 0::2] > 0
         means = torch.where(seen, per_seq[:, 1::2] / per_seq[:, 0::2].clamp(min=1), 0.0).sum(0)
         gap = batch.pred_count - batch.target_count
@@ -201,12 +201,13 @@ class OWAEventMetrics(Metric):
         states = [getattr(self, name) for name in plan.states]
         torch._foreach_add_(states, plan.take(sums, extra, states))
         samples = self._sample_columns(t_values, p_values, category)
+        comparable, mouse = batch.status == int(Status.VALID), groups[:, plan.MOUSE].bool()
         if self.mode == "exact":
-            self._append_samples(samples, comparable, groups[:, -1].bool())
+            self._append_samples(samples, comparable, mouse)
         else:
             nan = float("nan")
             self._add_sketches(torch.where(comparable[:, None], samples[:, :3], nan),
-                               torch.where(groups[:, -1:].bool(), samples[:, 3:], nan))
+                               torch.where(mouse[:, None], samples[:, 3:], nan))
 
     def _sample_columns(self, t_values: torch.Tensor, p_values: torch.Tensor, category: torch.Tensor) -> torch.Tensor:
         """[N, TIMESTAMP_COLUMNS + MOUSE_COLUMNS] of every row (the definitions of `timestamp_errors`,
@@ -419,31 +420,34 @@ class _Plan:
     """The lookups of `OWAEventMetrics._accumulate` and where each state's increments are in its sources, for one
     format, device and kind of update (token stats, token loss, time pairing).
 
-    ``onehots`` [key, C0]: by ((status x S + target status) x 5 + predicted category) x 4 + predicted kind + 1, the
-    one-hot status, target status and predicted category (an undecoded type mismatch in its type token's column,
-    as `event_type_sums`), then 1. ``groups`` [key, 11]: by category + 4 comparable + 8 valid, the rows' groups.
-    The sources: the counts [11, C] (groups x columns of X), then the extras of `_accumulate` in their order.
+    ``rows`` [key, C0 + 12]: by (((status x S + target status) x 5 + predicted category) x 4 + predicted kind + 1)
+    x 5 + target category, the one-hot status, target status and predicted category (an undecoded type mismatch in
+    its type token's column, as `event_type_sums`) and 1 (C0 columns: X's first), then the row's groups (G).
+    The sources: the counts [12, C] (groups x columns of X), then the extras of `_accumulate` in their order.
     """
 
     _cache: dict = {}
-    ALL, COMPARABLE, COMPARABLE_CATEGORY, VALID_CATEGORY, MOUSE = 0, 1, 2, 6, 10
+    ALL, COMPARABLE, COMPARABLE_CATEGORY, VALID_CATEGORY, MOUSE, VALID = 0, 1, 2, 6, 10, 11
+    KEYBOARD = COMPARABLE_CATEGORY + int(Category.KEYBOARD)
 
     def __init__(self, n_ts: int, n_delta: int, device, tokens: bool, loss: bool, time: bool):
         n_status = len(Status)
-        one = 2 * n_status + N_CAT + 1
-        onehots = torch.zeros((n_status, n_status, N_CAT + 1, 4, one + 1), dtype=torch.float64)
-        for status, t_status, p_category, kind in np.ndindex(*onehots.shape[:4]):
-            undecoded_mismatch = status == int(Status.TYPE_MISMATCH) and p_category == int(Category.INVALID)
-            column = int(fused.KIND_CATEGORY[max(kind - 1, 0)]) if undecoded_mismatch else p_category
-            onehots[status, t_status, p_category, kind, [status, n_status + t_status, 2 * n_status + column, one]] = 1
-        self.onehots = onehots.view(-1, one + 1).to(device)
-        groups = torch.zeros((16, 11), dtype=torch.float64)
-        for key in range(16):
-            category, comparable, valid = key % 4, key >> 2 & 1, key >> 3
-            mouse = comparable * (category in (int(Category.MOUSE_OP), int(Category.MOUSE_NOP)))
-            groups[key, [self.ALL, self.COMPARABLE, self.COMPARABLE_CATEGORY + category, self.VALID_CATEGORY + category,
-                         self.MOUSE]] = torch.tensor([1, comparable, comparable, valid, mouse], dtype=torch.float64)
-        self.groups = groups.to(device)
+        self.ONE = one = 2 * n_status + N_CAT + 1
+        status, t_status, p_category, kind, category = np.indices((n_status, n_status, N_CAT + 1, 4, N_CAT + 1)).reshape(5, -1)
+        undecoded_mismatch = (status == int(Status.TYPE_MISMATCH)) & (p_category == int(Category.INVALID))
+        column = np.where(undecoded_mismatch, fused.KIND_CATEGORY[np.maximum(kind - 1, 0)], p_category)
+        comparable, valid, in_range = status == int(Status.VALID), t_status == int(Status.VALID), category < N_CAT
+        mouse = (category == int(Category.MOUSE_OP)) | (category == int(Category.MOUSE_NOP))
+        rows = np.zeros((status.size, one + 13))
+        at = np.arange(status.size)
+        for offset, columns, value in [
+                (0, status, 1), (n_status, t_status, 1), (2 * n_status, column, 1), (one, 0, 1),
+                (one + 1 + self.ALL, 0, 1), (one + 1 + self.COMPARABLE, 0, comparable), (one + 1 + self.MOUSE, 0, comparable & mouse),
+                (one + 1 + self.COMPARABLE_CATEGORY, np.minimum(category, N_CAT - 1), comparable & in_range),
+                (one + 1 + self.VALID_CATEGORY, np.minimum(category, N_CAT - 1), valid & in_range), (one + 1 + self.VALID, 0, valid)]:
+            rows[at, offset + columns] = value
+        self.rows = torch.from_numpy(rows).to(device)
+        self.per_seq = torch.tensor([self.VALID, self.COMPARABLE, self.KEYBOARD], device=device)  # then keyboard right
         ts, kb = one + 1, one + 1 + n_ts
         action, movement, digits = kb + 3, kb + 7, kb + 12
         width = digits + 3 * n_delta
@@ -451,13 +455,13 @@ class _Plan:
         def cell(group, *columns):
             return [group * width + c for c in columns]
 
-        sources = iter(range(11 * width, 11 * width + 64))  # the extras, in the order `_accumulate` lists them
+        sources = iter(range(12 * width, 12 * width + 64))  # the extras, in the order `_accumulate` lists them
         take = lambda k: [next(sources) for _ in range(k)]  # noqa: E731
         per_batch, means, seen = take(5), take(2), take(2)  # sequences, count match, pred events, extra, missing
         extra_events, missing = per_batch[3], per_batch[4]
         if time:  # the generated events paired with nothing, and the target events left unpaired
             extra_events, missing = take(1)[0], cell(self.ALL, int(Status.MISSING))[0]
-        keyboard = self.COMPARABLE_CATEGORY + int(Category.KEYBOARD)
+        keyboard = self.KEYBOARD
         plan = {
             "confusion": [i for c in range(N_CAT)
                           for i in cell(self.VALID_CATEGORY + c, *range(2 * n_status, 2 * n_status + N_CAT + 1))],
