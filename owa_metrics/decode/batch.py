@@ -199,7 +199,8 @@ def _check_inputs(preds, target, alignment):
                 "owa_metrics.align_teacher_forcing(logits, labels), which argmaxes and shifts")
         if x.dim() not in (1, 2):
             raise ValueError(f"{name} must be [batch, seq_len] (or [seq_len]), got shape {tuple(x.shape)}")
-    preds, target = (x.long() if x.dim() == 2 else x.long().unsqueeze(0) for x in (preds, target))  # any int dtype
+    long = lambda x: x if x.dtype == torch.long else x.long()  # noqa: E731  (any int dtype; no op when int64)
+    preds, target = (long(x) if x.dim() == 2 else long(x).unsqueeze(0) for x in (preds, target))
     if preds.shape[0] != target.shape[0] or (alignment == "teacher_forcing" and preds.shape != target.shape):
         need = "the same shape" if alignment == "teacher_forcing" else "the same batch size"
         raise ValueError(f"preds {tuple(preds.shape)} and target {tuple(target.shape)} must have {need} ({alignment})")

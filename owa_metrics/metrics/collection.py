@@ -198,8 +198,7 @@ class OWAEventMetrics(Metric):
             extra.append(batch.time_matching.extra_events.double().reshape(1))
         if tokens is not None:
             extra += [tokens[0].reshape(-1), tokens[1].reshape(-1)]
-        states = [getattr(self, name) for name in plan.states]
-        torch._foreach_add_(states, plan.take(sums, extra, states))
+        torch._foreach_add_(self._flat_states(plan.states), plan.take(sums, extra))
         samples = self._sample_columns(t_values, p_values, category)
         comparable, mouse = batch.status == int(Status.VALID), groups[:, plan.MOUSE].bool()
         if self.mode == "exact":
@@ -208,6 +207,18 @@ class OWAEventMetrics(Metric):
             nan = float("nan")
             self._add_sketches(torch.where(comparable[:, None], samples[:, :3], nan),
                                torch.where(mouse[:, None], samples[:, 3:], nan))
+
+    def _flat_states(self, names: list[str]) -> list[torch.Tensor]:
+        """Flat views of the named states, kept while the states are the same tensors (`reset` and syncs replace
+        them): the additions of `_accumulate` go through them without a view op per state and update."""
+        views = self.__dict__.setdefault("_flat_views", {})
+        out = []
+        for name in names:
+            state = getattr(self, name)
+            if name not in views or views[name][0] is not state:
+                views[name] = (state, state.view(-1))
+            out.append(views[name][1])
+        return out
 
     def _sample_columns(self, t_values: torch.Tensor, p_values: torch.Tensor, category: torch.Tensor) -> torch.Tensor:
         """[N, TIMESTAMP_COLUMNS + MOUSE_COLUMNS] of every row (the definitions of `timestamp_errors`,
@@ -490,10 +501,9 @@ class _Plan:
             cls._cache[key] = cls(*key)
         return cls._cache[key]
 
-    def take(self, sums: torch.Tensor, extra: list[torch.Tensor], states: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Each state's increments, shaped as ``states``, from the counts ``sums`` and the ``extra`` sources."""
-        flat = torch.cat([sums.reshape(-1), *extra]).index_select(0, self.index)
-        return [part.view(state.shape) for part, state in zip(flat.split(self.sizes), states)]
+    def take(self, sums: torch.Tensor, extra: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Each state's increments, flat, from the counts ``sums`` and the ``extra`` sources."""
+        return torch.cat([sums.reshape(-1), *extra]).index_select(0, self.index).split(self.sizes)
 
 
 def _rows(state, width: int, device) -> torch.Tensor:
