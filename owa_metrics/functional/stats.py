@@ -242,11 +242,11 @@ class SketchSpec:
 
     def index(self, x: torch.Tensor) -> torch.Tensor:
         """Bucket of each value, in value order."""
-        x = x.double()
-        m = self.buckets_per_sign
-        k = torch.ceil(torch.log(x.abs().clamp(min=self.min_value)) / self.log_gamma) - self._k_min
+        x = x if x.dtype == torch.float64 else x.double()
+        m, magnitude = self.buckets_per_sign, x.abs()
+        k = torch.ceil(torch.log(magnitude.clamp(min=self.min_value)) / self.log_gamma) - self._k_min
         k = k.clamp(0, m - 1).long()
-        tiny = x.abs() < self.min_value
+        tiny = magnitude < self.min_value
         return torch.where(tiny, m, torch.where(x > 0, m + 1 + k, m - 1 - k))
 
     @functools.lru_cache(maxsize=8)
