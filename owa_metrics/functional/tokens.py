@@ -82,15 +82,15 @@ def token_losses(logits: torch.Tensor, target: torch.Tensor, chunk_rows: Optiona
     B, T = target.shape
     labels_flat = target.reshape(-1)
     scored = (labels_flat >= 0).nonzero().squeeze(1)
-    rows = logits.reshape(B * T, logits.shape[-1])
+    rows = logits.reshape(-1, logits.shape[-1])  # [B * T, V]; [0, V] without positions (then none is labelled)
     vocab_size = rows.shape[-1]
     wanted = labels_flat.index_select(0, scored)
     token_ce = torch.empty(scored.numel(), dtype=torch.float64, device=target.device)
-    chunk_rows = chunk_rows or 2048
+    chunk_rows, in_vocab = chunk_rows or 2048, wanted.clamp(max=vocab_size - 1)
     for lo in range(0, scored.numel(), chunk_rows):  # a loop over blocks of positions, not over tokens
+        block = rows.index_select(0, scored[lo:lo + chunk_rows])
         token_ce[lo:lo + chunk_rows] = torch.nn.functional.cross_entropy(
-            rows.index_select(0, scored[lo:lo + chunk_rows]).float(), wanted[lo:lo + chunk_rows].clamp(max=vocab_size - 1),
-            reduction="none")
+            block if block.dtype == torch.float32 else block.float(), in_vocab[lo:lo + chunk_rows], reduction="none")
     usable = (wanted < vocab_size) & torch.isfinite(token_ce)
     token_loss = torch.zeros(B * T, dtype=torch.float64, device=target.device)
     token_loss.index_copy_(0, scored, torch.where(usable, token_ce, 0.0))
@@ -101,7 +101,9 @@ def dense_token_losses(logits: torch.Tensor, target: torch.Tensor) -> tuple[torc
     """`token_losses` at every position at once (the ignored ones computed, then zeroed): a few ops, no host sync,
     a float32 copy of the logits."""
     labels = target.reshape(-1)
-    rows = logits.reshape(labels.numel(), logits.shape[-1])
+    rows = logits.reshape(-1, logits.shape[-1])
+    if rows.shape[0] != labels.numel():  # no positions: the labels are `_check_inputs`' ignored padding column
+        return torch.zeros(labels.numel(), dtype=torch.float64, device=target.device), rows.new_zeros((), dtype=torch.float64)
     vocab_size = rows.shape[-1]
     token_ce = torch.nn.functional.cross_entropy(rows.float(), labels.clamp(0, vocab_size - 1), reduction="none")
     usable = (labels < vocab_size) & torch.isfinite(token_ce)
