@@ -91,7 +91,8 @@ def cases(batch: int, seq_len: int):
     tokenizer = build_tokenizer()
     preds, target = make_batch(OWAEventMetrics(tokenizer).vocab, batch, seq_len)
     logits = torch.randn(*target.shape, len(tokenizer), generator=torch.Generator().manual_seed(0))
-    setups = {"teacher forcing, exact": ({}, (preds, target)), "teacher forcing, sketch": ({"mode": "sketch"}, (preds, target)),
+    setups = {"teacher forcing, exact": ({}, (preds, target)),
+              "teacher forcing, sketch": ({"mode": "sketch"}, (preds, target)),
               "teacher forcing, logits": ({}, (preds, target, logits)),
               "generation (index)": ({"alignment": "generation"}, (preds, target))}
     out = {}

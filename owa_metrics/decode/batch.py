@@ -260,40 +260,42 @@ def _decode_with_torch(preds, target, vocab: VocabMap, alignment: Alignment, L: 
 
 
 class _Scans:
-    """Where the event spans of rows of packed codes [R, W] are, from prefix / suffix scans (no host sync).
+    """Where the event spans of rows of packed codes [R, W] are, from prefix scans (no host sync).
 
     A span opens at every ``<EVENT_START>`` and at every ``<EVENT_END>`` with no start since the previous end (its
     start was cut off: the first target event after the teacher-forcing shift); ``marks`` [R * W] flags them.
-    A struct token is encoded as ``2 pos + (1 if start)`` (-2: none); per position, ``info`` [3, R * W] holds the
-    token's own code, the last one before it and the next one after it in its row.
+    A struct token is encoded as ``2 pos + (1 if start)`` (-2: none); per flat position, ``info`` [2, R * W] holds
+    the token's own code and the last one before it in its row; ``counts`` [2, R * W] the running numbers of
+    struct and of kept tokens (not ignored / episode) through it, whose searches find the next ones.
     """
 
     def __init__(self, code: torch.Tensor):
-        R, self.W = code.shape
+        self.W = code.shape[1]
         pos = torch.arange(self.W, device=code.device)
-        struct, kept = (code & STRUCT_BIT) != 0, (code & SKIP_BIT) == 0  # kept: not an ignored / episode token
+        struct, kept = (code & STRUCT_BIT) != 0, (code & SKIP_BIT) == 0
         here = torch.where(struct, 2 * pos + ((code & ROLE_MASK) == int(Role.START)), -2)
         before = torch.nn.functional.pad(here.cummax(1).values[:, :-1], (1, 0), value=-2)
-        self.none = 2 * self.W + 2
-        ahead = torch.stack([torch.where(struct, here, self.none), torch.where(kept, pos, self.W)])
-        ahead = ahead.flip(-1).cummin(-1).values.flip(-1)  # the first struct / kept token at or after each position
-        after = torch.nn.functional.pad(ahead[0, :, 1:], (0, 1), value=self.none)
         self.marks = (struct & ((here & 1) >= (before & 1))).view(-1)  # a start, or an end whose previous is no start
-        self.info = torch.stack([here, before, after]).view(3, -1)
-        self.first_kept = ahead[1].reshape(-1)
+        self.info = torch.stack([here, before]).view(2, -1)
+        self.counts = torch.stack([struct, kept]).view(2, -1).cumsum(1)
+        self.kept = kept.view(-1).long()
         self.row_last = torch.where(kept, pos, -1).amax(1)  # trailing ignored / episode tokens are padding
 
     def spans(self, at: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(first, last, cut)`` flat positions of the spans marked at flat positions ``at``."""
-        here, before, after = self.info.index_select(1, at)
+        here, before = self.info.index_select(1, at)
+        structs, kept = self.counts
         row = torch.div(at, self.W, rounding_mode="floor")
         row_start = row * self.W
-        cut = (here & 1) == 0  # a cut-off span starts at the first kept token after the previous end (or row start)
-        first = torch.where(cut, row_start + self.first_kept.index_select(0, row_start + (before >> 1) + 1), at)
+        # the k-th struct / kept token is where the running count first reaches k
+        nxt = torch.searchsorted(structs, structs.index_select(0, at) + 1)  # the next struct token (maybe a later row)
+        nxt_code = self.info[0].index_select(0, nxt.clamp(max=len(structs) - 1))
         # cut by the next start (before it), closed by the next end, or cut by the row's last kept token
-        last = torch.where(cut, at, row_start + torch.where(after == self.none, self.row_last.index_select(0, row),
-                                                            (after >> 1) - (after & 1)))
-        return first, last, cut
+        last = torch.where(nxt >= row_start + self.W, row_start + self.row_last.index_select(0, row), nxt - (nxt_code & 1))
+        cut = (here & 1) == 0  # a cut-off span starts at the first kept token after the previous end (or row start)
+        after = row_start + (before >> 1) + 1
+        first = torch.searchsorted(kept, kept.index_select(0, after) - self.kept.index_select(0, after) + 1)
+        return torch.where(cut, first, at), torch.where(cut, at, last), cut
 
 
 class _Tables:
@@ -372,14 +374,14 @@ class _Tables:
         self.place = torch.nn.functional.pad(self.fields, (0, 1))
         # values of a row that does not decode: category INVALID, numbers 0
         self.blank = torch.tensor([int(Category.INVALID)] + [0] * 7, device=device)
-        # for the torch ops: each layout's columns in one row (window rules, checked slots, run start, modulus,
+        # for the torch ops: each layout's columns in one column (window rules, checked slots, run start, modulus,
         # the modulus' half (no modulus: never reached), digit slots, digit signs), and lookups by role or kind + 1
         self.n_layouts, self.n_digits = n_lay, len(columns)
         self.digits_at = self.window + 2 + 2 * n_f
         half = torch.where(self.modulus > 0, self.modulus // 2, 1 << 62)
         self.by_layout = torch.cat([torch.tensor(window_rules, device=device), torch.tensor(checked, device=device)[:, None],
                                     self.run_start[:, None], self.modulus, half, self.digit_slots,
-                                    self.digit_sign.long()], dim=1)
+                                    self.digit_sign.long()], dim=1).T.contiguous()  # [columns, layouts]
         roles = torch.arange(ROLE_MASK + 1)
         self.kind_of_role = torch.where((roles >= int(Role.KEYBOARD)) & (roles <= int(Role.SCREEN)),
                                         roles - int(Role.KEYBOARD), -1).to(device)
@@ -418,7 +420,7 @@ def _decode_rows(flat: torch.Tensor, first: torch.Tensor, last: torch.Tensor, cu
     lay = L.layout_of_kind.index_select(0, kind + 1)
     for base, longer, at, role in L.variants:  # the format's extended layouts (a mouse event with a scroll)
         lay = torch.where((lay == base) & (span_len > at) & (r[at] == role), longer, lay)
-    table = L.by_layout.index_select(0, lay).T  # [columns, N]: this row's layout
+    table = L.by_layout.gather(1, lay.expand(L.by_layout.shape[0], n))  # [columns, N]: this row's layout
     rules, (checked, run_start) = table[:L.window], table[L.window:L.window + 2]
     modulus, half = table[L.window + 2:L.window + 2 + len(FIELDS)], table[L.window + 2 + len(FIELDS):L.digits_at]
     slots, signed = table[L.digits_at:L.digits_at + L.n_digits], table[L.digits_at + L.n_digits:]

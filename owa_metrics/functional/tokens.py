@@ -103,7 +103,8 @@ def dense_token_losses(logits: torch.Tensor, target: torch.Tensor) -> tuple[torc
     labels = target.reshape(-1)
     rows = logits.reshape(-1, logits.shape[-1])
     if rows.shape[0] != labels.numel():  # no positions: the labels are `_check_inputs`' ignored padding column
-        return torch.zeros(labels.numel(), dtype=torch.float64, device=target.device), rows.new_zeros((), dtype=torch.float64)
+        zeros = torch.zeros(labels.numel() + 1, dtype=torch.float64, device=target.device)
+        return zeros[:-1], zeros[-1]
     vocab_size = rows.shape[-1]
     token_ce = torch.nn.functional.cross_entropy(rows.float(), labels.clamp(0, vocab_size - 1), reduction="none")
     usable = (labels < vocab_size) & torch.isfinite(token_ce)

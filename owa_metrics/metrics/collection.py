@@ -296,9 +296,9 @@ class OWAEventMetrics(Metric):
         n_groups = len(GROUPS)
         base, step, mouse_rows = _sketch_rows(n_groups, timestamps.device)
         category = timestamps[:, 2:].nan_to_num().long()
+        group = torch.cat([(base + category * step).reshape(-1), mouse_rows.expand(len(mouse), -1).reshape(-1)])
         counts = sketch_counts(torch.cat([timestamps[:, [0, 0, 1, 1]].reshape(-1), mouse.reshape(-1)]), self.spec,
-                               torch.cat([(base + category * step).reshape(-1), mouse_rows.expand(len(mouse), -1).reshape(-1)]),
-                               2 * n_groups + len(MOUSE_COLUMNS))
+                               group, 2 * n_groups + len(MOUSE_COLUMNS))
         self.timestamp_sketch += counts[:2 * n_groups].view(2, n_groups, -1)
         self.mouse_sketch += counts[2 * n_groups:]
 
@@ -444,18 +444,19 @@ class _Plan:
     def __init__(self, n_ts: int, n_delta: int, device, tokens: bool, loss: bool, time: bool):
         n_status = len(Status)
         self.ONE = one = 2 * n_status + N_CAT + 1
-        status, t_status, p_category, kind, category = np.indices((n_status, n_status, N_CAT + 1, 4, N_CAT + 1)).reshape(5, -1)
+        shape = (n_status, n_status, N_CAT + 1, 4, N_CAT + 1)
+        status, t_status, p_category, kind, category = np.indices(shape).reshape(5, -1)
         undecoded_mismatch = (status == int(Status.TYPE_MISMATCH)) & (p_category == int(Category.INVALID))
         column = np.where(undecoded_mismatch, fused.KIND_CATEGORY[np.maximum(kind - 1, 0)], p_category)
         comparable, valid, in_range = status == int(Status.VALID), t_status == int(Status.VALID), category < N_CAT
         mouse = (category == int(Category.MOUSE_OP)) | (category == int(Category.MOUSE_NOP))
         rows = np.zeros((status.size, one + 13))
-        at = np.arange(status.size)
+        at, g, clamped = np.arange(status.size), one + 1, np.minimum(category, N_CAT - 1)
         for offset, columns, value in [
-                (0, status, 1), (n_status, t_status, 1), (2 * n_status, column, 1), (one, 0, 1),
-                (one + 1 + self.ALL, 0, 1), (one + 1 + self.COMPARABLE, 0, comparable), (one + 1 + self.MOUSE, 0, comparable & mouse),
-                (one + 1 + self.COMPARABLE_CATEGORY, np.minimum(category, N_CAT - 1), comparable & in_range),
-                (one + 1 + self.VALID_CATEGORY, np.minimum(category, N_CAT - 1), valid & in_range), (one + 1 + self.VALID, 0, valid)]:
+                (0, status, 1), (n_status, t_status, 1), (2 * n_status, column, 1), (one, 0, 1), (g + self.ALL, 0, 1),
+                (g + self.COMPARABLE, 0, comparable), (g + self.MOUSE, 0, comparable & mouse),
+                (g + self.COMPARABLE_CATEGORY, clamped, comparable & in_range),
+                (g + self.VALID_CATEGORY, clamped, valid & in_range), (g + self.VALID, 0, valid)]:
             rows[at, offset + columns] = value
         self.rows = torch.from_numpy(rows).to(device)
         self.per_seq = torch.tensor([self.VALID, self.COMPARABLE, self.KEYBOARD], device=device)  # then keyboard right
