@@ -7,7 +7,8 @@ Cases: teacher forcing in exact mode, in sketch mode, with logits [B, T, V] (exa
 the predicted tokens replaced), after one warm-up update.
 
 - ops: `torch.profiler` events of the update whose name starts with ``aten::`` and that have no ``aten::``
-  ancestor (an op called by another op is not counted; an op the Python code calls is, however small).
+  ancestor (an op called by another op is not counted; an op the Python code calls is, however small). Of them,
+  ``views``: the ops that only make a view (`VIEWS`: no kernel on a GPU, a few µs of host time each).
 - syncs: the aten calls a `SyncCounter` (a ``TorchDispatchMode``) sees whose result needs the host to wait for
   the device: reading a value (``_local_scalar_dense``: ``.item()``, ``bool()``, ``int()``), an output whose
   shape depends on the data (`nonzero`, `masked_select`, `unique*`, ``repeat_interleave`` without
@@ -31,6 +32,9 @@ DATA_SHAPED = {aten.nonzero.default, aten.masked_select.default, aten.unique_con
                aten.histc.default}
 MASK_INDEXED = {aten.index.Tensor, aten.index_put.default, aten.index_put_.default, aten._index_put_impl_.default}
 REPEATS = {aten.repeat_interleave.Tensor, aten.repeat_interleave.self_Tensor}
+VIEWS = {f"aten::{name}" for name in ("view", "select", "slice", "unbind", "squeeze", "unsqueeze", "expand", "permute",
+                                      "numpy_T", "t", "transpose", "split", "split_with_sizes", "as_strided", "alias",
+                                      "detach", "view_as", "diagonal")}
 
 
 class SyncCounter(TorchDispatchMode):
@@ -111,11 +115,12 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     print(f"torch {torch.__version__}, batch {args.batch} x {args.seq_len}, backend='torch' on CPU")
-    print(f"{'case':<26} {'top-level ops':>13} {'syncs':>6}  sync ops")
+    print(f"{'case':<26} {'top-level ops':>13} {'views':>6} {'syncs':>6}  sync ops")
     for name, fn in cases(args.batch, args.seq_len).items():
         ops, syncs = count(fn)
         listed = ", ".join(f"{k} {v}" for k, v in sorted(syncs.items())) or "-"
-        print(f"{name:<26} {sum(ops.values()):>13} {sum(syncs.values()):>6}  {listed}")
+        views = sum(v for k, v in ops.items() if k in VIEWS)
+        print(f"{name:<26} {sum(ops.values()):>13} {views:>6} {sum(syncs.values()):>6}  {listed}")
         if args.detail:
             print("    " + ", ".join(f"{k[6:]} {v}" for k, v in ops.most_common()))
 

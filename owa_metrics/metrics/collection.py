@@ -162,7 +162,7 @@ class OWAEventMetrics(Metric):
 
         Each row's contributions (one-hot statuses and categories from a lookup, digit-prefix matches, field
         matches, movement terms) form a matrix X [N, C], each row's groups (all, comparable, comparable per
-        category, valid per category, comparable mouse) a matrix G [N, 11]: one product G^T X holds every count
+        category, valid per category, comparable mouse, valid) a matrix G [N, 12]: one product G^T X holds every count
         (integers: exact in float64 whatever the order); the per-sequence means and the token sums are added to
         it, and `_Plan.take` scatters the lot into the states with one ``_foreach_add_``. Exact mode reads the
         numbers of comparable and of mouse rows in one host sync (`_append_samples`).
@@ -184,7 +184,7 @@ class OWAEventMetrics(Metric):
                        torch.stack([same[:, 6:8] & flags, flags], 2).view(-1, 4), (moves * moves).sum(1, keepdim=True),
                        true_moves, true_moves * true_moves,
                        torch.cat([delta, delta.all(1, keepdim=True)], 1).cumprod(2).view(-1, 3 * self.n_delta)], 1)
-        sums = groups.T @ x.double()
+        sums = groups.T @ x  # x is float64: the lookup's columns are
         # per sequence: valid, comparable, comparable keyboard events and those right -> the means of the ratios
         keys = groups[:, plan.KEYBOARD:plan.KEYBOARD + 1]
         per_seq = torch.zeros((batch.num_sequences, 4), dtype=torch.float64, device=keys.device).index_add_(
@@ -193,9 +193,9 @@ class OWAEventMetrics(Metric):
         means = torch.where(seen, per_seq[:, 1::2] / per_seq[:, 0::2].clamp(min=1), 0.0).sum(0)
         gap = batch.pred_count - batch.target_count
         per_batch = torch.stack([gap == gap, gap == 0, batch.pred_count, gap.clamp(min=0), (-gap).clamp(min=0)]).sum(1)
-        extra = [per_batch.double(), means, seen.sum(0).double()]
+        extra = [per_batch, means, seen.sum(0)]  # `take` casts them to float64 (exact: small integers)
         if batch.time_matching is not None:
-            extra.append(batch.time_matching.extra_events.double().reshape(1))
+            extra.append(batch.time_matching.extra_events.reshape(1))
         if tokens is not None:
             extra += [tokens[0].reshape(-1), tokens[1].reshape(-1)]
         torch._foreach_add_(self._flat_states(plan.states), plan.take(sums, extra))
@@ -231,8 +231,10 @@ class OWAEventMetrics(Metric):
         denominator = torch.cat([torch.stack([(t_values[:, 1].double() / 1e6).abs(), true], 1), g], 1)
         defined = denominator != 0  # a zero ground truth: NaN
         percent = torch.where(defined, numerator / denominator * 100, float("nan"))
-        angle = torch.atan2(torch.stack([p[:, 1], g[:, 1]]), torch.stack([p[:, 0], g[:, 0]]))
-        delta = (angle[0] - angle[1]).abs()
+        # each row's two angles side by side (as the kernel's): a vectorized atan2 treats both alike, so equal
+        # directions give exactly 0
+        angle = torch.atan2(torch.stack([p[:, 1], g[:, 1]], 1), torch.stack([p[:, 0], g[:, 0]], 1))
+        delta = (angle[:, 0] - angle[:, 1]).abs()
         direction = torch.where(defined[:, 1], torch.minimum(delta, 2 * math.pi - delta) * (180 / math.pi), float("nan"))
         return torch.cat([torch.stack([signed_ms, percent[:, 0], category.double()], 1), percent[:, 1:],
                           direction[:, None]], 1)
