@@ -5,14 +5,15 @@ The decoder never loops over events or tokens in Python. It works in three steps
 1. spans: every ``<EVENT_START>`` opens a span (closed by the next ``<EVENT_END>``, cut by the next start
    or the row's last label that is not ignored: trailing -100 is padding); an ``<EVENT_END>`` with no
    start since the previous end is a span too, whose start was cut off (the first target event after the
-   teacher-forcing shift) — all found with prefix/suffix scans.
-2. fields: a window of the longest layout's width is gathered at each span and checked slot by slot
-   against the layout of its type token; the first failing slot gives the status (`Status`), exactly as the
-   string codec's cursor does. Screen data (a run of image tokens of any length) is checked with one
-   suffix scan for "next token that is not an image token".
-3. pairing: teacher forcing decodes the prediction at the target's positions (positions ignored in the
+   teacher-forcing shift) — all found with a prefix scan and searches over running counts; reading the
+   number of target events is the one host sync.
+2. pairing: teacher forcing decodes the prediction at the target's positions (positions ignored in the
    target are ignored in the prediction); generation pairs the k-th predicted event with the k-th target
-   event of the same row and counts the rest.
+   event of the same row (found by a search) and counts the rest.
+3. fields: a window one slot wider than the longest layout is gathered at the target and the paired spans
+   (both sides at once) and checked slot by slot against the layout of its type token; the first failing slot
+   gives the status (`Status`), exactly as the string codec's cursor does. Screen data (a run of image tokens
+   of any length) is checked with one running count of the tokens that are not image tokens.
 """
 
 from __future__ import annotations
