@@ -278,8 +278,8 @@ class _Scans:
         before = torch.nn.functional.pad(here.cummax(1).values[:, :-1], (1, 0), value=-2)
         self.marks = (struct & ((here & 1) >= (before & 1))).view(-1)  # a start, or an end whose previous is no start
         self.info = torch.stack([here, before]).view(2, -1)
-        self.counts = torch.stack([struct, kept]).view(2, -1).cumsum(1)
-        self.kept = kept.view(-1).long()
+        self.counts = torch.stack([struct, kept]).view(2, -1).cumsum(1, dtype=torch.int32)
+        self.kept = kept.view(-1).int()
         self.row_last = torch.where(kept, pos, -1).amax(1)  # trailing ignored / episode tokens are padding
 
     def spans(self, at: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
