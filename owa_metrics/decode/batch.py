@@ -372,7 +372,9 @@ class _Tables:
                         for row, r, run in zip(rules, slot_rules, runs)]
         checked = [len(r) + (run >= 0) for r, run in zip(slot_rules, runs)]  # slots whose failure is a status
         self.offsets = torch.arange(self.window, dtype=torch.int32, device=device)[:, None]
-        self.place = torch.nn.functional.pad(self.fields, (0, 1))
+        # float32 reads every field exactly while a row's sum stays below 2^24 (any token value is below 256)
+        exact32 = float(place.abs().sum(-1).max()) * 256 < 2 ** 24
+        self.place = torch.nn.functional.pad(self.fields, (0, 1)).to(torch.float32 if exact32 else torch.float64)
         # values of a row that does not decode: category INVALID, numbers 0
         self.blank = torch.tensor([int(Category.INVALID)] + [0] * 7, device=device)
         # for the torch ops: each layout's columns in one column (window rules, checked slots, run start, modulus,
@@ -445,7 +447,7 @@ def _decode_rows(flat: torch.Tensor, first: torch.Tensor, last: torch.Tensor, cu
         ok &= present
 
     # every field of every layout in one product, then each row's layout: (-1)^minus * sum(value * place)
-    per_layout = (L.place @ v.double()).view(2, L.n_layouts, len(FIELDS), n)
+    per_layout = (L.place @ v.to(L.place.dtype)).view(2, L.n_layouts, len(FIELDS), n)
     magnitude, minus = per_layout.gather(1, lay.view(1, 1, 1, n).expand(2, 1, len(FIELDS), n)).squeeze(1)
     number = (magnitude * (1 - 2 * minus)).round().long()
     number = number - modulus * (number >= half)  # a field read modulo its range: the upper half is negative
