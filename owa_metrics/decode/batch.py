@@ -5,20 +5,21 @@ The decoder never loops over events or tokens in Python. It works in three steps
 1. spans: every ``<EVENT_START>`` opens a span (closed by the next ``<EVENT_END>``, cut by the next start
    or the row's last label that is not ignored: trailing -100 is padding); an ``<EVENT_END>`` with no
    start since the previous end is a span too, whose start was cut off (the first target event after the
-   teacher-forcing shift) — all found with prefix/suffix scans.
-2. fields: a window of the longest layout's width is gathered at each span and checked slot by slot
-   against the layout of its type token; the first failing slot gives the status (`Status`), exactly as the
-   string codec's cursor does. Screen data (a run of image tokens of any length) is checked with one
-   suffix scan for "next token that is not an image token".
-3. pairing: teacher forcing decodes the prediction at the target's positions (positions ignored in the
+   teacher-forcing shift) — all found with a prefix scan and searches over running counts; reading the
+   number of target events is the one host sync.
+2. pairing: teacher forcing decodes the prediction at the target's positions (positions ignored in the
    target are ignored in the prediction); generation pairs the k-th predicted event with the k-th target
-   event of the same row and counts the rest.
+   event of the same row (found by a search) and counts the rest.
+3. fields: a window one slot wider than the longest layout is gathered at the target and the paired spans
+   (both sides at once) and checked slot by slot against the layout of its type token; the first failing slot
+   gives the status (`Status`), exactly as the string codec's cursor does. Screen data (a run of image tokens
+   of any length) is checked with one running count of the tokens that are not image tokens.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Literal, NamedTuple, Optional, Union
+from typing import TYPE_CHECKING, Literal, Optional, Union
 
 import numpy as np
 import torch
@@ -83,14 +84,6 @@ class EventFields:
 
     def take(self, index: torch.Tensor) -> "EventFields":
         return replace(self, **{name: getattr(self, name).index_select(0, index) for name in _ROW_TENSORS})
-
-    @staticmethod
-    def blank(n: int, config: CodecConfig, device) -> tuple[torch.Tensor, torch.Tensor]:
-        """The ``values`` and ``digits`` of ``n`` rows that did not decode."""
-        values = torch.zeros((n, len(VALUE_COLUMNS)), dtype=torch.int64, device=device)
-        values[:, 0] = int(Category.INVALID)
-        digits = torch.full((n, len(config.token_format.digit_columns)), -1, dtype=torch.int32, device=device)
-        return values, digits
 
 
 _ROW_TENSORS = ("status", "kind", "values", "digits", "start", "end", "start_cut")
@@ -163,28 +156,7 @@ def decode_batch(preds: torch.Tensor, target: torch.Tensor, vocab: VocabMap,
     layouts = _Tables.get(vocab.config, target.device)
     if backend == "kernel" or (backend == "auto" and target.device.type == "cpu" and kernel.available()):
         return _decode_with_kernel(preds, target, vocab, alignment, layouts)
-    t_code = vocab.codes(target)
-    t_spans = _spans(t_code)
-    tgt = _decode_side(t_code, t_spans, layouts)
-    B = target.shape[0]
-    target_count = torch.bincount(t_spans.seq, minlength=B)
-    if alignment == "teacher_forcing":  # positions ignored in the target are ignored in the prediction
-        p_code = vocab.codes(torch.where(target < 0, IGNORE_INDEX, preds))
-        pred = _decode_side(p_code, t_spans, layouts)
-        pred_count = target_count
-    else:
-        p_code = vocab.codes(preds)
-        p_spans = _spans(p_code)
-        pred_count = torch.bincount(p_spans.seq, minlength=B)
-        pred = _pair_by_index(t_spans.seq, target_count, pred_count, _decode_side(p_code, p_spans, layouts),
-                              vocab.config)
-    # a type token of another kind is a type mismatch; under teacher forcing whatever the data tokens after it
-    decided = pred.status == int(Status.VALID) if alignment == "generation" else pred.kind >= 0
-    status = torch.where(
-        tgt.status != int(Status.VALID), int(Status.INVALID_TARGET),
-        torch.where(decided & (pred.kind != tgt.kind), int(Status.TYPE_MISMATCH), pred.status))
-    return EventBatch(seq_idx=t_spans.seq, status=status, target=tgt, pred=pred, target_count=target_count,
-                      pred_count=pred_count, num_sequences=B, alignment=alignment)
+    return _decode_with_torch(preds, target, vocab, alignment, layouts)
 
 
 def check_pairing(pairing: Pairing, alignment: Alignment) -> None:
@@ -228,7 +200,8 @@ def _check_inputs(preds, target, alignment):
                 "owa_metrics.align_teacher_forcing(logits, labels), which argmaxes and shifts")
         if x.dim() not in (1, 2):
             raise ValueError(f"{name} must be [batch, seq_len] (or [seq_len]), got shape {tuple(x.shape)}")
-    preds, target = (x.long() if x.dim() == 2 else x.long().unsqueeze(0) for x in (preds, target))  # any int dtype
+    long = lambda x: x if x.dtype == torch.long else x.long()  # noqa: E731  (any int dtype; no op when int64)
+    preds, target = (long(x) if x.dim() == 2 else long(x).unsqueeze(0) for x in (preds, target))
     if preds.shape[0] != target.shape[0] or (alignment == "teacher_forcing" and preds.shape != target.shape):
         need = "the same shape" if alignment == "teacher_forcing" else "the same batch size"
         raise ValueError(f"preds {tuple(preds.shape)} and target {tuple(target.shape)} must have {need} ({alignment})")
@@ -239,57 +212,91 @@ def _check_inputs(preds, target, alignment):
     return pad(preds), pad(target)
 
 
-class _Spans(NamedTuple):
-    """Event spans of one side: row, first and last token as positions in the flattened [B * T] tensor."""
+def _decode_with_torch(preds, target, vocab: VocabMap, alignment: Alignment, L: "_Tables") -> EventBatch:
+    """The torch ops: both sides' codes in one [2B, W] tensor, the spans from dense scans, then every row of both
+    sides checked and read at once (`_decode_rows`). One host sync: the number of target events (``nonzero``)."""
+    B, T = target.shape
+    generation = alignment == "generation"
+    if generation:  # the generated rows under the target rows, padded to one width with ignored labels
+        W = max(T, preds.shape[1])
+        ids = torch.cat([x if x.shape[1] == W else torch.nn.functional.pad(x, (0, W - x.shape[1]), value=IGNORE_INDEX)
+                         for x in (target, preds)])
+    else:  # positions ignored in the target are ignored in the prediction
+        W = T
+        ids = torch.cat([target, torch.where(target < 0, IGNORE_INDEX, preds)])
+    code = vocab.codes(ids)
+    scans = _Scans(code if generation else code[:B])
+    at = scans.marks[:B * W].nonzero().squeeze(1)  # the target spans: the one host sync
+    n = at.numel()
+    seq = torch.div(at, W, rounding_mode="floor")
+    counts = scans.marks.view(1 + generation, B, W).sum(2)  # [sides scanned, B]: events per row
+    present = None
+    if generation:  # the k-th target event of a row is paired with the k-th generated event of that row
+        before = counts.cumsum(1) - counts  # events in the rows above
+        rank = torch.arange(n, device=at.device) - before[0].index_select(0, seq)
+        present = torch.cat([torch.ones_like(rank, dtype=torch.bool), rank < counts[1].index_select(0, seq)])
+        # the k-th generated span of row b: where the running count of generated marks first exceeds before + k
+        paired = torch.searchsorted(scans.marks[B * W:].cumsum(0), before[1].index_select(0, seq) + rank, right=True)
+        first, last, cut = scans.spans(torch.cat([at, (paired + B * W).clamp(max=2 * B * W - 1)]))
+    else:
+        first, last, cut = (torch.cat([x, x + B * W]) if x.dtype != torch.bool else torch.cat([x, x])
+                            for x in scans.spans(at))
+    status, kind, values, digits = _decode_rows(code.view(-1), first, last, cut, L, present)
+    row_start = torch.div(first, W, rounding_mode="floor") * W
+    rows = torch.stack([status, kind, first - row_start, last - row_start])
+    if present is not None:  # a target event without its k-th generated one: MISSING, no span
+        rows = torch.where(present, rows, L.missing[:, None])
+        cut = cut & present
+    rows, cuts = rows.view(8, n).unbind(0), cut.view(2, n).unbind(0)
+    values, digits = (x.view(x.shape[0], 2, n).permute(1, 2, 0).unbind(0) for x in (values, digits))  # [n, columns]
+    tgt, pred = (EventFields(status=rows[i], kind=rows[2 + i], values=values[i], digits=digits[i], start=rows[4 + i],
+                             end=rows[6 + i], start_cut=cuts[i], n_timestamp_digits=L.n_ts) for i in (0, 1))
+    # a type token of another kind is a type mismatch; under teacher forcing whatever the data tokens after it
+    decided = pred.status == int(Status.VALID) if generation else pred.kind >= 0
+    status = torch.where(
+        tgt.status != int(Status.VALID), int(Status.INVALID_TARGET),
+        torch.where(decided & (pred.kind != tgt.kind), int(Status.TYPE_MISMATCH), pred.status))
+    return EventBatch(seq_idx=seq, status=status, target=tgt, pred=pred, target_count=counts[0],
+                      pred_count=counts[-1], num_sequences=B, alignment=alignment)
 
-    seq: torch.Tensor
-    first: torch.Tensor
-    last: torch.Tensor
-    cut: torch.Tensor  # the span's <EVENT_START> was cut off (it starts at its type token)
-    row_len: int
 
+class _Scans:
+    """Where the event spans of rows of packed codes [R, W] are, from prefix scans (no host sync).
 
-def _spans(code: torch.Tensor) -> _Spans:
-    """Every event span, in (row, position) order, from the sparse list of start / end tokens."""
-    B, T = code.shape
-    flat = code.view(-1)
-    struct = ((flat & STRUCT_BIT) != 0).nonzero().squeeze(1)  # ascending flat positions of starts and ends
-    is_start = (flat.index_select(0, struct) & ROLE_MASK) == int(Role.START)
-    row = torch.div(struct, T, rounding_mode="floor")
-    same_row = row[1:] == row[:-1]
-    no = torch.zeros(1, dtype=torch.bool, device=code.device)
-    next_end = torch.cat([same_row & ~is_start[1:], no])
-    next_start = torch.cat([same_row & is_start[1:], no])
-    prev_start = torch.cat([no, same_row & is_start[:-1]])
-    prev_end = torch.cat([no, same_row & ~is_start[:-1]])
-    orphan = ~is_start & ~prev_start  # an end with no start since the previous end
-    sel = (is_start | orphan).nonzero().squeeze(1)
-    seq, at, cut = row.index_select(0, sel), struct.index_select(0, sel), orphan.index_select(0, sel)
-    nxt = torch.cat([struct[1:], struct[:1]]).index_select(0, sel)
-    prv = torch.cat([struct[:1], struct[:-1]]).index_select(0, sel)
+    A span opens at every ``<EVENT_START>`` and at every ``<EVENT_END>`` with no start since the previous end (its
+    start was cut off: the first target event after the teacher-forcing shift); ``marks`` [R * W] flags them.
+    A struct token is encoded as ``2 pos + (1 if start)`` (-2: none); per flat position, ``info`` [2, R * W] holds
+    the token's own code and the last one before it in its row; ``counts`` [2, R * W] the running numbers of
+    struct and of kept tokens (not ignored / episode) through it, whose searches find the next ones.
+    """
 
-    # trailing ignored / episode tokens are padding: a span cut by the row's end stops before them
-    kept = (code & SKIP_BIT) == 0
-    row_last = (kept * torch.arange(1, T + 1, dtype=torch.int32, device=code.device)).amax(1).long() - 1
-    row_last = row_last + torch.arange(B, device=code.device) * T
-    last = torch.where(cut | next_end.index_select(0, sel), torch.where(cut, at, nxt),
-                       torch.where(next_start.index_select(0, sel), nxt - 1, row_last.index_select(0, seq)))
-    first = at.clone()
-    orphans = cut.nonzero().squeeze(1)
-    if orphans.numel():  # a cut-off span starts at the first kept token after the previous end (or row start)
-        before = torch.where(prev_end.index_select(0, sel)[orphans], prv[orphans], seq[orphans] * T - 1)
-        first[orphans] = _first_kept_after(kept.view(-1), before)
-    return _Spans(seq, first, last, cut, T)
+    def __init__(self, code: torch.Tensor):
+        self.W = code.shape[1]
+        pos = torch.arange(self.W, device=code.device)
+        struct, kept = (code & STRUCT_BIT) != 0, (code & SKIP_BIT) == 0
+        here = torch.where(struct, 2 * pos + ((code & ROLE_MASK) == int(Role.START)), -2)
+        before = torch.nn.functional.pad(here.cummax(1).values[:, :-1], (1, 0), value=-2)
+        self.marks = (struct & ((here & 1) >= (before & 1))).view(-1)  # a start, or an end whose previous is no start
+        self.info = torch.stack([here, before]).view(2, -1)
+        self.counts = torch.stack([struct, kept]).view(2, -1).cumsum(1, dtype=torch.int32)
+        self.kept = kept.view(-1).int()
+        self.row_last = torch.where(kept, pos, -1).amax(1)  # trailing ignored / episode tokens are padding
 
-
-def _first_kept_after(kept: torch.Tensor, before: torch.Tensor, window: int = 16) -> torch.Tensor:
-    """First flat position > ``before`` where ``kept``; one exists (the span's end). Usually within a few tokens."""
-    pos = before[:, None] + 1 + torch.arange(window, device=kept.device)
-    hit = kept[pos.clamp(max=kept.numel() - 1)] & (pos < kept.numel())
-    if bool(hit.any(1).all()):
-        return pos.gather(1, hit.byte().argmax(1, keepdim=True)).squeeze(1)
-    counts = kept.cumsum(0)  # a long ignored run (masked prompt, left padding): count and search
-    return torch.searchsorted(counts, torch.where(before >= 0, counts[before.clamp(min=0)], 0) + 1)
+    def spans(self, at: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(first, last, cut)`` flat positions of the spans marked at flat positions ``at``."""
+        here, before = self.info.index_select(1, at)
+        structs, kept = self.counts
+        row = torch.div(at, self.W, rounding_mode="floor")
+        row_start = row * self.W
+        # the k-th struct / kept token is where the running count first reaches k
+        nxt = torch.searchsorted(structs, structs.index_select(0, at) + 1)  # the next struct token (maybe a later row)
+        nxt_code = self.info[0].index_select(0, nxt.clamp(max=len(structs) - 1))
+        # cut by the next start (before it), closed by the next end, or cut by the row's last kept token
+        last = torch.where(nxt >= row_start + self.W, row_start + self.row_last.index_select(0, row), nxt - (nxt_code & 1))
+        cut = (here & 1) == 0  # a cut-off span starts at the first kept token after the previous end (or row start)
+        after = row_start + (before >> 1) + 1
+        first = torch.searchsorted(kept, kept.index_select(0, after) - self.kept.index_select(0, after) + 1)
+        return torch.where(cut, first, at), torch.where(cut, at, last), cut
 
 
 class _Tables:
@@ -357,9 +364,38 @@ class _Tables:
             "digit_sign": self.digit_sign.cpu().numpy(), "digit_field": self.digit_field.cpu().numpy().astype(np.int64)}
         self.n_ts = columns.count("timestamp")
         self.unit_ns, self.scroll_unit = fmt.timestamp_unit_ns, fmt.scroll_unit
-        self.offsets = torch.arange(self.width, dtype=torch.int32, device=device)[:, None]
+        # the torch ops check one slot more: a run layout's first data token (an image token or an ignored label);
+        # in another layout the slot after <EVENT_END> accepts nothing (a teacher-forced prediction ending early)
+        self.window = self.width + 1
+        data = [(1 << int(Role.IMAGE)) | (1 << int(Role.IGNORED)) | 0x7FFF << 16]
+        window_rules = [(row[:len(r)] + (data if run >= 0 else [0]) + row[len(r):])[:self.window]
+                        for row, r, run in zip(rules, slot_rules, runs)]
+        checked = [len(r) + (run >= 0) for r, run in zip(slot_rules, runs)]  # slots whose failure is a status
+        self.offsets = torch.arange(self.window, dtype=torch.int32, device=device)[:, None]
+        # float32 reads every field exactly while a row's sum stays below 2^24 (any token value is below 256)
+        exact32 = float(place.abs().sum(-1).max()) * 256 < 2 ** 24
+        self.place = torch.nn.functional.pad(self.fields, (0, 1)).to(torch.float32 if exact32 else torch.float64)
         # values of a row that does not decode: category INVALID, numbers 0
         self.blank = torch.tensor([int(Category.INVALID)] + [0] * 7, device=device)
+        # for the torch ops: each layout's columns in one column (window rules, checked slots, run start, modulus,
+        # the modulus' half (no modulus: never reached), digit slots, digit signs), and lookups by role or kind + 1
+        self.n_layouts, self.n_digits = n_lay, len(columns)
+        self.digits_at = self.window + 2 + 2 * n_f
+        half = torch.where(self.modulus > 0, self.modulus // 2, 1 << 62)
+        self.by_layout = torch.cat([torch.tensor(window_rules, device=device), torch.tensor(checked, device=device)[:, None],
+                                    self.run_start[:, None], self.modulus, half, self.digit_slots,
+                                    self.digit_sign.long()], dim=1).T.contiguous()  # [columns, layouts]
+        roles = torch.arange(ROLE_MASK + 1)
+        self.kind_of_role = torch.where((roles >= int(Role.KEYBOARD)) & (roles <= int(Role.SCREEN)),
+                                        roles - int(Role.KEYBOARD), -1).to(device)
+        self.layout_of_kind = torch.cat([self.kind_layout[:1], self.kind_layout])  # kind -1 reads as keyboard
+        ends = (roles == int(Role.END)) | (roles == int(Role.IGNORED))  # where a field was expected
+        self.missing_status = torch.where(ends, int(Status.MISSING_FIELDS), int(Status.INVALID_FORMAT)).to(device)
+        self.kind_category = torch.tensor([int(Category.KEYBOARD), int(Category.KEYBOARD), int(Category.MOUSE_NOP),
+                                           int(Category.SCREEN)], device=device)
+        self.units = torch.tensor([self.unit_ns if f == "timestamp" else self.scroll_unit if f == "scroll" else 1
+                                   for f in FIELDS], device=device)[:, None]
+        self.missing = torch.tensor([int(Status.MISSING), -1, -1, -1], device=device)  # status, kind, span
 
     @classmethod
     def get(cls, config: CodecConfig, device) -> "_Tables":
@@ -369,101 +405,58 @@ class _Tables:
         return cls._cache[key]
 
 
-def _decode_side(code: torch.Tensor, spans: _Spans, L: _Tables) -> EventFields:
-    """Check and decode the events at ``spans`` in one side's packed token codes.
+def _decode_rows(flat: torch.Tensor, first: torch.Tensor, last: torch.Tensor, cut: torch.Tensor, L: _Tables,
+                 present: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Check and read the events spanning ``first`` .. ``last`` in the packed codes ``flat``: ``(status, kind,
+    values [8, N], digits [D, N])``, values and digits blank where the row does not decode or is not ``present``.
 
     Works slot-major: ``r`` / ``v`` are [width, N] (slot j of every event in row j).
     """
-    flat = code.view(-1)
-    n = spans.seq.numel()
-    slot0 = spans.first - spans.cut.long()  # flat position of <EVENT_START> (virtual for a cut-off start)
-    window = flat.index_select(0, (slot0 + L.offsets).clamp(0, flat.numel() - 1).view(-1)).view(L.width, n)
+    n = first.numel()
+    cut = cut.long()
+    slot0 = first - cut  # flat position of <EVENT_START> (virtual for a cut-off start)
+    window = flat.index_select(0, (slot0 + L.offsets).clamp(0, flat.numel() - 1).view(-1)).view(L.window, n)
     r, v = window & ROLE_MASK, (window >> VALUE_SHIFT) - 1
-    span_len = spans.last - slot0 + 1
+    span_len = last - slot0 + 1
 
-    kind = torch.where((span_len > 1) & (r[1] >= int(Role.KEYBOARD)) & (r[1] <= int(Role.SCREEN)),
-                       r[1] - int(Role.KEYBOARD), -1)
-    lay = L.kind_layout[kind.clamp(min=0)]
+    kind = torch.where(span_len > 1, L.kind_of_role.index_select(0, r[1]), -1)
+    lay = L.layout_of_kind.index_select(0, kind + 1)
     for base, longer, at, role in L.variants:  # the format's extended layouts (a mouse event with a scroll)
-        lay = torch.where((lay == base) & (span_len > at) & (r[min(at, L.width - 1)] == role), longer, lay)
-    length, run_start = L.length[lay], L.run_start[lay]
-    is_run = run_start >= 0
+        lay = torch.where((lay == base) & (span_len > at) & (r[at] == role), longer, lay)
+    table = L.by_layout.gather(1, lay.expand(L.by_layout.shape[0], n))  # [columns, N]: this row's layout
+    rules, (checked, run_start) = table[:L.window], table[L.window:L.window + 2]
+    modulus, half = table[L.window + 2:L.window + 2 + len(FIELDS)], table[L.window + 2 + len(FIELDS):L.digits_at]
+    slots, signed = table[L.digits_at:L.digits_at + L.n_digits], table[L.digits_at + L.n_digits:]
 
     # slot by slot: the first slot whose token is not accepted, or the first past the span, gives the status
-    rules = torch.nn.functional.embedding(lay, L.rules).T.contiguous()  # [width, N]: this row's layout
-    accepted = ((rules >> r) & 1).bool() & (v < (rules >> 16))
-    accepted[0] |= spans.cut  # a cut-off start is not checked
-    bad = ~accepted & (L.offsets < span_len)
-    first_bad = torch.where(bad, L.offsets, L.width).amin(0)
-    bad_role = r.gather(0, first_bad.clamp(max=L.width - 1)[None]).squeeze(0)
-    status = torch.where(
-        first_bad < length,
-        torch.where((bad_role == int(Role.END)) | (bad_role == int(Role.IGNORED)),
-                    int(Status.MISSING_FIELDS), int(Status.INVALID_FORMAT)),
-        torch.where(span_len < length, int(Status.TRUNCATED), int(Status.VALID)))
-
+    accepted = (rules >> r) & (v < (rules >> 16)) & 1
+    first_bad = torch.where((accepted == 0) & (L.offsets >= cut) & (L.offsets < span_len), L.offsets, L.window).amin(0)
+    bad_role = r.gather(0, first_bad.clamp(max=L.window - 1)[None]).squeeze(0)
     # a run (screen data): image tokens (or ignored labels) closed by <EVENT_END> at the span's last token
-    data_start = slot0 + run_start.clamp(min=0)
     not_image = ((flat & IMAGE_BIT) == 0).cumsum(0, dtype=torch.int32)
-    others = not_image[spans.last] - not_image[(data_start - 1).clamp(0, flat.numel() - 1)]
-    first_data = r.gather(0, run_start.clamp(0, L.width - 1)[None]).squeeze(0)
-    last_role = flat.index_select(0, spans.last) & ROLE_MASK
-    first_is_data = (first_data == int(Role.IMAGE)) | (first_data == int(Role.IGNORED))
-    run_status = torch.where(
-        others <= 0, int(Status.TRUNCATED),
-        torch.where(~first_is_data, torch.where(first_data == int(Role.END), int(Status.MISSING_FIELDS),
-                                                int(Status.INVALID_FORMAT)),
-                    torch.where((others == 1) & (last_role == int(Role.END)), int(Status.VALID),
-                                int(Status.INVALID_FORMAT))))
-    status = torch.where(is_run & (status == int(Status.VALID)), run_status, status)
-    # tokens after the layout's <EVENT_END> inside the span (a teacher-forced prediction ending early)
-    status = torch.where((status == int(Status.VALID)) & ~is_run & (length < span_len), int(Status.INVALID_FORMAT),
-                         status)
+    ends = not_image.index_select(0, torch.cat([last, (slot0 + run_start - 1).clamp(0, flat.numel() - 1)])).view(2, n)
+    others = ends[0] - ends[1]  # tokens from the data's start to the span's last that are not image tokens
+    closed = (others == 1) & ((flat.index_select(0, last) & ROLE_MASK) == int(Role.END))
+    tail = torch.where(run_start >= 0, torch.where(others <= 0, int(Status.TRUNCATED),
+                                                   torch.where(closed, int(Status.VALID), int(Status.INVALID_FORMAT))),
+                       torch.where(first_bad < L.window, int(Status.INVALID_FORMAT), int(Status.VALID)))
+    status = torch.where(first_bad < checked, L.missing_status.index_select(0, bad_role),
+                         torch.where(span_len < checked, int(Status.TRUNCATED), tail))
     ok = status == int(Status.VALID)
+    if present is not None:
+        ok &= present
 
     # every field of every layout in one product, then each row's layout: (-1)^minus * sum(value * place)
-    per_layout = (L.fields @ v.double()).view(2, L.modulus.shape[0], len(FIELDS), n)
+    per_layout = (L.place @ v.to(L.place.dtype)).view(2, L.n_layouts, len(FIELDS), n)
     magnitude, minus = per_layout.gather(1, lay.view(1, 1, 1, n).expand(2, 1, len(FIELDS), n)).squeeze(1)
     number = (magnitude * (1 - 2 * minus)).round().long()
-    modulus = L.modulus.index_select(0, lay).T
-    number = torch.where((modulus > 0) & (number >= modulus // 2), number - modulus, number)
-    ts_units, vk, action, dx, dy, flags, scroll = number
-    is_mouse = kind == int(Kind.MOUSE)
-    category = torch.where(is_mouse, torch.where(flags != 0, int(Category.MOUSE_OP), int(Category.MOUSE_NOP)),
-                           torch.where(kind == int(Kind.SCREEN), int(Category.SCREEN), int(Category.KEYBOARD)))
-    values = torch.stack([category, ts_units * L.unit_ns, vk, action, dx, dy, flags, scroll * L.scroll_unit])
-    values = torch.where(ok, values, L.blank[:, None]).T.contiguous()
-    slots = L.digit_slots.index_select(0, lay).T  # [D, N]
+    number = number - modulus * (number >= half)  # a field read modulo its range: the upper half is negative
+    kind_category = L.kind_category.index_select(0, kind + 1)  # a mouse event with button flags is a mouse op
+    category = kind_category - ((kind == int(Kind.MOUSE)) & (number[FIELDS.index("button_flags")] != 0)).long()
+    values = torch.cat([category[None], number * L.units])
+    values = torch.where(ok, values, L.blank[:, None])
     digits = v.gather(0, slots.clamp(min=0))
-    zero = magnitude.index_select(0, L.digit_field) == 0  # [D, N]: the level's field is 0
-    digits = torch.where(L.digit_sign.index_select(0, lay).T & zero, 0, digits)
-    digits = torch.where(ok & (slots >= 0), digits, -1).T.contiguous()
-    row_start = spans.seq * spans.row_len
-    return EventFields(status=status, kind=kind, values=values, digits=digits, start=spans.first - row_start,
-                       end=spans.last - row_start, start_cut=spans.cut, n_timestamp_digits=L.n_ts)
-
-
-def _pair_by_index(t_seq, target_count, pred_count, pred_all: EventFields, config: CodecConfig) -> EventFields:
-    """Generation: the k-th target event of a row is paired with the k-th predicted event of that row."""
-    n = t_seq.numel()
-    rank = torch.arange(n, device=t_seq.device) - (torch.cumsum(target_count, 0) - target_count)[t_seq]
-    matched = rank < pred_count[t_seq]
-    index = torch.where(matched, (torch.cumsum(pred_count, 0) - pred_count)[t_seq] + rank, 0)
-    if pred_all.status.numel() == 0:  # nothing generated: every row is missing
-        index, pred_all = torch.zeros_like(index), _missing_row(pred_all, config)
-    paired = pred_all.take(index)
-    blank_values, blank_digits = EventFields.blank(n, config, t_seq.device)
-    keep = matched[:, None]
-    return replace(paired, status=torch.where(matched, paired.status, int(Status.MISSING)),
-                   kind=torch.where(matched, paired.kind, -1), values=torch.where(keep, paired.values, blank_values),
-                   digits=torch.where(keep, paired.digits, blank_digits), start=torch.where(matched, paired.start, -1),
-                   end=torch.where(matched, paired.end, -1), start_cut=paired.start_cut & matched)
-
-
-def _missing_row(like: EventFields, config: CodecConfig) -> EventFields:
-    device = like.status.device
-    values, digits = EventFields.blank(1, config, device)
-    minus_one = torch.full((1,), -1, dtype=torch.int64, device=device)
-    return EventFields(status=minus_one, kind=minus_one, values=values, digits=digits, start=minus_one,
-                       end=minus_one, start_cut=torch.zeros(1, dtype=torch.bool, device=device),
-                       n_timestamp_digits=like.n_timestamp_digits)
+    # a sign level reads as + when its field is 0 (<SIGN_MINUS><0>... is the number 0, written <SIGN_PLUS>...)
+    digits = torch.where((signed & (magnitude.index_select(0, L.digit_field) == 0)).bool(), 0, digits)
+    digits = torch.where(ok & (slots >= 0), digits, -1)
+    return status, kind, values, digits

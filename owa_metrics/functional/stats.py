@@ -242,11 +242,11 @@ class SketchSpec:
 
     def index(self, x: torch.Tensor) -> torch.Tensor:
         """Bucket of each value, in value order."""
-        x = x.double()
-        m = self.buckets_per_sign
-        k = torch.ceil(torch.log(x.abs().clamp(min=self.min_value)) / self.log_gamma) - self._k_min
+        x = x if x.dtype == torch.float64 else x.double()
+        m, magnitude = self.buckets_per_sign, x.abs()
+        k = torch.ceil(torch.log(magnitude.clamp(min=self.min_value)) / self.log_gamma) - self._k_min
         k = k.clamp(0, m - 1).long()
-        tiny = x.abs() < self.min_value
+        tiny = magnitude < self.min_value
         return torch.where(tiny, m, torch.where(x > 0, m + 1 + k, m - 1 - k))
 
     @functools.lru_cache(maxsize=8)
@@ -266,7 +266,8 @@ def sketch_counts(x: torch.Tensor, spec: SketchSpec, group: Optional[torch.Tenso
     bucket = spec.index(torch.nan_to_num(x))
     if group is not None:
         bucket = bucket + group.reshape(-1) * spec.size
-    counts = torch.bincount(bucket, weights=(~torch.isnan(x)).double(), minlength=groups * spec.size)
+    counts = torch.zeros(groups * spec.size, dtype=torch.float64, device=x.device).index_add_(
+        0, bucket, (~torch.isnan(x)).double())  # no host sync (a CUDA bincount reads the range of its input)
     return counts if group is None else counts.view(groups, spec.size)
 
 

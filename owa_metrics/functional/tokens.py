@@ -33,8 +33,8 @@ def field_table(config: CodecConfig, device=None) -> torch.Tensor:
 
 
 class EventTokenStats(NamedTuple):
-    """Per target event (valid targets, in row order): category and summed token loss; per field: tokens
-    predicted right and tokens in all."""
+    """Per target event (in row order): category (`Category.INVALID`: the target does not decode, left out of the
+    sums) and summed token loss; per field: tokens predicted right and tokens in all."""
 
     category: torch.Tensor
     loss_sum: Optional[torch.Tensor]
@@ -47,55 +47,69 @@ def event_token_stats(batch: EventBatch, preds: torch.Tensor, target: torch.Tens
                       logits: Optional[torch.Tensor] = None) -> EventTokenStats:
     """Teacher forcing: per field, the tokens predicted right among the valid target events' field tokens
     (a [slot, event] window, as the decoder's), and, given ``logits`` [B, T, V] aligned with ``target``, each
-    event's summed token cross-entropy over its whole span (ignored labels excluded), by cumulative sums."""
+    event's summed token cross-entropy over its whole span (ignored labels excluded), by cumulative sums.
+    Every row at once, the invalid targets masked: no host sync (but `token_losses`' on the CPU)."""
     B, T = target.shape
-    rows = (batch.target.status == int(Status.VALID)).nonzero().squeeze(1)
-    row_start = batch.seq_idx.index_select(0, rows) * T
-    first = row_start + batch.target.start.index_select(0, rows)
-    last = row_start + batch.target.end.index_select(0, rows)
-    kind = batch.target.kind.index_select(0, rows)
-    table = field_table(config, target.device)
-    slots = torch.arange(table.shape[1] - 1, device=target.device)[:, None]
-    pos = first - batch.target.start_cut.index_select(0, rows).long() + slots  # [slot, event]; slot 0 = start
-    field = torch.where(pos <= last, table[kind].T[:-1], -1)
-    flat_pos = pos.clamp(0, B * T - 1).reshape(-1)
-    labels = target.reshape(-1).index_select(0, flat_pos).view(pos.shape)
-    guesses = preds.reshape(-1).index_select(0, flat_pos).view(pos.shape)
+    t = batch.target
+    row_start = batch.seq_idx * T
+    first, last = row_start + t.start, row_start + t.end
+    table = field_table(config, target.device)  # [kind, slot]; its last column (-1) reads past the widest layout
+    pos = first - t.start_cut.long() + torch.arange(table.shape[1], device=target.device)[:, None]  # slot 0 = start
+    field = torch.where((pos <= last) & (t.status == int(Status.VALID)), table[t.kind].T, -1)
+    ids = torch.stack([target.reshape(-1), preds.reshape(-1)]).index_select(1, pos.clamp(0, B * T - 1).view(-1))
+    labels, guesses = ids.view(2, *pos.shape)
     counted = (field >= 0) & (labels >= 0)
-    bins = field.clamp(min=0).reshape(-1)
-    field_total = torch.bincount(bins, weights=counted.reshape(-1).double(), minlength=len(TOKEN_FIELDS))
-    field_correct = torch.bincount(bins, weights=(counted & (guesses == labels)).reshape(-1).double(),
-                                   minlength=len(TOKEN_FIELDS))
+    hits = torch.stack([counted & (guesses == labels), counted])  # [right / all, slot, event]
+    in_field = field == torch.arange(len(TOKEN_FIELDS), device=target.device)[:, None, None]
+    field_correct, field_total = (hits[:, None] & in_field).sum((2, 3)).double()
     loss_sum = skipped = None
     if logits is not None:
         token_loss, skipped = token_losses(logits, target)
         cumulative = torch.cat([token_loss.new_zeros(1), token_loss.cumsum(0)])
-        loss_sum = cumulative[last + 1] - cumulative[first]
-    return EventTokenStats(batch.target.category.index_select(0, rows), loss_sum, field_correct, field_total, skipped)
+        loss_sum = cumulative.index_select(0, last + 1) - cumulative.index_select(0, first)
+    return EventTokenStats(t.category, loss_sum, field_correct, field_total, skipped)
 
 
 def token_losses(logits: torch.Tensor, target: torch.Tensor, chunk_rows: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(token_loss [B * T] float64, skipped)``: the cross-entropy ``logsumexp(z) - z[label]`` of each labelled
-    position of ``target`` under ``logits`` [B, T, V] (0 elsewhere), computed at the labelled positions only, in
-    blocks of ``chunk_rows`` positions (default: 2048 on the CPU, where buffers of that size are reused rather than
-    faulted in anew; all at once elsewhere) — no copy of the whole logits; a label past
-    the logits' vocabulary or a non-finite loss (NaN / inf logits) is 0 and counted in ``skipped``."""
+    position of ``target`` under ``logits`` [B, T, V] (0 elsewhere); a label past the logits' vocabulary or a
+    non-finite loss (NaN / inf logits) is 0 and counted in ``skipped``. On the CPU (or given ``chunk_rows``) it is
+    computed at the labelled positions only, in blocks of ``chunk_rows`` (default 2048: buffers of that size are
+    reused rather than faulted in anew), no copy of the whole logits; finding them reads their number (a host sync,
+    none on the CPU). Elsewhere at every position at once (`dense_token_losses`): no host sync."""
+    if chunk_rows is None and target.device.type != "cpu":
+        return dense_token_losses(logits, target)
     B, T = target.shape
     labels_flat = target.reshape(-1)
     scored = (labels_flat >= 0).nonzero().squeeze(1)
-    rows = logits.reshape(B * T, -1)
+    rows = logits.reshape(-1, logits.shape[-1])  # [B * T, V]; [0, V] without positions (then none is labelled)
     vocab_size = rows.shape[-1]
     wanted = labels_flat.index_select(0, scored)
     token_ce = torch.empty(scored.numel(), dtype=torch.float64, device=target.device)
-    chunk_rows = chunk_rows or (2048 if target.device.type == "cpu" else max(scored.numel(), 1))
+    chunk_rows, in_vocab = chunk_rows or 2048, wanted.clamp(max=vocab_size - 1)
     for lo in range(0, scored.numel(), chunk_rows):  # a loop over blocks of positions, not over tokens
+        block = rows.index_select(0, scored[lo:lo + chunk_rows])
         token_ce[lo:lo + chunk_rows] = torch.nn.functional.cross_entropy(
-            rows.index_select(0, scored[lo:lo + chunk_rows]).float(), wanted[lo:lo + chunk_rows].clamp(max=vocab_size - 1),
-            reduction="none")
+            block if block.dtype == torch.float32 else block.float(), in_vocab[lo:lo + chunk_rows], reduction="none")
     usable = (wanted < vocab_size) & torch.isfinite(token_ce)
     token_loss = torch.zeros(B * T, dtype=torch.float64, device=target.device)
     token_loss.index_copy_(0, scored, torch.where(usable, token_ce, 0.0))
     return token_loss, (~usable).sum().double()
+
+
+def dense_token_losses(logits: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`token_losses` at every position at once (the ignored ones computed, then zeroed): a few ops, no host sync,
+    a float32 copy of the logits."""
+    labels = target.reshape(-1)
+    rows = logits.reshape(-1, logits.shape[-1])
+    if rows.shape[0] != labels.numel():  # no positions: the labels are `_check_inputs`' ignored padding column
+        zeros = torch.zeros(labels.numel() + 1, dtype=torch.float64, device=target.device)
+        return zeros[:-1], zeros[-1]
+    vocab_size = rows.shape[-1]
+    token_ce = torch.nn.functional.cross_entropy(rows.float(), labels.clamp(0, vocab_size - 1), reduction="none")
+    usable = (labels < vocab_size) & torch.isfinite(token_ce)
+    labelled = labels >= 0
+    return torch.where(usable & labelled, token_ce.double(), 0.0), (labelled & ~usable).sum().double()
 
 
 def token_sums(stats: EventTokenStats) -> tuple[torch.Tensor, torch.Tensor]:
@@ -105,9 +119,11 @@ def token_sums(stats: EventTokenStats) -> tuple[torch.Tensor, torch.Tensor]:
     n_cat = len(CATEGORY_NAMES)
     if stats.loss_sum is None:
         return fields, torch.zeros((2, n_cat + 1), dtype=torch.float64, device=fields.device)
-    skipped = torch.stack([stats.loss_skipped, torch.zeros_like(stats.loss_skipped)])[:, None]
-    return fields, torch.cat([torch.stack([torch.bincount(stats.category, weights=stats.loss_sum, minlength=n_cat),
-                                           torch.bincount(stats.category, minlength=n_cat).double()]), skipped], dim=1)
+    # per category, in row order; the undecoded targets land in the last column, which is then overwritten
+    per_category = torch.zeros((2, n_cat + 1), dtype=torch.float64, device=fields.device).index_add_(
+        1, stats.category, torch.stack([stats.loss_sum, torch.ones_like(stats.loss_sum)]))
+    per_category[:, -1] = torch.stack([stats.loss_skipped, torch.zeros_like(stats.loss_skipped)])
+    return fields, per_category
 
 
 def token_report(fields: torch.Tensor, loss: torch.Tensor) -> dict[str, torch.Tensor]:

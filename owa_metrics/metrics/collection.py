@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 import warnings
 from typing import Optional, Union
 
@@ -18,9 +19,7 @@ from ..decode.batch import (
 from ..decode.matching import TimeMatching, tolerance_ns
 from ..events.event import CATEGORY_NAMES, Category, Status
 from ..functional.events import (
-    EVENT_COUNTS, detection_report, digit_matches, digit_precision_sums, direction_error_deg, euclidean_percent_error, event_type_report,
-    event_type_sums, keyboard_report, keyboard_sums, mouse_action_report, mouse_action_sums, movement_r2_report,
-    movement_sums, ratio, signed_percent_error, timestamp_errors,
+    EVENT_COUNTS, detection_report, event_type_report, keyboard_report, mouse_action_report, movement_r2_report, ratio,
 )
 from ..functional import kernel as fused
 from ..functional.stats import SketchSpec, distinct_by_group, sketch_counts
@@ -128,6 +127,7 @@ class OWAEventMetrics(Metric):
         if origin_ns is not None and self.pairing != "time":
             raise ValueError("origin_ns is the time origin of pairing='time': build OWAEventMetrics(..., "
                              "alignment='generation', pairing='time') to use it")
+        tokens = None  # teacher forcing on token ids: (fields, loss) of `token_sums`
         if isinstance(preds, EventBatch):
             batch = preds
             if (batch.time_matching is not None) != (self.pairing == "time"):
@@ -152,24 +152,102 @@ class OWAEventMetrics(Metric):
             batch = decode_batch(preds, target, self.vocab, self.alignment, self.backend, self.pairing,
                                  self.tolerance_ms, origin_ns)
             if self.alignment == "teacher_forcing":
-                fields, loss = token_sums(event_token_stats(batch, preds, target, self.vocab.config, logits))
-                self.token_fields += fields
-                self.token_loss += loss
-        confusion, statuses, counts = event_type_sums(batch)
-        self.confusion += confusion
-        self.statuses += statuses
-        self.target_statuses += torch.bincount(batch.target.status, minlength=len(Status)).double()
-        self.event_counts += counts
-        # every row at once, masked: no per-subset copies (few ops, no host syncs but the samples' selection)
-        pred, true, comparable = batch.pred, batch.target, batch.comparable
-        self._update_timestamps(pred, true, comparable)
-        category = true.category
-        self.keyboard += keyboard_sums(pred.vk, pred.action, true.vk, true.action, batch.seq_idx, batch.num_sequences,
-                                       weight=comparable & (category == int(Category.KEYBOARD)))
-        is_mouse = comparable & ((category == int(Category.MOUSE_OP)) | (category == int(Category.MOUSE_NOP)))
-        self._update_mouse(pred, true, is_mouse)
+                tokens = token_sums(event_token_stats(batch, preds, target, self.vocab.config, logits))
+        self._accumulate(batch, tokens, logits is not None)
         if batch.time_matching is not None:
             self._update_detection(batch.time_matching)
+
+    def _accumulate(self, batch: EventBatch, tokens: Optional[tuple[torch.Tensor, torch.Tensor]], with_loss: bool) -> None:
+        """Every additive state and the samples of a decoded batch, all rows at once (the torch path).
+
+        Each row's contributions (one-hot statuses and categories from a lookup, digit-prefix matches, field
+        matches, movement terms) form a matrix X [N, C], each row's groups (all, comparable, comparable per
+        category, valid per category, comparable mouse, valid) a matrix G [N, 12]: one product G^T X holds every count
+        (integers: exact in float64 whatever the order); the per-sequence means and the token sums are added to
+        it, and `_Plan.take` scatters the lot into the states with one ``_foreach_add_``. Exact mode reads the
+        numbers of comparable and of mouse rows in one host sync (`_append_samples`).
+        """
+        plan = _Plan.get(self, batch.pred.values.device, tokens is not None, with_loss, batch.time_matching is not None)
+        t, p = batch.target, batch.pred
+        t_values, p_values = t.values, p.values
+        category = t_values[:, 0]
+        status_key = (batch.status * len(Status) + t.status) * (N_CAT + 1) + p_values[:, 0]
+        looked_up = plan.rows.index_select(0, status_key * 4 * (N_CAT + 1) + p.kind * (N_CAT + 1) + category + N_CAT + 1)
+        onehots, groups = looked_up[:, :plan.ONE + 1], looked_up[:, plan.ONE + 1:]
+        same = p_values == t_values
+        digits = p.digits == t.digits
+        delta = digits[:, self.n_ts:].reshape(-1, 2, self.n_delta)
+        flags = t_values[:, 6:8] != 0
+        moves, true_moves = p_values[:, 4:6] - t_values[:, 4:6], t_values[:, 4:6]
+        kb_right = same[:, 2:4].all(1, keepdim=True)
+        x = torch.cat([onehots, digits[:, :self.n_ts].cumprod(1), same[:, 2:4], kb_right,
+                       torch.stack([same[:, 6:8] & flags, flags], 2).view(-1, 4), (moves * moves).sum(1, keepdim=True),
+                       true_moves, true_moves * true_moves,
+                       torch.cat([delta, delta.all(1, keepdim=True)], 1).cumprod(2).view(-1, 3 * self.n_delta)], 1)
+        sums = groups.T @ x  # x is float64: the lookup's columns are
+        # per sequence: valid, comparable, comparable keyboard events and those right -> the means of the ratios
+        keys = groups[:, plan.KEYBOARD:plan.KEYBOARD + 1]
+        per_seq = torch.zeros((batch.num_sequences, 4), dtype=torch.float64, device=keys.device).index_add_(
+            0, batch.seq_idx, torch.cat([groups.index_select(1, plan.per_seq), keys * kb_right], 1))
+        seen = per_seq[:, 0::2] > 0
+        means = torch.where(seen, per_seq[:, 1::2] / per_seq[:, 0::2].clamp(min=1), 0.0).sum(0)
+        gap = batch.pred_count - batch.target_count
+        per_batch = torch.stack([gap == gap, gap == 0, batch.pred_count, gap.clamp(min=0), (-gap).clamp(min=0)]).sum(1)
+        extra = [per_batch, means, seen.sum(0)]  # `take` casts them to float64 (exact: small integers)
+        if batch.time_matching is not None:
+            extra.append(batch.time_matching.extra_events.reshape(1))
+        if tokens is not None:
+            extra += [tokens[0].reshape(-1), tokens[1].reshape(-1)]
+        torch._foreach_add_(self._flat_states(plan.states), plan.take(sums, extra))
+        samples = self._sample_columns(t_values, p_values, category)
+        comparable, mouse = batch.status == int(Status.VALID), groups[:, plan.MOUSE].bool()
+        if self.mode == "exact":
+            self._append_samples(samples, comparable, mouse)
+        else:
+            nan = float("nan")
+            self._add_sketches(torch.where(comparable[:, None], samples[:, :3], nan),
+                               torch.where(mouse[:, None], samples[:, 3:], nan))
+
+    def _flat_states(self, names: list[str]) -> list[torch.Tensor]:
+        """Flat views of the named states, kept while the states are the same tensors (`reset` and syncs replace
+        them): the additions of `_accumulate` go through them without a view op per state and update."""
+        views = self.__dict__.setdefault("_flat_views", {})
+        out = []
+        for name in names:
+            state = getattr(self, name)
+            if name not in views or views[name][0] is not state:
+                views[name] = (state, state.view(-1))
+            out.append(views[name][1])
+        return out
+
+    def _sample_columns(self, t_values: torch.Tensor, p_values: torch.Tensor, category: torch.Tensor) -> torch.Tensor:
+        """[N, TIMESTAMP_COLUMNS + MOUSE_COLUMNS] of every row (the definitions of `timestamp_errors`,
+        `euclidean_percent_error`, `signed_percent_error` and `direction_error_deg`, four ratios in one)."""
+        half = self.window_ns // 2
+        signed_ms = (torch.remainder(p_values[:, 1] - t_values[:, 1] + half, self.window_ns) - half).double() / 1e6
+        p, g = p_values[:, 4:6].double(), t_values[:, 4:6].double()
+        error, true = torch.linalg.vector_norm(torch.stack([p - g, g]), dim=2)
+        numerator = torch.cat([torch.stack([signed_ms.abs(), error], 1), p - g], 1)
+        denominator = torch.cat([torch.stack([(t_values[:, 1].double() / 1e6).abs(), true], 1), g], 1)
+        defined = denominator != 0  # a zero ground truth: NaN
+        percent = torch.where(defined, numerator / denominator * 100, float("nan"))
+        # each row's two angles side by side (as the kernel's): a vectorized atan2 treats both alike, so equal
+        # directions give exactly 0
+        angle = torch.atan2(torch.stack([p[:, 1], g[:, 1]], 1), torch.stack([p[:, 0], g[:, 0]], 1))
+        delta = (angle[:, 0] - angle[:, 1]).abs()
+        direction = torch.where(defined[:, 1], torch.minimum(delta, 2 * math.pi - delta) * (180 / math.pi), float("nan"))
+        return torch.cat([torch.stack([signed_ms, percent[:, 0], category.double()], 1), percent[:, 1:],
+                          direction[:, None]], 1)
+
+    def _append_samples(self, samples: torch.Tensor, comparable: torch.Tensor, mouse: torch.Tensor) -> None:
+        """The comparable rows' timestamp columns and the comparable mouse rows' mouse columns into the exact
+        states. Their numbers are data: read in one host sync (packed in one int64), then sync-free selections."""
+        n_mouse = mouse.sum()
+        n_timestamp, n_mouse = divmod(int((comparable.sum() << 32) + n_mouse), 1 << 32)
+        rows = torch.nonzero_static(torch.cat([comparable, mouse]), size=n_timestamp + n_mouse).squeeze(1)
+        picked = samples.index_select(0, rows.remainder(max(len(comparable), 1)))
+        append_samples(self.timestamp_samples, picked[:n_timestamp, :len(TIMESTAMP_COLUMNS)].reshape(-1))
+        append_samples(self.mouse_samples, picked[n_timestamp:, len(TIMESTAMP_COLUMNS):].reshape(-1))
 
     def _update_detection(self, found: TimeMatching) -> None:
         self.detection += found.detection_counts.to(self.detection.device)
@@ -211,53 +289,20 @@ class OWAEventMetrics(Metric):
             append_samples(self.timestamp_samples, timestamps.reshape(-1))
             append_samples(self.mouse_samples, mouse.reshape(-1))
         else:
-            self._add_timestamp_sketch(timestamps[:, 0], timestamps[:, 1], timestamps[:, 2].long())
-            self._add_mouse_sketch(mouse)
+            self._add_sketches(timestamps, mouse)
 
-    def _update_timestamps(self, pred, true, comparable: torch.Tensor) -> None:
-        signed_ms, percent = timestamp_errors(pred.timestamp_ns, true.timestamp_ns, self.window_ns)
-        category = true.category.clamp(max=N_CAT - 1)
-        matches = digit_matches(pred.timestamp_digits, true.timestamp_digits).double()
-        rows = torch.cat([matches, torch.ones_like(signed_ms)[:, None]], dim=1)  # as `digit_precision_sums`, per row
-        groups = torch.cat([comparable[:, None], torch.nn.functional.one_hot(category, N_CAT).bool() & comparable[:, None]],
-                           dim=1).double()  # [N, all + categories]
-        self.timestamp_digits += groups.T @ rows
-        if self.mode == "exact":
-            append_samples(self.timestamp_samples,
-                           torch.stack([signed_ms, percent, category.double()], dim=1)[comparable].reshape(-1))
-        else:  # NaN: left out of the sketch
-            self._add_timestamp_sketch(torch.where(comparable, signed_ms, float("nan")),
-                                       torch.where(comparable, percent, float("nan")), category)
-
-    def _add_timestamp_sketch(self, signed_ms: torch.Tensor, percent: torch.Tensor, category: torch.Tensor) -> None:
-        """Rows of the sketch state: (quantity, group) with group 0 = all, 1 + c = category c."""
+    def _add_sketches(self, timestamps: torch.Tensor, mouse: torch.Tensor) -> None:
+        """Rows (signed error ms, percent error, category) and rows of `MOUSE_COLUMNS` (NaN: left out) into the
+        sketch states in one count: rows (quantity, group) with group 0 = all and 1 + c = category c, then the
+        mouse columns."""
         n_groups = len(GROUPS)
-        self.timestamp_sketch += sketch_counts(
-            torch.cat([signed_ms, signed_ms, percent, percent]), self.spec,
-            torch.cat([torch.zeros_like(category), category + 1, torch.full_like(category, n_groups),
-                       category + 1 + n_groups]), 2 * n_groups).view(2, n_groups, -1)
-
-    def _update_mouse(self, pred, true, is_mouse: torch.Tensor) -> None:
-        p, g = torch.stack([pred.dx, pred.dy], 1), torch.stack([true.dx, true.dy], 1)
-        columns = torch.stack([euclidean_percent_error(p, g), signed_percent_error(p[:, 0], g[:, 0]),
-                               signed_percent_error(p[:, 1], g[:, 1]), direction_error_deg(p, g)], dim=1)
-        if self.mode == "exact":
-            append_samples(self.mouse_samples, columns[is_mouse].reshape(-1))
-        else:
-            self._add_mouse_sketch(torch.where(is_mouse[:, None], columns, float("nan")))
-        self.mouse_action += mouse_action_sums(pred.button_flags, pred.button_data, true.button_flags,
-                                               true.button_data, weight=is_mouse)
-        self.movement += movement_sums(p, g, weight=is_mouse)
-        self.mouse_digits += torch.stack([
-            digit_precision_sums(pred.dx_digits, true.dx_digits, is_mouse),
-            digit_precision_sums(pred.dy_digits, true.dy_digits, is_mouse),
-            digit_precision_sums(torch.stack([pred.dx_digits, pred.dy_digits], 2),
-                                 torch.stack([true.dx_digits, true.dy_digits], 2), is_mouse)])
-
-    def _add_mouse_sketch(self, columns: torch.Tensor) -> None:
-        """``columns`` [N, MOUSE_COLUMNS] into the sketch state, one row per quantity (NaN left out)."""
-        quantity = torch.arange(len(MOUSE_COLUMNS), device=columns.device).repeat_interleave(columns.shape[0])
-        self.mouse_sketch += sketch_counts(columns.T.reshape(-1), self.spec, quantity, len(MOUSE_COLUMNS))
+        base, step, mouse_rows = _sketch_rows(n_groups, timestamps.device)
+        category = timestamps[:, 2:].nan_to_num().long()
+        group = torch.cat([(base + category * step).reshape(-1), mouse_rows.expand(len(mouse), -1).reshape(-1)])
+        counts = sketch_counts(torch.cat([timestamps[:, [0, 0, 1, 1]].reshape(-1), mouse.reshape(-1)]), self.spec,
+                               group, 2 * n_groups + len(MOUSE_COLUMNS))
+        self.timestamp_sketch += counts[:2 * n_groups].view(2, n_groups, -1)
+        self.mouse_sketch += counts[2 * n_groups:]
 
     # ----------------------------------------------------------------------------------------- compute
     def _wrap_compute(self, compute):
@@ -374,6 +419,94 @@ class OWAEventMetrics(Metric):
         (keyboard, mouse_op, mouse_nop, screen), columns the predicted ones and a last ``invalid`` column."""
         with self.sync_context():
             return self.confusion.clone()
+
+
+@functools.lru_cache(maxsize=None)
+def _sketch_rows(n_groups: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sketch rows of `_add_sketches`: (signed, all), (signed, category), (percent, all), (percent, category) as
+    base + category x step; then the mouse columns'."""
+    return (torch.tensor([0, 1, n_groups, n_groups + 1], device=device), torch.tensor([0, 1, 0, 1], device=device),
+            torch.arange(2 * n_groups, 2 * n_groups + len(MOUSE_COLUMNS), device=device))
+
+
+class _Plan:
+    """The lookups of `OWAEventMetrics._accumulate` and where each state's increments are in its sources, for one
+    format, device and kind of update (token stats, token loss, time pairing).
+
+    ``rows`` [key, C0 + 12]: by (((status x S + target status) x 5 + predicted category) x 4 + predicted kind + 1)
+    x 5 + target category, the one-hot status, target status and predicted category (an undecoded type mismatch in
+    its type token's column, as `event_type_sums`) and 1 (C0 columns: X's first), then the row's groups (G).
+    The sources: the counts [12, C] (groups x columns of X), then the extras of `_accumulate` in their order.
+    """
+
+    _cache: dict = {}
+    ALL, COMPARABLE, COMPARABLE_CATEGORY, VALID_CATEGORY, MOUSE, VALID = 0, 1, 2, 6, 10, 11
+    KEYBOARD = COMPARABLE_CATEGORY + int(Category.KEYBOARD)
+
+    def __init__(self, n_ts: int, n_delta: int, device, tokens: bool, loss: bool, time: bool):
+        n_status = len(Status)
+        self.ONE = one = 2 * n_status + N_CAT + 1
+        shape = (n_status, n_status, N_CAT + 1, 4, N_CAT + 1)
+        status, t_status, p_category, kind, category = np.indices(shape).reshape(5, -1)
+        undecoded_mismatch = (status == int(Status.TYPE_MISMATCH)) & (p_category == int(Category.INVALID))
+        column = np.where(undecoded_mismatch, fused.KIND_CATEGORY[np.maximum(kind - 1, 0)], p_category)
+        comparable, valid, in_range = status == int(Status.VALID), t_status == int(Status.VALID), category < N_CAT
+        mouse = (category == int(Category.MOUSE_OP)) | (category == int(Category.MOUSE_NOP))
+        rows = np.zeros((status.size, one + 13))
+        at, g, clamped = np.arange(status.size), one + 1, np.minimum(category, N_CAT - 1)
+        for offset, columns, value in [
+                (0, status, 1), (n_status, t_status, 1), (2 * n_status, column, 1), (one, 0, 1), (g + self.ALL, 0, 1),
+                (g + self.COMPARABLE, 0, comparable), (g + self.MOUSE, 0, comparable & mouse),
+                (g + self.COMPARABLE_CATEGORY, clamped, comparable & in_range),
+                (g + self.VALID_CATEGORY, clamped, valid & in_range), (g + self.VALID, 0, valid)]:
+            rows[at, offset + columns] = value
+        self.rows = torch.from_numpy(rows).to(device)
+        self.per_seq = torch.tensor([self.VALID, self.COMPARABLE, self.KEYBOARD], device=device)  # then keyboard right
+        ts, kb = one + 1, one + 1 + n_ts
+        action, movement, digits = kb + 3, kb + 7, kb + 12
+        width = digits + 3 * n_delta
+
+        def cell(group, *columns):
+            return [group * width + c for c in columns]
+
+        sources = iter(range(12 * width, 12 * width + 64))  # the extras, in the order `_accumulate` lists them
+        take = lambda k: [next(sources) for _ in range(k)]  # noqa: E731
+        per_batch, means, seen = take(5), take(2), take(2)  # sequences, count match, pred events, extra, missing
+        extra_events, missing = per_batch[3], per_batch[4]
+        if time:  # the generated events paired with nothing, and the target events left unpaired
+            extra_events, missing = take(1)[0], cell(self.ALL, int(Status.MISSING))[0]
+        keyboard = self.KEYBOARD
+        plan = {
+            "confusion": [i for c in range(N_CAT)
+                          for i in cell(self.VALID_CATEGORY + c, *range(2 * n_status, 2 * n_status + N_CAT + 1))],
+            "statuses": cell(self.ALL, *range(n_status)),
+            "target_statuses": cell(self.ALL, *range(n_status, 2 * n_status)),
+            "event_counts": cell(self.ALL, one) + per_batch[:3] + [extra_events, missing, means[0], seen[0]],
+            "timestamp_digits": [i for g in range(1 + N_CAT) for i in cell(self.COMPARABLE + g, *range(ts, kb), one)],
+            "keyboard": cell(keyboard, kb, kb + 1, kb + 2, one) + [means[1], seen[1]],
+            "mouse_action": cell(self.MOUSE, *range(action, action + 4)),
+            "movement": cell(self.MOUSE, *range(movement, movement + 5), one),
+            "mouse_digits": [i for a in range(3)
+                             for i in cell(self.MOUSE, *range(digits + a * n_delta, digits + (a + 1) * n_delta), one)],
+        }
+        if tokens:
+            plan["token_fields"] = take(2 * len(TOKEN_FIELDS))
+            if loss:
+                plan["token_loss"] = take(2 * (N_CAT + 1))
+        self.states = list(plan)
+        self.index = torch.tensor([i for cells in plan.values() for i in cells], device=device)
+        self.sizes = [len(cells) for cells in plan.values()]
+
+    @classmethod
+    def get(cls, metric: "OWAEventMetrics", device, tokens: bool, loss: bool, time: bool) -> "_Plan":
+        key = (metric.n_ts, metric.n_delta, torch.device(device), tokens, loss, time)
+        if key not in cls._cache:
+            cls._cache[key] = cls(*key)
+        return cls._cache[key]
+
+    def take(self, sums: torch.Tensor, extra: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Each state's increments, flat, from the counts ``sums`` and the ``extra`` sources."""
+        return torch.cat([sums.reshape(-1), *extra]).index_select(0, self.index).split(self.sizes)
 
 
 def _rows(state, width: int, device) -> torch.Tensor:

@@ -1,0 +1,65 @@
+"""The torch path of `OWAEventMetrics.update` (the GPU path): how many torch ops it launches and how many host
+syncs it would make on a GPU, counted on small CPU batches by `scripts/count_ops.py` (a profiler and a
+``TorchDispatchMode`` that record aten calls, whatever the code under test does)."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+
+from count_ops import SyncCounter, cases, count  # noqa: E402
+
+# (top-level ops, host syncs) at most per update; measured at 4 x 256: 406 / 441 / 443 / 380 ops (before issue 13:
+# 737 / 799 / 774 / 809 ops, 18 / 18 / 21 / 20 syncs). The syncs: the number of target events (one nonzero), and in
+# exact mode the numbers of comparable and of mouse rows, read in one; sketch mode keeps no samples.
+LIMITS = {
+    "teacher forcing, exact": (415, 2),
+    "teacher forcing, sketch": (450, 1),
+    # the CPU token loss runs in blocks of labelled positions, whose count it reads (no device to wait for on the
+    # CPU); off the CPU the loss is dense and sync-free (`test_dense_token_loss_equals_the_blocks_without_a_sync`): 2
+    "teacher forcing, logits": (455, 3),
+    "generation (index)": (390, 2),
+}
+
+
+@pytest.fixture(scope="module")
+def updates():
+    return cases(4, 256)
+
+
+@pytest.mark.parametrize("case", list(LIMITS))
+def test_update_ops_and_syncs(updates, case):
+    ops, syncs = count(updates[case])
+    max_ops, max_syncs = LIMITS[case]
+    assert sum(syncs.values()) <= max_syncs, dict(syncs)
+    assert sum(ops.values()) <= max_ops, ops.most_common(10)
+
+
+def test_dense_token_loss_equals_the_blocks_without_a_sync():
+    from owa_metrics.functional.tokens import dense_token_losses, token_losses
+
+    g = torch.Generator().manual_seed(0)
+    target = torch.randint(-5, 40, (3, 50), generator=g)  # ids past the vocabulary (32) and ignored labels
+    target = torch.where(target < 0, -100, target)
+    logits = torch.randn(3, 50, 32, generator=g)
+    logits[0, 1, 4] = float("nan")
+    want = token_losses(logits, target, chunk_rows=16)
+    with SyncCounter() as syncs:
+        got = dense_token_losses(logits, target)
+    assert syncs.total == 0, dict(syncs.calls)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]) and want[1] > 0
+
+
+def test_the_counter_sees_what_makes_a_gpu_wait():
+    x, mask = torch.arange(6.0), torch.tensor([True, False] * 3)
+    with SyncCounter() as syncs:
+        x.nonzero(), x[mask], x.masked_select(mask), bool(x.sum()), x[0].item(), torch.bincount(x.long())
+        torch.unique(x), torch.repeat_interleave(x, torch.ones(6, dtype=torch.long))
+    with SyncCounter() as none:
+        torch.repeat_interleave(x, torch.ones(6, dtype=torch.long), output_size=6), x[torch.tensor([1, 2])], x.cumsum(0)
+        torch.nonzero_static(mask, size=3), torch.zeros(3).index_add_(0, torch.tensor([0, 2]), torch.ones(2))
+    assert syncs.total == 8, dict(syncs.calls)
+    assert none.total == 0, dict(none.calls)
