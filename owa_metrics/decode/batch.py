@@ -238,9 +238,9 @@ def _decode_with_torch(preds, target, vocab: VocabMap, alignment: Alignment, L: 
         # the k-th generated span of row b: where the running count of generated marks first exceeds before + k
         paired = torch.searchsorted(scans.marks[B * W:].cumsum(0), before[1].index_select(0, seq) + rank, right=True)
         first, last, cut = scans.spans(torch.cat([at, (paired + B * W).clamp(max=2 * B * W - 1)]))
-    else:
-        first, last, cut = (torch.cat([x, x + B * W]) if x.dtype != torch.bool else torch.cat([x, x])
-                            for x in scans.spans(at))
+    else:  # the prediction is read at the target's spans, one side down
+        first, last, cut = scans.spans(at)
+        first, last, cut = torch.cat([first, first + B * W]), torch.cat([last, last + B * W]), torch.cat([cut, cut])
     status, kind, values, digits = _decode_rows(code.view(-1), first, last, cut, L, present)
     row_start = torch.div(first, W, rounding_mode="floor") * W
     rows = torch.stack([status, kind, first - row_start, last - row_start])
