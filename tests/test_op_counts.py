@@ -50,8 +50,10 @@ def test_dense_token_loss_equals_the_blocks_without_a_sync():
     want = token_losses(logits, target, chunk_rows=16)
     with SyncCounter() as syncs:
         got = dense_token_losses(logits, target)
+        blocks = dense_token_losses(logits, target, block_logits=7 * 32 + 5)  # 7 positions a block: 22 blocks
     assert syncs.total == 0, dict(syncs.calls)
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    for result in (got, blocks):
+        assert torch.equal(result[0], want[0]) and torch.equal(result[1], want[1])
     # numpy, from the definition: logsumexp(z) - z[label] at labelled positions; 0 and skipped when the label is past
     # the vocabulary or the loss is not finite
     z, labels = logits.double().numpy().reshape(-1, 32), target.numpy().reshape(-1)

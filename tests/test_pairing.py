@@ -2,6 +2,8 @@
 
 import dataclasses
 import math
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,6 +16,9 @@ from owa_metrics.events import read_recording, simulate_session
 from conftest import recording_paths
 from matching_oracle import greedy, time_oracle, unwrap
 from metric_oracle import FORMATS
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+from count_ops import SyncCounter  # noqa: E402
 
 WINDOW_NS = 16_000_000_000
 
@@ -212,6 +217,18 @@ def test_greedy_match_equals_the_sequential_rule(data):
                            torch.tensor(p_key, dtype=torch.long), torch.tensor(p_ns, dtype=torch.long), tolerance,
                            backend)
         assert got.tolist() == want, backend
+
+
+def test_a_chain_of_100_displacements_needs_few_host_reads():
+    """Targets at 0, 2, 4, ..., candidates at 1, 3, 5, ..., tolerance 1: by the greedy rule target i takes candidate i
+    (candidate i - 1 is taken, the tie goes to the earlier candidate). Deferred acceptance displaces one target a
+    round (target i proposes first to candidate i - 1): 100 rounds, whose end is read after 1, 2, 4, ... of them."""
+    n = 100
+    at, key = torch.arange(n) * 2, torch.zeros(n, dtype=torch.long)
+    with SyncCounter() as syncs:
+        got = greedy_match(key, at, key, at + 1, 1, "torch")
+    assert got.tolist() == list(range(n))
+    assert syncs.calls["_local_scalar_dense"] <= 8, dict(syncs.calls)  # 1 + 2 + ... + 64 >= 100 rounds: 7 reads
 
 
 @settings(max_examples=100, deadline=None)

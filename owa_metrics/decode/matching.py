@@ -99,7 +99,7 @@ def greedy_match(target_key: torch.Tensor, target_ns: torch.Tensor, pred_key: to
     unique stable matching, which is the sequential greedy one. Each round the earliest unmatched proposer of
     every row gets a candidate that it keeps, so there are at most as many rounds as the longest row has targets;
     in practice the longest chain of displaced targets: 1 to 3 for sparse events, ~60 for a 2,000-event row of
-    dense mouse moves. Each round costs O(E) (edges closed for good are dropped as rounds go).
+    dense mouse moves. Each round costs O(E) in fixed-shape ops (`_deferred_acceptance`).
     """
     n_t, n_p = target_ns.numel(), pred_ns.numel()
     match = torch.full((n_t,), -1, dtype=torch.long, device=target_ns.device)
@@ -133,21 +133,32 @@ def greedy_match(target_key: torch.Tensor, target_ns: torch.Tensor, pred_key: to
     e_t, e_c = e_t.index_select(0, edge_order), e_c.index_select(0, edge_order)
     if backend != "torch" and e_t.device.type == "cpu" and kernel.available():
         return torch.from_numpy(_first_free(e_t.numpy(), e_c.numpy(), n_t, n_p))
-    e_p = priority.index_select(0, e_t)
-    holder = torch.full((n_p,), n_t, dtype=torch.long, device=match.device)  # priority of the holding target
+    return _deferred_acceptance(priority.index_select(0, e_t), e_c, by_priority, n_p)
+
+
+def _deferred_acceptance(e_p: torch.Tensor, e_c: torch.Tensor, by_priority: torch.Tensor, n_p: int) -> torch.Tensor:
+    """`greedy_match`'s rounds on edges (target priority, candidate) sorted by (priority, preference), in
+    fixed-shape ops: a round after the last change changes nothing, so the rounds run in runs of 1, 2, 4, ...
+    and only the end of a run reads whether an edge was open (log2(rounds) host syncs, not several a round)."""
+    n_t, n_e = by_priority.numel(), e_p.numel()
+    device = e_p.device
+    edge, targets, candidates = (torch.arange(n, device=device) for n in (n_e, n_t, n_p))
+    holder = torch.full((n_p + 1,), n_t, dtype=torch.long, device=device)  # priority of the holder; n_p: no one's
+    matched = torch.full((n_t + 1,), -1, dtype=torch.long, device=device)  # by priority; n_t: no one's
+    run = 1
     while True:
-        live = e_p <= holder.index_select(0, e_c)  # an edge to a candidate held by an earlier target stays closed
-        e_t, e_c, e_p = e_t[live], e_c[live], e_p[live]
-        open_ = (match.index_select(0, e_t) < 0) & (e_p < holder.index_select(0, e_c))
+        for _ in range(run):
+            # an edge is open if its target holds nothing and its candidate is free or held by a later target
+            open_ = (matched.index_select(0, e_p) < 0) & (e_p < holder.index_select(0, e_c))
+            best = torch.full((n_t,), n_e, device=device).scatter_reduce_(
+                0, e_p, torch.where(open_, edge, n_e), "amin")  # each target's preferred open edge
+            proposing = best < n_e
+            chosen = e_c.index_select(0, best.clamp(max=n_e - 1))
+            holder.scatter_reduce_(0, torch.where(proposing, chosen, n_p), torch.where(proposing, targets, n_t), "amin")
+            matched = torch.full_like(matched, -1).scatter_(0, holder[:n_p], candidates)  # one candidate a target
         if not bool(open_.any()):
-            return match
-        best = torch.full((n_t,), e_t.numel(), dtype=torch.long, device=e_t.device)
-        best = best.scatter_reduce(0, e_t[open_], open_.nonzero().squeeze(1), "amin")
-        proposal = best[best < e_t.numel()]
-        holder = holder.scatter_reduce(0, e_c.index_select(0, proposal), e_p.index_select(0, proposal), "amin")
-        held = (holder < n_t).nonzero().squeeze(1)
-        match = torch.full_like(match, -1)
-        match[by_priority.index_select(0, holder.index_select(0, held))] = held
+            return torch.empty_like(matched[:n_t]).index_copy_(0, by_priority, matched[:n_t])
+        run *= 2
 
 
 @kernel._jit
