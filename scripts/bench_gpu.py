@@ -172,7 +172,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     tokenizer = build_tokenizer()
-    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, CPU kernel on 1 thread; tokenizer V = {len(tokenizer)}")
+    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, CPU kernel on 1 thread; "
+          f"tokenizer V = {len(tokenizer)}")
     print(f"{'batch':<10} {'case':<34} {'GPU ms':>8} {'kernel ms':>9} {'CPU ms':>8} {'ops':>5} {'kernels':>7} "
           f"{'waits':>5} {'syncs':>6} {'peak MB':>8}  check")
     V = len(tokenizer)

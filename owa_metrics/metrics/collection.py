@@ -299,7 +299,8 @@ class OWAEventMetrics(Metric):
         base, step, mouse_rows = _sketch_rows(n_groups, timestamps.device)
         category = timestamps[:, 2:].nan_to_num().long()
         group = torch.cat([(base + category * step).reshape(-1), mouse_rows.expand(len(mouse), -1).reshape(-1)])
-        counts = sketch_counts(torch.cat([timestamps[:, [0, 0, 1, 1]].reshape(-1), mouse.reshape(-1)]), self.spec,
+        twice = timestamps[:, :2, None].expand(-1, 2, 2)  # each row's (signed, signed, percent, percent)
+        counts = sketch_counts(torch.cat([twice.reshape(-1), mouse.reshape(-1)]), self.spec,
                                group, 2 * n_groups + len(MOUSE_COLUMNS))
         self.timestamp_sketch += counts[:2 * n_groups].view(2, n_groups, -1)
         self.mouse_sketch += counts[2 * n_groups:]
@@ -422,9 +423,10 @@ class OWAEventMetrics(Metric):
 
 
 @functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=None)
 def _sketch_rows(n_groups: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sketch rows of `_add_sketches`: (signed, all), (signed, category), (percent, all), (percent, category) as
-    base + category x step; then the mouse columns'."""
+    base + category x step; then the mouse columns'. Cached by device: a copy to a GPU would wait for it."""
     return (torch.tensor([0, 1, n_groups, n_groups + 1], device=device), torch.tensor([0, 1, 0, 1], device=device),
             torch.arange(2 * n_groups, 2 * n_groups + len(MOUSE_COLUMNS), device=device))
 
