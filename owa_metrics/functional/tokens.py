@@ -103,8 +103,8 @@ LOSS_BLOCK_LOGITS = 2**27  # logits per block of `dense_token_losses`: float32 b
 def dense_token_losses(logits: torch.Tensor, target: torch.Tensor,
                        block_logits: int = LOSS_BLOCK_LOGITS) -> tuple[torch.Tensor, torch.Tensor]:
     """`token_losses` at every position (the ignored ones computed, then zeroed), in blocks of
-    ``max(1, block_logits // V)`` positions: a number fixed by the shapes, so no host sync, and the float32 log-softmax
-    of one block at a time (V = 151,936 at 8 x 8192 positions: 75 blocks of 512 MB, not 40 GB)."""
+    ``max(1, block_logits // V)`` positions: a number fixed by the shapes, so no host sync, and a float32 copy and
+    log-softmax of one block at a time (V = 151,936 at 8 x 8192 positions: 75 blocks of 512 MB, not 40 GB each)."""
     labels = target.reshape(-1)
     rows = logits.reshape(-1, logits.shape[-1])
     if rows.shape[0] != labels.numel():  # no positions: the labels are `_check_inputs`' ignored padding column
@@ -112,9 +112,8 @@ def dense_token_losses(logits: torch.Tensor, target: torch.Tensor,
         return zeros[:-1], zeros[-1]
     vocab_size = rows.shape[-1]
     step, clamped = max(1, block_logits // vocab_size), labels.clamp(0, vocab_size - 1)
-    # -log_softmax(z)[label] read in float32 from any dtype (a GPU reads bfloat16 logits as they are, no copy)
-    token_ce = -torch.cat([torch.log_softmax(rows[lo:lo + step], 1, dtype=torch.float32)
-                           .gather(1, clamped[lo:lo + step, None]) for lo in range(0, len(labels), step)]).squeeze(1)
+    token_ce = torch.cat([torch.nn.functional.cross_entropy(rows[lo:lo + step].float(), clamped[lo:lo + step],
+                                                           reduction="none") for lo in range(0, len(labels), step)])
     usable = (labels < vocab_size) & torch.isfinite(token_ce)
     labelled = labels >= 0
     return torch.where(usable & labelled, token_ce.double(), 0.0), (labelled & ~usable).sum().double()
