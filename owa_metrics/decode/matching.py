@@ -203,8 +203,7 @@ def match_by_time(target: EventFields, target_seq: torch.Tensor, pred: EventFiel
                          p_abs[pi], tolerance_ns, backend)
     detection = torch.full_like(target_seq, -1, dtype=torch.long)
     detection[ti] = _or_none(pi)[found]
-    used = torch.zeros_like(p_ok)
-    used[detection[detection >= 0]] = True
+    used = _marked(detection, len(p_ok))
     t_rest, p_rest = ti[found < 0], pi[~used[pi]]
     kind_key = lambda seq, side: seq * _ROW_SHIFT + side.kind  # noqa: E731
     by_kind = greedy_match(kind_key(target_seq, target)[t_rest], t_abs[t_rest], kind_key(pred_seq, pred)[p_rest],
@@ -213,13 +212,14 @@ def match_by_time(target: EventFields, target_seq: torch.Tensor, pred: EventFiel
     paired[t_rest] = _or_none(p_rest)[by_kind]
 
     matched = detection >= 0
-    count = lambda mask, category: torch.bincount(category[mask], minlength=N_CAT + 1).double()  # noqa: E731
-    # an invalid generated event has category INVALID (column N_CAT): FP of no category
-    counts = torch.stack([count(matched, target.category), count(~used, pred.category),
-                          count(t_ok & ~matched, target.category)])
+    # [TP, FP, FN] x category: matched targets, generated events left over (an invalid one has category INVALID,
+    # column N_CAT: FP of no category), valid targets left over; one index_add_ (a CUDA bincount reads its range)
+    width = N_CAT + 1
+    cells = torch.cat([target.category, pred.category + width, target.category + 2 * width])
+    counts = torch.zeros(3 * width, dtype=torch.float64, device=device).index_add_(
+        0, cells, torch.cat([matched, ~used, t_ok & ~matched]).double()).view(3, width)
     error_ms = (p_abs[detection[matched]] - t_abs[matched]).abs().double() / 1e6
-    in_pair = torch.zeros_like(p_ok)
-    in_pair[paired[paired >= 0]] = True
+    in_pair = _marked(paired, len(p_ok))
     return TimeMatching(detection=detection, paired=paired, detection_counts=counts, detection_error_ms=error_ms,
                         extra_events=(p_ok & ~in_pair).sum(), invalid_pred_events=(~p_ok).sum())
 
@@ -250,6 +250,12 @@ def decode_by_time(preds: torch.Tensor, target: torch.Tensor, vocab: VocabMap, b
                       alignment="generation", time_matching=found)
 
 
+def _marked(match: torch.Tensor, n: int) -> torch.Tensor:
+    """[n] bool: the candidates some entry of ``match`` (-1: none) points at (fixed shapes: no host sync)."""
+    slots = torch.zeros(n + 1, dtype=torch.bool, device=match.device)
+    return slots.index_fill_(0, torch.where(match >= 0, match, n), True)[:n]
+
+
 def _or_none(index: torch.Tensor) -> torch.Tensor:
     """``index`` with -1 appended: indexing it with a match (-1: none) gives the matched index or -1."""
     return torch.cat([index, index.new_full((1,), -1)])
@@ -258,7 +264,7 @@ def _or_none(index: torch.Tensor) -> torch.Tensor:
 def _with_blank_row(side: EventFields) -> EventFields:
     """``side`` plus one last row of a missing event (status MISSING, category INVALID, digits -1, span -1)."""
     values = torch.cat([side.values, side.values.new_zeros((1, side.values.shape[1]))])
-    values[-1, 0] = int(Category.INVALID)
+    values[-1, 0].fill_(int(Category.INVALID))  # a fill, not a copy from the host
     extend = lambda x, fill: torch.cat([x, x.new_full((1, *x.shape[1:]), fill)])  # noqa: E731
     return replace(side, status=extend(side.status, int(Status.MISSING)), kind=extend(side.kind, -1), values=values,
                    digits=extend(side.digits, -1), start=extend(side.start, -1), end=extend(side.end, -1),
