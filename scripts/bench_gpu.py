@@ -18,7 +18,8 @@ columns past the tokenizer are never a label) in bfloat16 and float32.
 - peak MB: the device memory the update allocates above what was allocated before it.
 - check: every state after two updates against the CPU kernel (torch ops on the CPU for time pairing) fed the
   same batches, the logits as float32 (counts exact; float states to 1e-12 relative, the token losses, float32
-  cross-entropies summed in another order, to 1e-5); with the wide logits on their first two rows.
+  cross-entropies summed in another order, to 1e-5), then every key of ``compute()`` (loss keys to 1e-5 relative, the
+  others to 1e-9); with the wide logits on their first two rows.
 """
 
 from __future__ import annotations
@@ -127,7 +128,21 @@ def check(tokenizer, options, args_gpu, rows: int) -> str:
     for _ in range(2):
         gpu.update(*part)
         cpu.update(*on_cpu)
-    return worst_state(gpu, cpu)
+    return f"{worst_state(gpu, cpu)}; compute(): {worst_key(gpu.compute(), cpu.compute())}"
+
+
+def worst_key(got: dict, want: dict) -> str:
+    """The report key furthest from the CPU kernel's (loss keys to 1e-5 relative, the others to 1e-9)."""
+    if set(got) != set(want):
+        return f"keys differ: {sorted(set(got) ^ set(want))[:4]}"
+    worst = (0.0, "ok")
+    for key, value in want.items():
+        a, b = float(got[key]), float(value)
+        diff = abs(a - b) / max(abs(b), 1e-300)
+        tolerance = 1e-5 if "loss" in key else 1e-9
+        if diff > tolerance and diff > worst[0]:
+            worst = (diff, f"{key}: {a:.6g} vs {b:.6g}")
+    return worst[1]
 
 
 def run_case(tokenizer, name, options, batch, seq_len, vocab_cols, dtype, repeats, detail):
