@@ -52,13 +52,18 @@ def gpu_timed(fn, repeats: int) -> float:
 
 
 def kernels(fn) -> tuple[int, float, str]:
-    """(kernels and copies, their summed device ms, the five longest) of one call of ``fn``."""
+    """(kernels and copies, their summed device ms, the longest kernels and host ops) of one call of ``fn``."""
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    on_gpu = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
-    on_gpu.sort(key=lambda e: -e.self_device_time_total)
-    top = ", ".join(f"{e.key[:40]} x{e.count} {e.self_device_time_total / 1e3:.2f}" for e in on_gpu[:5])
+    events = prof.key_averages()
+    on_gpu = sorted((e for e in events if e.device_type == torch.autograd.DeviceType.CUDA),
+                    key=lambda e: -e.self_device_time_total)
+    on_host = sorted((e for e in events if e.device_type == torch.autograd.DeviceType.CPU),
+                     key=lambda e: -e.self_cpu_time_total)
+    top = (", ".join(f"{e.key[:40]} x{e.count} {e.self_device_time_total / 1e3:.2f}" for e in on_gpu[:5])
+           + "\n    longest host ops (ms): "
+           + ", ".join(f"{e.key[:30]} x{e.count} {e.self_cpu_time_total / 1e3:.2f}" for e in on_host[:6]))
     return sum(e.count for e in on_gpu), sum(e.self_device_time_total for e in on_gpu) / 1e3, top
 
 
