@@ -73,7 +73,7 @@ def host_waits(fn) -> list[str]:
     where = []
 
     def seen(message, *args, **kwargs):
-        if "synchroniz" in str(message):
+        if "called a synchronizing" in str(message):
             ours = [f for f in traceback.extract_stack() if "owa_metrics" in f.filename]
             where.append(f"{Path(ours[-1].filename).name}:{ours[-1].lineno}" if ours else "?")
 

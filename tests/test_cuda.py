@@ -118,5 +118,5 @@ def test_an_update_makes_the_host_wait_at_most_as_counted(tokenizer, case, limit
             metric.update(*args)
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    waits = [str(w.message) for w in caught if "synchroniz" in str(w.message)]
+    waits = [str(w.message) for w in caught if "called a synchronizing" in str(w.message)]
     assert 0 < len(waits) <= limit, waits
