@@ -1,6 +1,6 @@
 """`OWAEventMetrics.update` on a CUDA GPU: time, kernels launched, host syncs and memory, states checked.
 
-    python scripts/bench_gpu.py [--repeats 50] [--vocab 151936] [--detail]
+    python scripts/bench_gpu.py [--repeats 50] [--vocab 151936] [--detail] [--only TEXT]
 
 Cases on `bench_decode.make_batch`'s batches (a simulated session, 5 % of the predicted tokens replaced):
 32 x 2048 teacher forcing (exact, sketch, with logits of the tokenizer's V), generation paired by index and by
@@ -189,6 +189,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--vocab", type=int, default=151_936)
     parser.add_argument("--detail", action="store_true", help="where the host waits, and the longest kernels")
+    parser.add_argument("--only", default="", help="run the cases whose name holds this text")
     args = parser.parse_args()
     torch.set_num_threads(1)
     tokenizer = build_tokenizer()
@@ -205,7 +206,7 @@ def main() -> None:
              ("teacher forcing, exact", {}, 8, 8192, 0, None),
              (f"teacher forcing, logits V={args.vocab} bf16", {}, 8, 8192, args.vocab, torch.bfloat16),
              (f"teacher forcing, logits V={args.vocab} f32", {}, 8, 8192, args.vocab, torch.float32)]
-    for name, options, batch, seq_len, cols, dtype in cases:
+    for name, options, batch, seq_len, cols, dtype in (c for c in cases if args.only in c[0]):
         begin = time.perf_counter()
         run_case(tokenizer, name, options, batch, seq_len, cols, dtype, args.repeats, args.detail)
         print(f"    ({time.perf_counter() - begin:.0f} s)", flush=True)
