@@ -227,16 +227,18 @@ class OWAEventMetrics(Metric):
         moves = torch.stack([p - g, g])  # [error / true, x / y, N]
         # numerators (|signed ms|, euclidean error, error x, error y) over denominators (|true ms|, |g|, g x, g y)
         ratios = torch.cat([ms.abs().view(2, 1, n), torch.linalg.vector_norm(moves, dim=1, keepdim=True), moves], 1)
-        defined = ratios[1] != 0  # a zero ground truth: NaN
-        percent = torch.where(defined, ratios[0] / ratios[1] * 100, float("nan"))
+        numerators, denominators = ratios
+        defined = denominators != 0  # a zero ground truth: NaN
+        percent = torch.where(defined, numerators / denominators * 100, float("nan"))
         # each row's two angles side by side (as the kernel's): a vectorized atan2 treats both alike, so equal
         # directions give exactly 0
         x, y = torch.stack([p, g], 2)  # [N, pred / true] each
         angle_p, angle_g = torch.atan2(y, x).unbind(1)
         delta = (angle_p - angle_g).abs()
         direction = torch.where(defined[1], torch.minimum(delta, 2 * math.pi - delta) * (180 / math.pi), float("nan"))
-        euclidean, x_pct, y_pct = percent[1:]
-        return torch.stack([ms[0], percent[0], category.double(), euclidean, x_pct, y_pct, direction], 1)
+        signed_ms, _ = ms
+        timestamp_pct, euclidean, x_pct, y_pct = percent
+        return torch.stack([signed_ms, timestamp_pct, category.double(), euclidean, x_pct, y_pct, direction], 1)
 
     def _append_samples(self, samples: torch.Tensor, comparable: torch.Tensor, mouse: torch.Tensor) -> None:
         """The comparable rows' timestamp columns and the comparable mouse rows' (``mouse`` 1) mouse columns into the
