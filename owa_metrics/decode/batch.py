@@ -286,7 +286,7 @@ class _Scans:
 
     def __init__(self, planes: torch.Tensor, W: int):
         R = planes.shape[1] // W
-        pos2, pos1, row_start = _row_constants(R, W, planes.device)
+        pos2, pos1, row_before, row_after = _row_constants(R, W, planes.device)
         runs = planes[_STRUCT:]
         self.counts = runs.cumsum(1)
         self.kept_before = (self.counts - runs)[1]
@@ -294,29 +294,29 @@ class _Scans:
         here = torch.addcmul(s2, struct, pos2)
         before = torch.nn.functional.pad(here.cummax(1).values[:, :-1], (1, 0), value=-2)
         self.marks = struct & (~before | here)  # a start, or an end whose previous is no start
-        row_last = (kept * pos1).amax(1, keepdim=True) + (row_start - 1)
-        self.info = torch.stack([here & 1, (before >> 1) + (row_start + 1), row_last.expand(R, W)]).view(3, -1)
+        row_last = (kept * pos1).amax(1, keepdim=True) + row_before
+        self.info = torch.stack([here & 1, (before >> 1) + row_after, row_last.expand(R, W)]).view(3, -1)
 
     def spans(self, at: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(first, last, cut, slot0)`` flat positions of the spans marked at flat positions ``at``, with the
         position of their ``<EVENT_START>`` (one before ``first`` when it was cut off)."""
         start, after, row_last = self.info.index_select(1, at).unbind(0)
         structs, kept, _ = self.counts.unbind(0)
-        # the k-th struct / kept token is where the running count first reaches k
-        nxt = torch.searchsorted(structs, structs.index_select(0, at) + 1)  # the next struct token (maybe a later row)
+        # the k-th struct / kept token is where the running count first exceeds k - 1
+        nxt = torch.searchsorted(structs, structs.index_select(0, at), right=True)  # the next struct (maybe a later row)
         # cut by the next start (before it), closed by the next end, or cut by the row's last kept token
         last = torch.minimum(row_last, nxt - self.info[0].index_select(0, nxt.clamp(max=len(structs) - 1)))
         cut = start == 0  # a cut-off span starts at the first kept token after the previous end (or row start)
-        first = torch.searchsorted(kept, self.kept_before.index_select(0, after) + 1)
+        first = torch.searchsorted(kept, self.kept_before.index_select(0, after), right=True)
         return torch.where(cut, first, at), torch.where(cut, at, last), cut, torch.where(cut, first - 1, at)
 
 
 @functools.lru_cache(maxsize=16)
-def _row_constants(R: int, W: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(2 pos, pos + 1, row start)`` of rows [R, W]: pos [W], the flat row starts [R, 1]; cached (no copy to a GPU
-    per update)."""
-    pos = torch.arange(W, device=device)
-    return 2 * pos, pos + 1, torch.arange(R, device=device)[:, None] * W
+def _row_constants(R: int, W: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(2 pos, pos + 1, row start - 1, row start + 1)`` of rows [R, W]: pos [W], the flat row starts [R, 1];
+    cached (no copy to a GPU per update)."""
+    pos, row_start = torch.arange(W, device=device), torch.arange(R, device=device)[:, None] * W
+    return 2 * pos, pos + 1, row_start - 1, row_start + 1
 
 
 # rows of `_token_planes`: those read in an event's window, then those scanned (running counts)

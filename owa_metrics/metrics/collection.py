@@ -200,9 +200,7 @@ class OWAEventMetrics(Metric):
         if self.mode == "exact":
             self._append_samples(samples, comparable, mouse)
         else:
-            nan = float("nan")
-            self._add_sketches(torch.where(comparable[:, None], samples[:, :3], nan),
-                               torch.where(mouse[:, None] > 0, samples[:, 3:], nan))
+            self._add_sketch_samples(samples, comparable, mouse)
 
     def _flat_states(self, names: list[str]) -> list[torch.Tensor]:
         """Flat views of the named states, kept while the states are the same tensors (`reset` and syncs replace
@@ -292,6 +290,18 @@ class OWAEventMetrics(Metric):
             append_samples(self.mouse_samples, mouse.reshape(-1))
         else:
             self._add_sketches(timestamps, mouse)
+
+    def _add_sketch_samples(self, samples: torch.Tensor, comparable: torch.Tensor, mouse: torch.Tensor) -> None:
+        """`_add_sketches` of the rows of `_sample_columns`, all at once: each row's (signed error, signed error,
+        percent error, percent error, mouse columns) into the rows (`_sketch_columns`) of its category, NaN (left
+        out) where the row is not comparable, or for the mouse columns not a comparable mouse row (``mouse`` 0)."""
+        columns, base, step, masks = _sketch_columns(len(GROUPS), samples.device)
+        values = torch.where(torch.stack([comparable, mouse > 0], 1).index_select(1, masks),
+                             samples.index_select(1, columns), float("nan"))
+        group = base + samples[:, 2:3].long() * step
+        counts = sketch_counts(values, self.spec, group, 2 * len(GROUPS) + len(MOUSE_COLUMNS)).view(-1)
+        torch._foreach_add_(self._flat_states(["timestamp_sketch", "mouse_sketch"]),
+                            counts.split([self.timestamp_sketch.numel(), self.mouse_sketch.numel()]))
 
     def _add_sketches(self, timestamps: torch.Tensor, mouse: torch.Tensor) -> None:
         """Rows (signed error ms, percent error, category) and rows of `MOUSE_COLUMNS` (NaN: left out) into the
@@ -431,6 +441,17 @@ def _sketch_rows(n_groups: int, device) -> tuple[torch.Tensor, torch.Tensor, tor
     base + category x step; then the mouse columns'. Cached by device: a copy to a GPU would wait for it."""
     return (torch.tensor([0, 1, n_groups, n_groups + 1], device=device), torch.tensor([0, 1, 0, 1], device=device),
             torch.arange(2 * n_groups, 2 * n_groups + len(MOUSE_COLUMNS), device=device))
+
+
+@functools.lru_cache(maxsize=None)
+def _sketch_columns(n_groups: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`_add_sketch_samples`' eight values of a row: their columns of `_sample_columns` (signed, signed, percent,
+    percent, the mouse columns), sketch rows base + category x step (as `_sketch_rows`) and masks (0 comparable,
+    1 comparable mouse). Cached by device: a copy to a GPU would wait for it."""
+    g = n_groups
+    return (torch.tensor([0, 0, 1, 1, 3, 4, 5, 6], device=device),
+            torch.tensor([0, 1, g, g + 1, 2 * g, 2 * g + 1, 2 * g + 2, 2 * g + 3], device=device),
+            torch.tensor([0, 1, 0, 1, 0, 0, 0, 0], device=device), torch.tensor([0] * 4 + [1] * 4, device=device))
 
 
 class _Plan:
