@@ -245,8 +245,9 @@ def _decode_with_torch(preds, target, vocab: VocabMap, alignment: Alignment, L: 
         row_start = torch.div(first, W, rounding_mode="floor") * W
         rows = torch.stack([status, kind, first - row_start, last - row_start]).view(4, 2, n)
         # a target event without its k-th generated one: MISSING, no span
-        rows = torch.where(present | L.target_side, rows, L.missing)
-        cuts = (cut.view(2, n) & (present | L.target_side)).unbind(0)
+        paired_or_target = present | L.target_side  # [side, N]
+        rows = torch.where(paired_or_target, rows, L.missing)
+        cuts = (cut.view(2, n) & paired_or_target).unbind(0)
         status_t, status_p, kind_t, kind_p, start_t, start_p, end_t, end_p = rows.view(8, n).unbind(0)
     else:  # the prediction is read at the target's spans, one side down
         pred_count = target_count
@@ -257,7 +258,7 @@ def _decode_with_torch(preds, target, vocab: VocabMap, alignment: Alignment, L: 
         start_t = start_p = first - row_start
         end_t = end_p = last - row_start
         cuts = (cut, cut)
-        status_t, status_p, kind_t, kind_p = torch.stack([status, kind]).view(4, n).unbind(0)
+        (status_t, status_p), (kind_t, kind_p) = status.split([n, n]), kind.split([n, n])
     values, digits = (x.t().split([n, n]) for x in (values, digits))  # [n, columns] per side
     tgt = EventFields(status=status_t, kind=kind_t, values=values[0], digits=digits[0], start=start_t, end=end_t,
                       start_cut=cuts[0], n_timestamp_digits=L.n_ts)
@@ -290,7 +291,7 @@ class _Scans:
         runs = planes[_STRUCT:]
         self.counts = runs.cumsum(1)
         self.kept_before = (self.counts - runs)[1]
-        s2, struct, kept = planes[_S2:_TAIL].view(3, R, W).unbind(0)
+        s2, struct, kept = planes.view(len(planes), R, W).unbind(0)[_S2:_TAIL]
         here = torch.addcmul(s2, struct, pos2)
         before = torch.nn.functional.pad(here.cummax(1).values[:, :-1], (1, 0), value=-2)
         self.marks = struct & (~before | here)  # a start, or an end whose previous is no start
