@@ -228,7 +228,8 @@ def _decode_with_torch(preds, target, vocab: VocabMap, alignment: Alignment, L: 
     else:  # positions ignored in the target are ignored in the prediction
         W = T
         ids = torch.cat([target, torch.where(target < 0, IGNORE_INDEX, preds)])
-    planes = _token_planes(vocab, L, ids.device).index_select(1, ids.view(-1).clamp(-1, vocab.size) + 1)
+    table = _token_planes(vocab, L, ids.device)  # a gather along the rows: index_select there is slow on the CPU
+    planes = table.gather(1, (ids.clamp(-1, vocab.size) + 1).view(1, -1).expand(len(table), -1))
     scans = _Scans(planes, W)
     seq, col = scans.marks[:B].nonzero().unbind(1)  # the target spans: the one host sync
     at, n, BW = torch.add(col, seq, alpha=W), seq.numel(), B * W
@@ -287,16 +288,16 @@ class _Scans:
 
     def __init__(self, planes: torch.Tensor, W: int):
         R = planes.shape[1] // W
-        pos2, pos1, row_before, row_after = _row_constants(R, W, planes.device)
+        pos2, pos1, row_before, row_after = _row_constants(R, W, planes.device)  # row_before: [R, W]
         runs = planes[_STRUCT:]
-        self.counts = runs.cumsum(1)
+        self.counts = runs.cumsum(1, dtype=torch.int32)  # int32 throughout: half the bytes of int64
         self.kept_before = (self.counts - runs)[1]
         s2, struct, kept = planes.view(len(planes), R, W).unbind(0)[_S2:_TAIL]
         here = torch.addcmul(s2, struct, pos2)
         before = torch.nn.functional.pad(here.cummax(1).values[:, :-1], (1, 0), value=-2)
         self.marks = struct & (~before | here)  # a start, or an end whose previous is no start
         row_last = (kept * pos1).amax(1, keepdim=True) + row_before
-        self.info = torch.stack([here & 1, (before >> 1) + row_after, row_last.expand(R, W)]).view(3, -1)
+        self.info = torch.stack([here & 1, (before >> 1) + row_after, row_last]).view(3, -1)
 
     def spans(self, at: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(first, last, cut, slot0)`` flat positions of the spans marked at flat positions ``at``, with the
@@ -314,10 +315,10 @@ class _Scans:
 
 @functools.lru_cache(maxsize=16)
 def _row_constants(R: int, W: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(2 pos, pos + 1, row start - 1, row start + 1)`` of rows [R, W]: pos [W], the flat row starts [R, 1];
-    cached (no copy to a GPU per update)."""
+    """``(2 pos, pos + 1, row start - 1, row start + 1)`` of rows [R, W]: pos [W], the flat row starts (- 1 at every
+    position [R, W]: a sum with it needs no expand, + 1 [R, 1]); cached (no copy to a GPU per update)."""
     pos, row_start = torch.arange(W, device=device), torch.arange(R, device=device)[:, None] * W
-    return 2 * pos, pos + 1, row_start - 1, row_start + 1
+    return tuple(x.int() for x in (2 * pos, pos + 1, (row_start - 1).expand(R, W).contiguous(), row_start + 1))
 
 
 # rows of `_token_planes`: those read in an event's window, then those scanned (running counts)
@@ -326,8 +327,8 @@ _PLANES: "weakref.WeakKeyDictionary[VocabMap, dict]" = weakref.WeakKeyDictionary
 
 
 def _token_planes(vocab: VocabMap, L: "_Tables", device) -> torch.Tensor:
-    """[7, vocab.size + 2] int64, indexed like `VocabMap.codes` (id + 1, clamped): per token its value (-1: none),
-    its verdicts (3 bits per rule of ``L.rule_values``: 0 accepted, else the status of a slot that rejects it),
+    """[7, vocab.size + 2] int32, indexed like `VocabMap.codes` (id + 1, clamped): per token its value (-1: none),
+    its verdicts (2 bits per rule of ``L.rule_values``: 0 accepted, else the status of a slot that rejects it),
     role, ``S2`` (1 a start, 0 an end, -2 no struct token), then 0/1 struct, 0/1 kept (not ignored / episode) and
     the tail weight (0 image token or ignored label, 1 ``<EVENT_END>``, 3 any other). Cached per vocabulary and device."""
     cache = _PLANES.setdefault(vocab, {})
@@ -342,10 +343,11 @@ def _token_planes(vocab: VocabMap, L: "_Tables", device) -> torch.Tensor:
         for k, rule in enumerate(L.rule_values):
             accepted = ((rule >> role) & 1 == 1) & (value < (rule >> 16))
             rejected = missing if rule != 0 else int(Status.INVALID_FORMAT)  # rule 0: the slot after <EVENT_END>
-            verdicts |= torch.where(accepted, 0, rejected) << (3 * k)
+            verdicts |= torch.where(accepted, 0, rejected) << (2 * k)
         s2 = torch.where(struct, (role == int(Role.START)).long(), -2)
         tail = torch.where(image, 0, torch.where(role == int(Role.END), 1, 3))
-        cache[device] = torch.stack([value, verdicts, role, s2, struct.long(), (~skip).long(), tail]).to(device)
+        planes = torch.stack([value, verdicts, role, s2, struct.long(), (~skip).long(), tail])
+        cache[device] = planes.to(device, torch.int32)  # half the bytes of int64 to gather
     return cache[device]
 
 
@@ -423,11 +425,11 @@ class _Tables:
         # the torch ops (`_decode_rows`) read an event's columns by its key: ((the role of its type token, NO_ROLE for a
         # span of one token) x 2 + whether the variant's token is there) x 2 + whether its start was cut off
         self.offsets = torch.arange(self.window, device=device)[:, None]
-        self.offsets8 = 8 * self.offsets
+        self.offsets4 = 4 * self.offsets
         anything = 0xFFFF | 0x7FFF << 16  # slot 0 of a cut-off start
         self.rule_values = sorted({rule for row in window_rules for rule in row} | {anything})
-        if 3 * len(self.rule_values) > 63 or len(self.variants) > 1:
-            raise NotImplementedError("the torch decoder reads at most 21 slot rules and one extended layout")
+        if 2 * len(self.rule_values) > 31 or len(self.variants) > 1:
+            raise NotImplementedError("the torch decoder reads at most 15 slot rules and one extended layout")
         self.variant = self.variants[0][2:] if self.variants else (0, -1)  # (slot, role): never seen without one
         bf = FIELDS.index("button_flags")
         if "button_flags" in fmt.modulus or any(s.field == "button_flags" and (s.sign or lay.kind != "mouse")
@@ -437,26 +439,29 @@ class _Tables:
         half = torch.where(self.modulus > 0, self.modulus // 2, 1 << 62).tolist()
         kind_category = [int(Category.KEYBOARD), int(Category.MOUSE_NOP), int(Category.SCREEN)]
         exact32 = float(place.abs().sum(-1).max()) * 256 < 2 ** 24  # float32 reads every field exactly (values < 256)
-        places, columns = [], []
+        columns = []
         for key in range(4 * _N_ROLES):
             role, variant, cut = key // 4, key // 2 % 2, key % 2
             kind = role - int(Role.KEYBOARD) if int(Role.KEYBOARD) <= role <= int(Role.SCREEN) else -1
             lay = fmt.layout_index(("keyboard", "mouse", "screen")[max(kind, 0)])  # kind -1 reads as keyboard
             if variant and self.variants and lay == self.variants[0][0]:
                 lay = self.variants[0][1]
-            shifts = [3 * self.rule_values.index(rule) for rule in window_rules[lay]]
-            shifts[0] = 3 * self.rule_values.index(anything) if cut else shifts[0]
+            shifts = [2 * self.rule_values.index(rule) for rule in window_rules[lay]]
+            shifts[0] = 2 * self.rule_values.index(anything) if cut else shifts[0]
             data_start = runs[lay] if runs[lay] >= 0 else checked[lay] - 1  # a run, or the <EVENT_END> slot
             slots = [s if s >= 0 else 1 for s in digit_slots[lay].tolist()]  # slot 1 of a valid event reads -1
-            columns.append(shifts + [checked[lay] - 1, data_start - 1, kind, kind_category[max(kind, 0)]]
+            columns.append(shifts + [checked[lay] - 1, data_start - 1, kind, kind_category[max(kind, 0)], lay * n_f]
                            + self.modulus[lay].tolist() + half[lay] + slots
                            + [0 if sign else 1 for sign in self.digit_sign[lay].tolist()])
-            places.append(torch.nn.functional.pad(place[:, lay].reshape(2 * n_f, self.width), (0, 1)))
-        self.by_key = torch.tensor(columns, device=device).T.contiguous()  # [columns, keys]
+        self.by_key = torch.tensor(columns, device=device)  # [keys, columns]: rows copied whole by index_select
         n_d = self.digit_slots.shape[1]
-        self.key_rows = (self.window, 4, n_f, n_f, n_d, n_d)
-        # [keys, 2 F, window]: place values, then sign selectors, so that one product reads every field of an event
-        self.place_by_key = torch.stack(places).to(device, torch.float32 if exact32 else torch.float64)
+        self.key_rows = (self.window, 5, n_f, n_f, n_d, n_d)
+        # [2 layouts F, window]: place values, then sign selectors, so that one product reads every field of every
+        # layout; an event's rows: field_rows + its layout x F
+        self.place = torch.nn.functional.pad(place.view(2 * n_lay * n_f, self.width), (0, 1)).to(
+            device, torch.float32 if exact32 else torch.float64)
+        self.field_rows = torch.tensor([side * n_lay * n_f + f for side in (0, 1) for f in range(n_f)],
+                                       device=device)[:, None]
         # status of a span whose slots all pass, by its tail weight sum (clamped at 2): data cut, closed, invalid
         self.tail_status = torch.tensor([int(Status.TRUNCATED), int(Status.VALID), int(Status.INVALID_FORMAT)],
                                         device=device)
@@ -465,6 +470,7 @@ class _Tables:
                                    for f in FIELDS], device=device)[:, None]
         self.missing = torch.tensor([int(Status.MISSING), -1, -1, -1], device=device)[:, None, None]  # status, kind, span
         self.target_side = torch.tensor([True, False], device=device)[:, None]
+        self.no_role = torch.tensor([_N_ROLES - 1], device=device)  # the key's role of a span of one token
 
     @classmethod
     def get(cls, config: CodecConfig, device) -> "_Tables":
@@ -485,19 +491,20 @@ def _decode_rows(planes: torch.Tensor, counts: torch.Tensor, slot0: torch.Tensor
     Works slot-major: the window planes are [width, N] (slot j of every event in row j).
     """
     n = slot0.numel()
-    window = planes[:_S2].index_select(1, (slot0 + L.offsets).clamp(0, planes.shape[1] - 1).view(-1))
-    value, verdicts, role = window.view(3, L.window, n).unbind(0)
+    window = planes[:_S2].gather(1, (slot0 + L.offsets).clamp(0, planes.shape[1] - 1).view(1, -1).expand(_S2, -1))
+    value, verdicts, role = window.view(_S2, L.window, n).unbind(0)
     span = last - slot0  # the span's tokens after slot 0
     # the event's key (`_Tables`): its type token's role, the extended layout's token, a cut-off start
     at, var_role = L.variant
-    type_role = torch.where(span > 0, role[1], _N_ROLES - 1)
-    key = torch.add(cut, torch.add((role[at] == var_role) & (span >= at), type_role, alpha=2), alpha=2)
-    shifts, singles, modulus, half, slots, unsigned = L.by_key.index_select(1, key).split(L.key_rows)
-    checked, data_before, kind, kind_category = singles.unbind(0)  # checked: the slots whose failure is a status, - 1
+    type_role = torch.where(span > 0, role[1:2], L.no_role)  # [1, N] int64 (as an index)
+    key = torch.add(cut, torch.add((role[at:at + 1] == var_role) & (span >= at), type_role, alpha=2), alpha=2)
+    shifts, singles, modulus, half, slots, unsigned = L.by_key.index_select(0, key.view(-1)).t().split(L.key_rows)
+    # checked: the slots whose failure is a status, - 1; fields_at: the event layout's first row of ``L.place``
+    checked, data_before, kind, kind_category, fields_at = singles.unbind(0)
 
-    # slot by slot: the first slot within the span whose token its rule rejects gives the status (3 bits: 8 j + status)
-    verdict = ((verdicts >> shifts) & 7) * (L.offsets <= span)
-    bad = torch.where(verdict > 0, L.offsets8 + verdict, 8 * L.window).amin(0) & 7
+    # slot by slot: the first slot within the span whose token its rule rejects gives the status (2 bits: 4 j + status)
+    verdict = ((verdicts >> shifts) & 3) * (L.offsets <= span)
+    bad = torch.where(verdict > 0, L.offsets4 + verdict, 4 * L.window).amin(0) & 3
     # the data (a run, else the <EVENT_END> slot) through the span's last token: image tokens or ignored labels then
     # <EVENT_END> weigh 1 (closed), none 0 (the data was cut: truncated), any other token more (invalid)
     tails = counts[2]
@@ -508,9 +515,9 @@ def _decode_rows(planes: torch.Tensor, counts: torch.Tensor, slot0: torch.Tensor
     if present is not None:
         ok[n - len(present):] &= present
 
-    # every field in one product with the event's place values and sign selectors: (-1)^minus * sum(value * place)
-    magnitude, minus = torch.einsum("nkw,wn->kn", L.place_by_key.index_select(0, key),
-                                    value.to(L.place_by_key.dtype)).split(len(FIELDS))
+    # every field of every layout in one product, then each event's layout: (-1)^minus * sum(value * place)
+    per_layout = L.place @ value.to(L.place.dtype)  # [2 layouts F, N]: place values, then sign selectors
+    magnitude, minus = per_layout.gather(0, L.field_rows + fields_at).split(len(FIELDS))
     number = torch.addcmul(magnitude, magnitude, minus, value=-2).long()  # exact integers
     number = number - modulus * (number >= half)  # a field read modulo its range: the upper half is negative
     category = kind_category - number[L.bf].clamp(max=1)  # a mouse event with button flags is a mouse op
