@@ -188,7 +188,8 @@ class OWAEventMetrics(Metric):
         events, right = per_seq.view(-1, 2, 2).unbind(2)
         means = (right / events.clamp(min=1)).sum(0)  # right <= events: 0 for a sequence without events
         gap = batch.pred_count - batch.target_count
-        per_batch = torch.stack([gap == gap, gap == 0, batch.pred_count, gap.clamp(min=0), (-gap).clamp(min=0)]).sum(1)
+        # sequences, count matches, predicted events, extra and missing events (the clamp only cuts gap and -gap)
+        per_batch = torch.stack([gap == gap, gap == 0, batch.pred_count, gap, -gap]).clamp(min=0).sum(1)
         extra = [per_batch, means, (events > 0).sum(0)]  # `take` casts them to float64 (exact: small integers)
         if batch.time_matching is not None:
             extra.append(batch.time_matching.extra_events.reshape(1))
