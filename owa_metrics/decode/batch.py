@@ -496,9 +496,9 @@ def _decode_rows(planes: torch.Tensor, counts: torch.Tensor, slot0: torch.Tensor
     span = last - slot0  # the span's tokens after slot 0
     # the event's key (`_Tables`): its type token's role, the extended layout's token, a cut-off start
     at, var_role = L.variant
-    type_role = torch.where(span > 0, role[1:2], L.no_role)  # [1, N] int64 (as an index)
-    key = torch.add(cut, torch.add((role[at:at + 1] == var_role) & (span >= at), type_role, alpha=2), alpha=2)
-    shifts, singles, modulus, half, slots, unsigned = L.by_key.index_select(0, key.view(-1)).t().split(L.key_rows)
+    type_role = torch.where(span > 0, role[1], L.no_role)  # int64 (an index)
+    key = torch.add(cut, torch.add((role[at] == var_role) & (span >= at), type_role, alpha=2), alpha=2)
+    shifts, singles, modulus, half, slots, unsigned = L.by_key.index_select(0, key).t().split(L.key_rows)
     # checked: the slots whose failure is a status, - 1; fields_at: the event layout's first row of ``L.place``
     checked, data_before, kind, kind_category, fields_at = singles.unbind(0)
 

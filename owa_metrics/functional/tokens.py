@@ -55,8 +55,8 @@ def event_token_stats(batch: EventBatch, preds: torch.Tensor, target: torch.Tens
     table = field_table(config, target.device)  # [kind, slot]; its last column (-1) reads past the widest layout
     slots, field_ids = _window_constants(table.shape[1], len(TOKEN_FIELDS), target.device)
     pos = (first - t.start_cut.long()) + slots  # [slot, event], slot 0 = start
-    ids = torch.stack([target, preds]).view(2, -1).index_select(1, pos.clamp(0, B * T - 1).view(-1))
-    labels, guesses = ids.view(2, *pos.shape)
+    ids = torch.stack([target, preds], 2).view(-1, 2).index_select(0, pos.clamp(0, B * T - 1).view(-1))
+    labels, guesses = ids.view(*pos.shape, 2).unbind(2)
     counted = (pos <= last) & (labels >= 0) & (t.status == int(Status.VALID))
     in_field = torch.where(counted, table[t.kind].T, -1) == field_ids  # [field, slot, event]
     field_correct, field_total = torch.stack([in_field & (guesses == labels), in_field]).sum((2, 3)).double()
