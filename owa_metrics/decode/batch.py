@@ -431,11 +431,10 @@ class _Tables:
         if 2 * len(self.rule_values) > 31 or len(self.variants) > 1:
             raise NotImplementedError("the torch decoder reads at most 15 slot rules and one extended layout")
         self.variant = self.variants[0][2:] if self.variants else (0, -1)  # (slot, role): never seen without one
-        bf = FIELDS.index("button_flags")
+        self.bf = FIELDS.index("button_flags")
         if "button_flags" in fmt.modulus or any(s.field == "button_flags" and (s.sign or lay.kind != "mouse")
                                                for lay in fmt.layouts for s in lay.slots):
             raise NotImplementedError("the torch decoder reads button_flags as an unsigned field of mouse events")
-        self.bf = bf
         half = torch.where(self.modulus > 0, self.modulus // 2, 1 << 62).tolist()
         kind_category = [int(Category.KEYBOARD), int(Category.MOUSE_NOP), int(Category.SCREEN)]
         exact32 = float(place.abs().sum(-1).max()) * 256 < 2 ** 24  # float32 reads every field exactly (values < 256)
