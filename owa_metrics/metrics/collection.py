@@ -194,7 +194,7 @@ class OWAEventMetrics(Metric):
         if batch.time_matching is not None:
             extra.append(batch.time_matching.extra_events.reshape(1))
         if tokens is not None:  # the token loss only with logits (else `_Plan` takes none)
-            extra += [x.reshape(-1) for x in tokens[:1 + with_loss]]
+            extra += [part.reshape(-1) for part in tokens[:1 + with_loss]]
         torch._foreach_add_(self._flat_states(plan.states), plan.take(sums, extra))
         samples = self._sample_columns(t_values, p_values, category)
         comparable, mouse = batch.status == int(Status.VALID), groups[:, plan.MOUSE]
