@@ -243,8 +243,8 @@ def _decode_with_torch(preds, target, vocab: VocabMap, alignment: Alignment, L: 
         paired = torch.searchsorted(scans.marks[B:].view(-1).cumsum(0), above[1] + rank, right=True)
         first, last, cut, slot0 = scans.spans(torch.cat([at, (paired + BW).clamp(max=2 * BW - 1)]))
         status, kind, values, digits = _decode_rows(planes, scans.counts, slot0, last, cut, L, present)
-        row_start = torch.div(first, W, rounding_mode="floor") * W
-        rows = torch.stack([status, kind, first - row_start, last - row_start]).view(4, 2, n)
+        row = torch.div(first, W, rounding_mode="floor")
+        rows = torch.stack([status, kind, torch.add(first, row, alpha=-W), torch.add(last, row, alpha=-W)]).view(4, 2, n)
         # a target event without its k-th generated one: MISSING, no span
         paired_or_target = present | L.target_side  # [side, N]
         rows = torch.where(paired_or_target, rows, L.missing)
@@ -255,9 +255,8 @@ def _decode_with_torch(preds, target, vocab: VocabMap, alignment: Alignment, L: 
         first, last, cut, slot0 = scans.spans(at)
         status, kind, values, digits = _decode_rows(planes, scans.counts, torch.cat([slot0, slot0 + BW]),
                                                     torch.cat([last, last + BW]), cut.repeat(2), L)
-        row_start = seq * W
-        start_t = start_p = first - row_start
-        end_t = end_p = last - row_start
+        start_t = start_p = torch.add(first, seq, alpha=-W)  # in the row
+        end_t = end_p = torch.add(last, seq, alpha=-W)
         cuts = (cut, cut)
         (status_t, status_p), (kind_t, kind_p) = status.split([n, n]), kind.split([n, n])
     values, digits = (x.t().split([n, n]) for x in (values, digits))  # [n, columns] per side
@@ -280,10 +279,10 @@ class _Scans:
     A span opens at every ``<EVENT_START>`` and at every ``<EVENT_END>`` with no start since the previous end (its
     start was cut off: the first target event after the teacher-forcing shift); ``marks`` [R, W] flags them.
     A struct token is encoded as ``here = 2 pos + (1 if start)`` (-2: none; ``before``: the last one before it in its
-    row). Per flat position, ``info`` [3, R W] holds ``here & 1`` (a start), the flat position after the struct token
-    before it (or the row start) and the row's last kept token (not ignored / episode: trailing ones are padding);
-    ``counts`` [3, R W] the running numbers of struct and kept tokens and the tail weights through it, whose
-    searches find the next ones.
+    row). Per flat position, ``info`` [3, R W] holds ``S2`` (at a struct token: 1 a start, 0 an end), the flat
+    position after the struct token before it (or the row start) and the row's last kept token (not ignored /
+    episode: trailing ones are padding); ``counts`` [3, R W] the running numbers of struct and kept tokens and the
+    tail weights through it, whose searches find the next ones.
     """
 
     def __init__(self, planes: torch.Tensor, W: int):
@@ -297,7 +296,7 @@ class _Scans:
         before = torch.nn.functional.pad(here.cummax(1).values[:, :-1], (1, 0), value=-2)
         self.marks = struct & (~before | here)  # a start, or an end whose previous is no start
         row_last = (kept * pos1).amax(1, keepdim=True) + row_before
-        self.info = torch.stack([here & 1, (before >> 1) + row_after, row_last]).view(3, -1)
+        self.info = torch.stack([s2, (before >> 1) + row_after, row_last]).view(3, -1)
 
     def spans(self, at: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(first, last, cut, slot0)`` flat positions of the spans marked at flat positions ``at``, with the
@@ -306,7 +305,8 @@ class _Scans:
         structs, kept, _ = self.counts.unbind(0)
         # the k-th struct / kept token is where the running count first exceeds k - 1
         nxt = torch.searchsorted(structs, structs.index_select(0, at), right=True)  # the next struct (maybe a later row)
-        # cut by the next start (before it), closed by the next end, or cut by the row's last kept token
+        # cut by the next start (before it), closed by the next end, or cut by the row's last kept token (also when no
+        # struct token follows: nxt is then past the row)
         last = torch.minimum(row_last, nxt - self.info[0].index_select(0, nxt.clamp(max=len(structs) - 1)))
         cut = start == 0  # a cut-off span starts at the first kept token after the previous end (or row start)
         first = torch.searchsorted(kept, self.kept_before.index_select(0, after), right=True)
