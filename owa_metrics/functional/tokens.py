@@ -52,13 +52,13 @@ def event_token_stats(batch: EventBatch, preds: torch.Tensor, target: torch.Tens
     B, T = target.shape
     t = batch.target
     first, last = torch.add(t.start, batch.seq_idx, alpha=T), torch.add(t.end, batch.seq_idx, alpha=T)
-    table = field_table(config, target.device)  # [kind, slot]; its last column (-1) reads past the widest layout
-    slots, field_ids = _window_constants(table.shape[1], len(TOKEN_FIELDS), target.device)
+    # [slot, kind] (`field_table` transposed); its last row (-1) reads past the widest layout
+    fields_by_slot, slots, field_ids = _window_constants(config, target.device)
     pos = (first - t.start_cut.long()) + slots  # [slot, event], slot 0 = start
     ids = torch.stack([target, preds], 2).view(-1, 2).index_select(0, pos.clamp(0, B * T - 1).view(-1))
     labels, guesses = ids.view(*pos.shape, 2).unbind(2)
     counted = (pos <= last) & (labels >= 0) & (t.status == int(Status.VALID))
-    in_field = torch.where(counted, table[t.kind].T, -1) == field_ids  # [field, slot, event]
+    in_field = torch.where(counted, fields_by_slot[:, t.kind], -1) == field_ids  # [field, slot, event]
     field_correct, field_total = torch.stack([in_field & (guesses == labels), in_field]).sum((2, 3)).double()
     loss_sum = skipped = None
     if logits is not None:
@@ -69,9 +69,12 @@ def event_token_stats(batch: EventBatch, preds: torch.Tensor, target: torch.Tens
 
 
 @functools.lru_cache(maxsize=None)
-def _window_constants(width: int, n_fields: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(slots [width, 1], field ids [F, 1, 1])`` of `event_token_stats`; cached (no copy to a GPU per update)."""
-    return torch.arange(width, device=device)[:, None], torch.arange(n_fields, device=device)[:, None, None]
+def _window_constants(config: CodecConfig, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(field_table transposed [width, 3], slots [width, 1], field ids [F, 1, 1])`` of `event_token_stats`; cached
+    (no copy to a GPU per update)."""
+    table = field_table(config, device)
+    return (table.T.contiguous(), torch.arange(table.shape[1], device=device)[:, None],
+            torch.arange(len(TOKEN_FIELDS), device=device)[:, None, None])
 
 
 def token_losses(logits: torch.Tensor, target: torch.Tensor, chunk_rows: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
