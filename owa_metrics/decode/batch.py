@@ -18,6 +18,8 @@ The decoder never loops over events or tokens in Python. It works in three steps
 
 from __future__ import annotations
 
+import functools
+import weakref
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal, Optional, Union
 
@@ -37,6 +39,7 @@ Alignment = Literal["teacher_forcing", "generation"]
 Backend = Literal["auto", "torch", "kernel"]
 Pairing = Literal["index", "time"]
 IGNORE_INDEX = -100
+_N_ROLES = ROLE_MASK + 2  # the roles and NO_ROLE: a span without a type token
 
 
 VALUE_COLUMNS = ("category", "timestamp_ns", "vk", "action", "dx", "dy", "button_flags", "button_data")
@@ -213,8 +216,9 @@ def _check_inputs(preds, target, alignment):
 
 
 def _decode_with_torch(preds, target, vocab: VocabMap, alignment: Alignment, L: "_Tables") -> EventBatch:
-    """The torch ops: both sides' codes in one [2B, W] tensor, the spans from dense scans, then every row of both
-    sides checked and read at once (`_decode_rows`). One host sync: the number of target events (``nonzero``)."""
+    """The torch ops: both sides' token planes (`_token_planes`) in one [P, 2B W] lookup, the spans from dense scans,
+    then every row of both sides checked and read at once (`_decode_rows`). One host sync: the number of target
+    events (``nonzero``)."""
     B, T = target.shape
     generation = alignment == "generation"
     if generation:  # the generated rows under the target rows, padded to one width with ignored labels
@@ -224,79 +228,127 @@ def _decode_with_torch(preds, target, vocab: VocabMap, alignment: Alignment, L: 
     else:  # positions ignored in the target are ignored in the prediction
         W = T
         ids = torch.cat([target, torch.where(target < 0, IGNORE_INDEX, preds)])
-    code = vocab.codes(ids)
-    scans = _Scans(code if generation else code[:B])
-    at = scans.marks[:B * W].nonzero().squeeze(1)  # the target spans: the one host sync
-    n = at.numel()
-    seq = torch.div(at, W, rounding_mode="floor")
-    counts = scans.marks.view(1 + generation, B, W).sum(2)  # [sides scanned, B]: events per row
-    present = None
+    table = _token_planes(vocab, L, ids.device)  # a gather along the rows: index_select there is slow on the CPU
+    planes = table.gather(1, (ids.clamp(-1, vocab.size) + 1).view(1, -1).expand(len(table), -1))
+    scans = _Scans(planes, W)
+    seq, col = scans.marks[:B].nonzero().unbind(1)  # the target spans: the one host sync
+    at, n, BW = torch.add(col, seq, alpha=W), seq.numel(), B * W
+    target_count, pred_count = scans.marks.sum(1).split(B)  # events per row of each side
     if generation:  # the k-th target event of a row is paired with the k-th generated event of that row
-        before = counts.cumsum(1) - counts  # events in the rows above
-        rank = torch.arange(n, device=at.device) - before[0].index_select(0, seq)
-        present = torch.cat([torch.ones_like(rank, dtype=torch.bool), rank < counts[1].index_select(0, seq)])
-        # the k-th generated span of row b: where the running count of generated marks first exceeds before + k
-        paired = torch.searchsorted(scans.marks[B * W:].cumsum(0), before[1].index_select(0, seq) + rank, right=True)
-        first, last, cut = scans.spans(torch.cat([at, (paired + B * W).clamp(max=2 * B * W - 1)]))
+        counts = torch.stack([target_count, pred_count])
+        above, rank = (counts.cumsum(1) - counts).index_select(1, seq), torch.arange(n, device=at.device)
+        rank = rank - above[0]
+        present = rank < pred_count.index_select(0, seq)
+        # the k-th generated span of row b: where the running count of generated marks first exceeds above + k
+        paired = torch.searchsorted(scans.marks[B:].view(-1).cumsum(0), above[1] + rank, right=True)
+        first, last, cut, slot0 = scans.spans(torch.cat([at, (paired + BW).clamp(max=2 * BW - 1)]))
+        status, kind, values, digits = _decode_rows(planes, scans.counts, slot0, last, cut, L, present)
+        row = torch.div(first, W, rounding_mode="floor")
+        rows = torch.stack([status, kind, torch.add(first, row, alpha=-W), torch.add(last, row, alpha=-W)]).view(4, 2, n)
+        # a target event without its k-th generated one: MISSING, no span
+        paired_or_target = present | L.target_side  # [side, N]
+        rows = torch.where(paired_or_target, rows, L.missing)
+        cuts = (cut.view(2, n) & paired_or_target).unbind(0)
+        status_t, status_p, kind_t, kind_p, start_t, start_p, end_t, end_p = rows.view(8, n).unbind(0)
     else:  # the prediction is read at the target's spans, one side down
-        first, last, cut = scans.spans(at)
-        first, last, cut = torch.cat([first, first + B * W]), torch.cat([last, last + B * W]), torch.cat([cut, cut])
-    status, kind, values, digits = _decode_rows(code.view(-1), first, last, cut, L, present)
-    row_start = torch.div(first, W, rounding_mode="floor") * W
-    rows = torch.stack([status, kind, first - row_start, last - row_start])
-    if present is not None:  # a target event without its k-th generated one: MISSING, no span
-        rows = torch.where(present, rows, L.missing[:, None])
-        cut = cut & present
-    rows, cuts = rows.view(8, n).unbind(0), cut.view(2, n).unbind(0)
-    values, digits = (x.view(x.shape[0], 2, n).permute(1, 2, 0).unbind(0) for x in (values, digits))  # [n, columns]
-    tgt, pred = (EventFields(status=rows[i], kind=rows[2 + i], values=values[i], digits=digits[i], start=rows[4 + i],
-                             end=rows[6 + i], start_cut=cuts[i], n_timestamp_digits=L.n_ts) for i in (0, 1))
+        pred_count = target_count
+        first, last, cut, slot0 = scans.spans(at)
+        status, kind, values, digits = _decode_rows(planes, scans.counts, torch.cat([slot0, slot0 + BW]),
+                                                    torch.cat([last, last + BW]), cut.repeat(2), L)
+        start_t = start_p = torch.add(first, seq, alpha=-W)  # in the row
+        end_t = end_p = torch.add(last, seq, alpha=-W)
+        cuts = (cut, cut)
+        (status_t, status_p), (kind_t, kind_p) = status.split([n, n]), kind.split([n, n])
+    values, digits = (x.t().split([n, n]) for x in (values, digits))  # [n, columns] per side
+    tgt = EventFields(status=status_t, kind=kind_t, values=values[0], digits=digits[0], start=start_t, end=end_t,
+                      start_cut=cuts[0], n_timestamp_digits=L.n_ts)
+    pred = EventFields(status=status_p, kind=kind_p, values=values[1], digits=digits[1], start=start_p, end=end_p,
+                       start_cut=cuts[1], n_timestamp_digits=L.n_ts)
     # a type token of another kind is a type mismatch; under teacher forcing whatever the data tokens after it
-    decided = pred.status == int(Status.VALID) if generation else pred.kind >= 0
+    decided = status_p == int(Status.VALID) if generation else kind_p >= 0
     status = torch.where(
-        tgt.status != int(Status.VALID), int(Status.INVALID_TARGET),
-        torch.where(decided & (pred.kind != tgt.kind), int(Status.TYPE_MISMATCH), pred.status))
-    return EventBatch(seq_idx=seq, status=status, target=tgt, pred=pred, target_count=counts[0],
-                      pred_count=counts[-1], num_sequences=B, alignment=alignment)
+        status_t != int(Status.VALID), int(Status.INVALID_TARGET),
+        torch.where(decided & (kind_p != kind_t), int(Status.TYPE_MISMATCH), status_p))
+    return EventBatch(seq_idx=seq, status=status, target=tgt, pred=pred, target_count=target_count,
+                      pred_count=pred_count, num_sequences=B, alignment=alignment)
 
 
 class _Scans:
-    """Where the event spans of rows of packed codes [R, W] are, from prefix scans (no host sync).
+    """Where the event spans of rows of width W are, from prefix scans of their token planes [P, R W] (no host sync).
 
     A span opens at every ``<EVENT_START>`` and at every ``<EVENT_END>`` with no start since the previous end (its
-    start was cut off: the first target event after the teacher-forcing shift); ``marks`` [R * W] flags them.
-    A struct token is encoded as ``2 pos + (1 if start)`` (-2: none); per flat position, ``info`` [2, R * W] holds
-    the token's own code and the last one before it in its row; ``counts`` [2, R * W] the running numbers of
-    struct and of kept tokens (not ignored / episode) through it, whose searches find the next ones.
+    start was cut off: the first target event after the teacher-forcing shift); ``marks`` [R, W] flags them.
+    A struct token is encoded as ``here = 2 pos + (1 if start)`` (-2: none; ``before``: the last one before it in its
+    row). Per flat position, ``info`` [3, R W] holds ``S2`` (at a struct token: 1 a start, 0 an end), the flat
+    position after the struct token before it (or the row start) and the row's last kept token (not ignored /
+    episode: trailing ones are padding); ``counts`` [3, R W] the running numbers of struct and kept tokens and the
+    tail weights through it, whose searches find the next ones.
     """
 
-    def __init__(self, code: torch.Tensor):
-        self.W = code.shape[1]
-        pos = torch.arange(self.W, device=code.device)
-        struct, kept = (code & STRUCT_BIT) != 0, (code & SKIP_BIT) == 0
-        here = torch.where(struct, 2 * pos + ((code & ROLE_MASK) == int(Role.START)), -2)
+    def __init__(self, planes: torch.Tensor, W: int):
+        R = planes.shape[1] // W
+        pos2, pos1, row_before, row_after = _row_constants(R, W, planes.device)  # row_before: [R, W]
+        runs = planes[_STRUCT:]
+        self.counts = runs.cumsum(1, dtype=torch.int32)  # int32 throughout: half the bytes of int64
+        self.kept_before = (self.counts - runs)[1]
+        s2, struct, kept = planes.view(len(planes), R, W).unbind(0)[_S2:_TAIL]
+        here = torch.addcmul(s2, struct, pos2)
         before = torch.nn.functional.pad(here.cummax(1).values[:, :-1], (1, 0), value=-2)
-        self.marks = (struct & ((here & 1) >= (before & 1))).view(-1)  # a start, or an end whose previous is no start
-        self.info = torch.stack([here, before]).view(2, -1)
-        self.counts = torch.stack([struct, kept]).view(2, -1).cumsum(1, dtype=torch.int32)
-        self.kept = kept.view(-1).int()
-        self.row_last = torch.where(kept, pos, -1).amax(1)  # trailing ignored / episode tokens are padding
+        self.marks = struct & (~before | here)  # a start, or an end whose previous is no start
+        row_last = (kept * pos1).amax(1, keepdim=True) + row_before
+        self.info = torch.stack([s2, (before >> 1) + row_after, row_last]).view(3, -1)
 
-    def spans(self, at: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(first, last, cut)`` flat positions of the spans marked at flat positions ``at``."""
-        here, before = self.info.index_select(1, at)
-        structs, kept = self.counts
-        row = torch.div(at, self.W, rounding_mode="floor")
-        row_start = row * self.W
-        # the k-th struct / kept token is where the running count first reaches k
-        nxt = torch.searchsorted(structs, structs.index_select(0, at) + 1)  # the next struct token (maybe a later row)
-        nxt_code = self.info[0].index_select(0, nxt.clamp(max=len(structs) - 1))
-        # cut by the next start (before it), closed by the next end, or cut by the row's last kept token
-        last = torch.where(nxt >= row_start + self.W, row_start + self.row_last.index_select(0, row), nxt - (nxt_code & 1))
-        cut = (here & 1) == 0  # a cut-off span starts at the first kept token after the previous end (or row start)
-        after = row_start + (before >> 1) + 1
-        first = torch.searchsorted(kept, kept.index_select(0, after) - self.kept.index_select(0, after) + 1)
-        return torch.where(cut, first, at), torch.where(cut, at, last), cut
+    def spans(self, at: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(first, last, cut, slot0)`` flat positions of the spans marked at flat positions ``at``, with the
+        position of their ``<EVENT_START>`` (one before ``first`` when it was cut off)."""
+        start, after, row_last = self.info.index_select(1, at).unbind(0)
+        structs, kept, _ = self.counts.unbind(0)
+        # the k-th struct / kept token is where the running count first exceeds k - 1
+        nxt = torch.searchsorted(structs, structs.index_select(0, at), right=True)  # the next struct (maybe a later row)
+        # cut by the next start (before it), closed by the next end, or cut by the row's last kept token (also when no
+        # struct token follows: nxt is then past the row)
+        last = torch.minimum(row_last, nxt - self.info[0].index_select(0, nxt.clamp(max=len(structs) - 1)))
+        cut = start == 0  # a cut-off span starts at the first kept token after the previous end (or row start)
+        first = torch.searchsorted(kept, self.kept_before.index_select(0, after), right=True)
+        return torch.where(cut, first, at), torch.where(cut, at, last), cut, torch.where(cut, first - 1, at)
+
+
+@functools.lru_cache(maxsize=16)
+def _row_constants(R: int, W: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(2 pos, pos + 1, row start - 1, row start + 1)`` of rows [R, W]: pos [W], the flat row starts (- 1 at every
+    position [R, W]: a sum with it needs no expand, + 1 [R, 1]); cached (no copy to a GPU per update)."""
+    pos, row_start = torch.arange(W, device=device), torch.arange(R, device=device)[:, None] * W
+    return tuple(x.int() for x in (2 * pos, pos + 1, (row_start - 1).expand(R, W).contiguous(), row_start + 1))
+
+
+# rows of `_token_planes`: those read in an event's window, then those scanned (running counts)
+_VALUE, _VERDICTS, _ROLE, _S2, _STRUCT, _KEPT, _TAIL = range(7)
+_PLANES: "weakref.WeakKeyDictionary[VocabMap, dict]" = weakref.WeakKeyDictionary()
+
+
+def _token_planes(vocab: VocabMap, L: "_Tables", device) -> torch.Tensor:
+    """[7, vocab.size + 2] int32, indexed like `VocabMap.codes` (id + 1, clamped): per token its value (-1: none),
+    its verdicts (2 bits per rule of ``L.rule_values``: 0 accepted, else the status of a slot that rejects it),
+    role, ``S2`` (1 a start, 0 an end, -2 no struct token), then 0/1 struct, 0/1 kept (not ignored / episode) and
+    the tail weight (0 image token or ignored label, 1 ``<EVENT_END>``, 3 any other). Cached per vocabulary and device."""
+    cache = _PLANES.setdefault(vocab, {})
+    device = torch.device(device)
+    if device not in cache:
+        code = vocab.codes_table.long()
+        role, value = code & ROLE_MASK, (code >> VALUE_SHIFT) - 1
+        struct, skip, image = (code & STRUCT_BIT) != 0, (code & SKIP_BIT) != 0, (code & IMAGE_BIT) != 0
+        missing = torch.where((role == int(Role.END)) | (role == int(Role.IGNORED)), int(Status.MISSING_FIELDS),
+                              int(Status.INVALID_FORMAT))  # where a field was expected
+        verdicts = torch.zeros_like(code)
+        for k, rule in enumerate(L.rule_values):
+            accepted = ((rule >> role) & 1 == 1) & (value < (rule >> 16))
+            rejected = missing if rule != 0 else int(Status.INVALID_FORMAT)  # rule 0: the slot after <EVENT_END>
+            verdicts |= torch.where(accepted, 0, rejected) << (2 * k)
+        s2 = torch.where(struct, (role == int(Role.START)).long(), -2)
+        tail = torch.where(image, 0, torch.where(role == int(Role.END), 1, 3))
+        planes = torch.stack([value, verdicts, role, s2, struct.long(), (~skip).long(), tail])
+        cache[device] = planes.to(device, torch.int32)  # half the bytes of int64 to gather
+    return cache[device]
 
 
 class _Tables:
@@ -339,7 +391,6 @@ class _Tables:
             for si, slot in enumerate(lay.slots):
                 if slot.field is not None and not slot.run:
                     place[int(slot.sign), li, FIELDS.index(slot.field), 2 + si] = 1 if slot.sign else slot.place
-        self.fields = place.view(2 * n_lay * n_f, self.width).to(device)
         self.modulus = torch.tensor([[fmt.modulus.get(f, 0) for f in FIELDS] for _ in fmt.layouts], device=device)
         columns = fmt.digit_columns
         digit_slots = torch.full((n_lay, len(columns)), -1, dtype=torch.int64)
@@ -371,31 +422,54 @@ class _Tables:
         window_rules = [(row[:len(r)] + (data if run >= 0 else [0]) + row[len(r):])[:self.window]
                         for row, r, run in zip(rules, slot_rules, runs)]
         checked = [len(r) + (run >= 0) for r, run in zip(slot_rules, runs)]  # slots whose failure is a status
-        self.offsets = torch.arange(self.window, dtype=torch.int32, device=device)[:, None]
-        # float32 reads every field exactly while a row's sum stays below 2^24 (any token value is below 256)
-        exact32 = float(place.abs().sum(-1).max()) * 256 < 2 ** 24
-        self.place = torch.nn.functional.pad(self.fields, (0, 1)).to(torch.float32 if exact32 else torch.float64)
-        # values of a row that does not decode: category INVALID, numbers 0
-        self.blank = torch.tensor([int(Category.INVALID)] + [0] * 7, device=device)
-        # for the torch ops: each layout's columns in one column (window rules, checked slots, run start, modulus,
-        # the modulus' half (no modulus: never reached), digit slots, digit signs), and lookups by role or kind + 1
-        self.n_layouts, self.n_digits = n_lay, len(columns)
-        self.digits_at = self.window + 2 + 2 * n_f
-        half = torch.where(self.modulus > 0, self.modulus // 2, 1 << 62)
-        self.by_layout = torch.cat([torch.tensor(window_rules, device=device), torch.tensor(checked, device=device)[:, None],
-                                    self.run_start[:, None], self.modulus, half, self.digit_slots,
-                                    self.digit_sign.long()], dim=1).T.contiguous()  # [columns, layouts]
-        roles = torch.arange(ROLE_MASK + 1)
-        self.kind_of_role = torch.where((roles >= int(Role.KEYBOARD)) & (roles <= int(Role.SCREEN)),
-                                        roles - int(Role.KEYBOARD), -1).to(device)
-        self.layout_of_kind = torch.cat([self.kind_layout[:1], self.kind_layout])  # kind -1 reads as keyboard
-        ends = (roles == int(Role.END)) | (roles == int(Role.IGNORED))  # where a field was expected
-        self.missing_status = torch.where(ends, int(Status.MISSING_FIELDS), int(Status.INVALID_FORMAT)).to(device)
-        self.kind_category = torch.tensor([int(Category.KEYBOARD), int(Category.KEYBOARD), int(Category.MOUSE_NOP),
-                                           int(Category.SCREEN)], device=device)
+        # the torch ops (`_decode_rows`) read an event's columns by its key: ((the role of its type token, NO_ROLE for a
+        # span of one token) x 2 + whether the variant's token is there) x 2 + whether its start was cut off
+        self.offsets = torch.arange(self.window, device=device)[:, None]
+        self.offsets4 = 4 * self.offsets
+        anything = 0xFFFF | 0x7FFF << 16  # slot 0 of a cut-off start
+        self.rule_values = sorted({rule for row in window_rules for rule in row} | {anything})
+        if 2 * len(self.rule_values) > 31 or len(self.variants) > 1:
+            raise NotImplementedError("the torch decoder reads at most 15 slot rules and one extended layout")
+        self.variant = self.variants[0][2:] if self.variants else (0, -1)  # (slot, role): never seen without one
+        self.bf = FIELDS.index("button_flags")
+        if "button_flags" in fmt.modulus or any(s.field == "button_flags" and (s.sign or lay.kind != "mouse")
+                                               for lay in fmt.layouts for s in lay.slots):
+            raise NotImplementedError("the torch decoder reads button_flags as an unsigned field of mouse events")
+        half = torch.where(self.modulus > 0, self.modulus // 2, 1 << 62).tolist()
+        kind_category = [int(Category.KEYBOARD), int(Category.MOUSE_NOP), int(Category.SCREEN)]
+        exact32 = float(place.abs().sum(-1).max()) * 256 < 2 ** 24  # float32 reads every field exactly (values < 256)
+        columns = []
+        for key in range(4 * _N_ROLES):
+            role, variant, cut = key // 4, key // 2 % 2, key % 2
+            kind = role - int(Role.KEYBOARD) if int(Role.KEYBOARD) <= role <= int(Role.SCREEN) else -1
+            lay = fmt.layout_index(("keyboard", "mouse", "screen")[max(kind, 0)])  # kind -1 reads as keyboard
+            if variant and self.variants and lay == self.variants[0][0]:
+                lay = self.variants[0][1]
+            shifts = [2 * self.rule_values.index(rule) for rule in window_rules[lay]]
+            shifts[0] = 2 * self.rule_values.index(anything) if cut else shifts[0]
+            data_start = runs[lay] if runs[lay] >= 0 else checked[lay] - 1  # a run, or the <EVENT_END> slot
+            slots = [s if s >= 0 else 1 for s in digit_slots[lay].tolist()]  # slot 1 of a valid event reads -1
+            columns.append(shifts + [checked[lay] - 1, data_start - 1, kind, kind_category[max(kind, 0)], lay * n_f]
+                           + self.modulus[lay].tolist() + half[lay] + slots
+                           + [0 if sign else 1 for sign in self.digit_sign[lay].tolist()])
+        self.by_key = torch.tensor(columns, device=device)  # [keys, columns]: rows copied whole by index_select
+        n_d = self.digit_slots.shape[1]
+        self.key_rows = (self.window, 5, n_f, n_f, n_d, n_d)
+        # [2 layouts F, window]: place values, then sign selectors, so that one product reads every field of every
+        # layout; an event's rows: field_rows + its layout x F
+        self.place = torch.nn.functional.pad(place.view(2 * n_lay * n_f, self.width), (0, 1)).to(
+            device, torch.float32 if exact32 else torch.float64)
+        self.field_rows = torch.tensor([side * n_lay * n_f + f for side in (0, 1) for f in range(n_f)],
+                                       device=device)[:, None]
+        # status of a span whose slots all pass, by its tail weight sum (clamped at 2): data cut, closed, invalid
+        self.tail_status = torch.tensor([int(Status.TRUNCATED), int(Status.VALID), int(Status.INVALID_FORMAT)],
+                                        device=device)
+        self.blank = torch.tensor([int(Category.INVALID)] + [0] * 7, device=device)[:, None]  # a row that does not decode
         self.units = torch.tensor([self.unit_ns if f == "timestamp" else self.scroll_unit if f == "scroll" else 1
                                    for f in FIELDS], device=device)[:, None]
-        self.missing = torch.tensor([int(Status.MISSING), -1, -1, -1], device=device)  # status, kind, span
+        self.missing = torch.tensor([int(Status.MISSING), -1, -1, -1], device=device)[:, None, None]  # status, kind, span
+        self.target_side = torch.tensor([True, False], device=device)[:, None]
+        self.no_role = torch.tensor([_N_ROLES - 1], device=device)  # the key's role of a span of one token
 
     @classmethod
     def get(cls, config: CodecConfig, device) -> "_Tables":
@@ -405,58 +479,48 @@ class _Tables:
         return cls._cache[key]
 
 
-def _decode_rows(flat: torch.Tensor, first: torch.Tensor, last: torch.Tensor, cut: torch.Tensor, L: _Tables,
-                 present: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Check and read the events spanning ``first`` .. ``last`` in the packed codes ``flat``: ``(status, kind,
-    values [8, N], digits [D, N])``, values and digits blank where the row does not decode or is not ``present``.
+def _decode_rows(planes: torch.Tensor, counts: torch.Tensor, slot0: torch.Tensor, last: torch.Tensor, cut: torch.Tensor,
+                 L: _Tables, present: Optional[torch.Tensor] = None
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Check and read the events whose ``<EVENT_START>`` is at flat position ``slot0`` (virtual when ``cut`` off) and
+    whose last token is at ``last``, in the token planes [P, R W] (`_token_planes`) and their running ``counts``:
+    ``(status, kind, values [8, N], digits [D, N])``, values and digits blank where the row does not decode or, in
+    the last ``len(present)`` rows, is not ``present``.
 
-    Works slot-major: ``r`` / ``v`` are [width, N] (slot j of every event in row j).
+    Works slot-major: the window planes are [width, N] (slot j of every event in row j).
     """
-    n = first.numel()
-    cut = cut.long()
-    slot0 = first - cut  # flat position of <EVENT_START> (virtual for a cut-off start)
-    window = flat.index_select(0, (slot0 + L.offsets).clamp(0, flat.numel() - 1).view(-1)).view(L.window, n)
-    r, v = window & ROLE_MASK, (window >> VALUE_SHIFT) - 1
-    span_len = last - slot0 + 1
+    n = slot0.numel()
+    window = planes[:_S2].gather(1, (slot0 + L.offsets).clamp(0, planes.shape[1] - 1).view(1, -1).expand(_S2, -1))
+    value, verdicts, role = window.view(_S2, L.window, n).unbind(0)
+    span = last - slot0  # the span's tokens after slot 0
+    # the event's key (`_Tables`): its type token's role, the extended layout's token, a cut-off start
+    at, var_role = L.variant
+    type_role = torch.where(span > 0, role[1], L.no_role)  # int64 (an index)
+    key = torch.add(cut, torch.add((role[at] == var_role) & (span >= at), type_role, alpha=2), alpha=2)
+    shifts, singles, modulus, half, slots, unsigned = L.by_key.index_select(0, key).t().split(L.key_rows)
+    # checked: the slots whose failure is a status, - 1; fields_at: the event layout's first row of ``L.place``
+    checked, data_before, kind, kind_category, fields_at = singles.unbind(0)
 
-    kind = torch.where(span_len > 1, L.kind_of_role.index_select(0, r[1]), -1)
-    lay = L.layout_of_kind.index_select(0, kind + 1)
-    for base, longer, at, role in L.variants:  # the format's extended layouts (a mouse event with a scroll)
-        lay = torch.where((lay == base) & (span_len > at) & (r[at] == role), longer, lay)
-    table = L.by_layout.gather(1, lay.expand(L.by_layout.shape[0], n))  # [columns, N]: this row's layout
-    rules, (checked, run_start) = table[:L.window], table[L.window:L.window + 2]
-    modulus, half = table[L.window + 2:L.window + 2 + len(FIELDS)], table[L.window + 2 + len(FIELDS):L.digits_at]
-    slots, signed = table[L.digits_at:L.digits_at + L.n_digits], table[L.digits_at + L.n_digits:]
-
-    # slot by slot: the first slot whose token is not accepted, or the first past the span, gives the status
-    accepted = (rules >> r) & (v < (rules >> 16)) & 1
-    first_bad = torch.where((accepted == 0) & (L.offsets >= cut) & (L.offsets < span_len), L.offsets, L.window).amin(0)
-    bad_role = r.gather(0, first_bad.clamp(max=L.window - 1)[None]).squeeze(0)
-    # a run (screen data): image tokens (or ignored labels) closed by <EVENT_END> at the span's last token
-    not_image = ((flat & IMAGE_BIT) == 0).cumsum(0, dtype=torch.int32)
-    ends = not_image.index_select(0, torch.cat([last, (slot0 + run_start - 1).clamp(0, flat.numel() - 1)])).view(2, n)
-    others = ends[0] - ends[1]  # tokens from the data's start to the span's last that are not image tokens
-    closed = (others == 1) & ((flat.index_select(0, last) & ROLE_MASK) == int(Role.END))
-    tail = torch.where(run_start >= 0, torch.where(others <= 0, int(Status.TRUNCATED),
-                                                   torch.where(closed, int(Status.VALID), int(Status.INVALID_FORMAT))),
-                       torch.where(first_bad < L.window, int(Status.INVALID_FORMAT), int(Status.VALID)))
-    status = torch.where(first_bad < checked, L.missing_status.index_select(0, bad_role),
-                         torch.where(span_len < checked, int(Status.TRUNCATED), tail))
+    # slot by slot: the first slot within the span whose token its rule rejects gives the status (2 bits: 4 j + status)
+    verdict = ((verdicts >> shifts) & 3) * (L.offsets <= span)
+    bad = torch.where(verdict > 0, L.offsets4 + verdict, 4 * L.window).amin(0) & 3
+    # the data (a run, else the <EVENT_END> slot) through the span's last token: image tokens or ignored labels then
+    # <EVENT_END> weigh 1 (closed), none 0 (the data was cut: truncated), any other token more (invalid)
+    tails = counts[2]
+    weight = tails.index_select(0, last) - tails.index_select(0, (slot0 + data_before).clamp(0, len(tails) - 1))
+    status = torch.where(span < checked, int(Status.TRUNCATED), L.tail_status.index_select(0, weight.clamp(0, 2)))
+    status = torch.where(bad > 0, bad, status)
     ok = status == int(Status.VALID)
     if present is not None:
-        ok &= present
+        ok[n - len(present):] &= present
 
-    # every field of every layout in one product, then each row's layout: (-1)^minus * sum(value * place)
-    per_layout = (L.place @ v.to(L.place.dtype)).view(2, L.n_layouts, len(FIELDS), n)
-    magnitude, minus = per_layout.gather(1, lay.view(1, 1, 1, n).expand(2, 1, len(FIELDS), n)).squeeze(1)
-    number = (magnitude * (1 - 2 * minus)).round().long()
+    # every field of every layout in one product, then each event's layout: (-1)^minus * sum(value * place)
+    per_layout = L.place @ value.to(L.place.dtype)  # [2 layouts F, N]: place values, then sign selectors
+    magnitude, minus = per_layout.gather(0, L.field_rows + fields_at).split(len(FIELDS))
+    number = torch.addcmul(magnitude, magnitude, minus, value=-2).long()  # exact integers
     number = number - modulus * (number >= half)  # a field read modulo its range: the upper half is negative
-    kind_category = L.kind_category.index_select(0, kind + 1)  # a mouse event with button flags is a mouse op
-    category = kind_category - ((kind == int(Kind.MOUSE)) & (number[FIELDS.index("button_flags")] != 0)).long()
-    values = torch.cat([category[None], number * L.units])
-    values = torch.where(ok, values, L.blank[:, None])
-    digits = v.gather(0, slots.clamp(min=0))
+    category = kind_category - number[L.bf].clamp(max=1)  # a mouse event with button flags is a mouse op
+    values = torch.where(ok, torch.cat([category[None], number * L.units]), L.blank)
     # a sign level reads as + when its field is 0 (<SIGN_MINUS><0>... is the number 0, written <SIGN_PLUS>...)
-    digits = torch.where((signed & (magnitude.index_select(0, L.digit_field) == 0)).bool(), 0, digits)
-    digits = torch.where(ok & (slots >= 0), digits, -1)
-    return status, kind, values, digits
+    digits = value.gather(0, slots).masked_fill_((magnitude.index_select(0, L.digit_field) + unsigned) == 0, 0)
+    return status, kind, values, torch.where(ok, digits, -1)

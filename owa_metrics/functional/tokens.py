@@ -45,29 +45,36 @@ class EventTokenStats(NamedTuple):
 
 def event_token_stats(batch: EventBatch, preds: torch.Tensor, target: torch.Tensor, config: CodecConfig,
                       logits: Optional[torch.Tensor] = None) -> EventTokenStats:
-    """Teacher forcing: per field, the tokens predicted right among the valid target events' field tokens
+    """Teacher forcing: per field, the tokens predicted right among the valid target events' labelled field tokens
     (a [slot, event] window, as the decoder's), and, given ``logits`` [B, T, V] aligned with ``target``, each
     event's summed token cross-entropy over its whole span (ignored labels excluded), by cumulative sums.
     Every row at once, the invalid targets masked: no host sync (but `token_losses`' on the CPU)."""
     B, T = target.shape
     t = batch.target
-    row_start = batch.seq_idx * T
-    first, last = row_start + t.start, row_start + t.end
-    table = field_table(config, target.device)  # [kind, slot]; its last column (-1) reads past the widest layout
-    pos = first - t.start_cut.long() + torch.arange(table.shape[1], device=target.device)[:, None]  # slot 0 = start
-    field = torch.where((pos <= last) & (t.status == int(Status.VALID)), table[t.kind].T, -1)
-    ids = torch.stack([target.reshape(-1), preds.reshape(-1)]).index_select(1, pos.clamp(0, B * T - 1).view(-1))
-    labels, guesses = ids.view(2, *pos.shape)
-    counted = (field >= 0) & (labels >= 0)
-    hits = torch.stack([counted & (guesses == labels), counted])  # [right / all, slot, event]
-    in_field = field == torch.arange(len(TOKEN_FIELDS), device=target.device)[:, None, None]
-    field_correct, field_total = (hits[:, None] & in_field).sum((2, 3)).double()
+    first, last = torch.add(t.start, batch.seq_idx, alpha=T), torch.add(t.end, batch.seq_idx, alpha=T)
+    # [slot, kind] (`field_table` transposed); its last row (-1) reads past the widest layout
+    fields_by_slot, slots, field_ids = _window_constants(config, target.device)
+    pos = (first - t.start_cut.long()) + slots  # [slot, event], slot 0 = start
+    ids = torch.stack([target, preds], 2).view(-1, 2).index_select(0, pos.clamp(0, B * T - 1).view(-1))
+    labels, guesses = ids.view(*pos.shape, 2).unbind(2)
+    counted = (pos <= last) & (labels >= 0) & (t.status == int(Status.VALID))
+    in_field = torch.where(counted, fields_by_slot[:, t.kind], -1) == field_ids  # [field, slot, event]
+    field_correct, field_total = torch.stack([in_field & (guesses == labels), in_field]).sum((2, 3)).double()
     loss_sum = skipped = None
     if logits is not None:
         token_loss, skipped = token_losses(logits, target)
-        cumulative = torch.cat([token_loss.new_zeros(1), token_loss.cumsum(0)])
+        cumulative = torch.nn.functional.pad(token_loss.cumsum(0), (1, 0))
         loss_sum = cumulative.index_select(0, last + 1) - cumulative.index_select(0, first)
     return EventTokenStats(t.category, loss_sum, field_correct, field_total, skipped)
+
+
+@functools.lru_cache(maxsize=None)
+def _window_constants(config: CodecConfig, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(field_table transposed [width, 3], slots [width, 1], field ids [F, 1, 1])`` of `event_token_stats`; cached
+    (no copy to a GPU per update)."""
+    table = field_table(config, device)
+    return (table.T.contiguous(), torch.arange(table.shape[1], device=device)[:, None],
+            torch.arange(len(TOKEN_FIELDS), device=device)[:, None, None])
 
 
 def token_losses(logits: torch.Tensor, target: torch.Tensor, chunk_rows: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:

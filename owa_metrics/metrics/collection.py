@@ -14,7 +14,8 @@ from torchmetrics.utilities import rank_zero_warn
 
 from ..decode import kernel as decode_kernel
 from ..decode.batch import (
-    Alignment, Backend, EventBatch, Pairing, _check_inputs, _Tables, check_pairing, decode_batch, kernel_arrays,
+    VALUE_COLUMNS, Alignment, Backend, EventBatch, Pairing, _check_inputs, _Tables, check_pairing, decode_batch,
+    kernel_arrays,
 )
 from ..decode.matching import TimeMatching, tolerance_ns
 from ..events.event import CATEGORY_NAMES, Category, Status
@@ -160,53 +161,47 @@ class OWAEventMetrics(Metric):
     def _accumulate(self, batch: EventBatch, tokens: Optional[tuple[torch.Tensor, torch.Tensor]], with_loss: bool) -> None:
         """Every additive state and the samples of a decoded batch, all rows at once (the torch path).
 
-        Each row's contributions (one-hot statuses and categories from a lookup, digit-prefix matches, field
-        matches, movement terms) form a matrix X [N, C], each row's groups (all, comparable, comparable per
-        category, valid per category, comparable mouse, valid) a matrix G [N, 12]: one product G^T X holds every count
-        (integers: exact in float64 whatever the order); the per-sequence means and the token sums are added to
-        it, and `_Plan.take` scatters the lot into the states with one ``_foreach_add_``. Exact mode reads the
-        numbers of comparable and of mouse rows in one host sync (`_append_samples`).
+        Each row's contributions (one-hot statuses and categories from a lookup, prefix matches, movement terms) form
+        a matrix X [N, C], each row's groups (all, comparable, comparable per category, valid per category,
+        comparable mouse, valid) a matrix G [N, 12]: one product G^T X holds every count (integers: exact in float64
+        whatever the order). The prefix matches (digit prefixes, keyboard fields, button flags and scroll with their
+        presence) are the columns of ``M @ plan.prefixes`` that are 0, M [N, 8 + D + 2] the rows' mismatches (values,
+        digits) and absent flags (button_flags, button_data == 0). The per-sequence means and the token sums are
+        added to it, and `_Plan.take` scatters the lot into the states with one ``_foreach_add_``. Exact mode reads
+        the numbers of comparable and of mouse rows in one host sync (`_append_samples`).
         """
         plan = _Plan.get(self, batch.pred.values.device, tokens is not None, with_loss, batch.time_matching is not None)
         t, p = batch.target, batch.pred
         t_values, p_values = t.values, p.values
         category = t_values[:, 0]
-        status_key = (batch.status * len(Status) + t.status) * (N_CAT + 1) + p_values[:, 0]
-        looked_up = plan.rows.index_select(0, status_key * 4 * (N_CAT + 1) + p.kind * (N_CAT + 1) + category + N_CAT + 1)
-        onehots, groups = looked_up[:, :plan.ONE + 1], looked_up[:, plan.ONE + 1:]
-        same = p_values == t_values
-        digits = p.digits == t.digits
-        delta = digits[:, self.n_ts:].reshape(-1, 2, self.n_delta)
-        flags = t_values[:, 6:8] != 0
-        moves, true_moves = p_values[:, 4:6] - t_values[:, 4:6], t_values[:, 4:6]
-        kb_right = same[:, 2:4].all(1, keepdim=True)
-        x = torch.cat([onehots, digits[:, :self.n_ts].cumprod(1), same[:, 2:4], kb_right,
-                       torch.stack([same[:, 6:8] & flags, flags], 2).view(-1, 4), (moves * moves).sum(1, keepdim=True),
-                       true_moves, true_moves * true_moves,
-                       torch.cat([delta, delta.all(1, keepdim=True)], 1).cumprod(2).view(-1, 3 * self.n_delta)], 1)
+        key = (torch.stack([batch.status, t.status, p_values[:, 0], p.kind, category]) * plan.key_weights).sum(0)
+        onehots, groups, per_seq = plan.rows.index_select(0, key + plan.key_offset).split(plan.row_sizes, 1)
+        mismatches = torch.cat([p_values != t_values, p.digits != t.digits, t_values[:, 6:8] == 0], 1)
+        prefixes = (mismatches.double() @ plan.prefixes) == 0  # [N, P]: 1, 1, 1, keyboard right, then X's columns
+        true_moves = t_values[:, 4:6]
+        moves = p_values[:, 4:6] - true_moves
+        x = torch.cat([onehots, prefixes, (moves * moves).sum(1, keepdim=True), true_moves, true_moves * true_moves], 1)
         sums = groups.T @ x  # x is float64: the lookup's columns are
-        # per sequence: valid, comparable, comparable keyboard events and those right -> the means of the ratios
-        keys = groups[:, plan.KEYBOARD:plan.KEYBOARD + 1]
-        per_seq = torch.zeros((batch.num_sequences, 4), dtype=torch.float64, device=keys.device).index_add_(
-            0, batch.seq_idx, torch.cat([groups.index_select(1, plan.per_seq), keys * kb_right], 1))
-        seen = per_seq[:, 0::2] > 0
-        means = torch.where(seen, per_seq[:, 1::2] / per_seq[:, 0::2].clamp(min=1), 0.0).sum(0)
+        # per sequence: (valid, comparable), (comparable keyboard events, those right) -> the means of the ratios
+        per_seq = torch.zeros((batch.num_sequences, 4), dtype=torch.float64, device=key.device).index_add_(
+            0, batch.seq_idx, per_seq * prefixes[:, :4])
+        events, right = per_seq.view(-1, 2, 2).unbind(2)
+        means = (right / events.clamp(min=1)).sum(0)  # right <= events: 0 for a sequence without events
         gap = batch.pred_count - batch.target_count
-        per_batch = torch.stack([gap == gap, gap == 0, batch.pred_count, gap.clamp(min=0), (-gap).clamp(min=0)]).sum(1)
-        extra = [per_batch, means, seen.sum(0)]  # `take` casts them to float64 (exact: small integers)
+        # sequences, count matches, predicted events, extra and missing events (the clamp only cuts gap and -gap)
+        per_batch = torch.stack([gap == gap, gap == 0, batch.pred_count, gap, -gap]).clamp(min=0).sum(1)
+        extra = [per_batch, means, (events > 0).sum(0)]  # `take` casts them to float64 (exact: small integers)
         if batch.time_matching is not None:
             extra.append(batch.time_matching.extra_events.reshape(1))
-        if tokens is not None:
-            extra += [tokens[0].reshape(-1), tokens[1].reshape(-1)]
+        if tokens is not None:  # the token loss only with logits (else `_Plan` takes none)
+            extra += [part.reshape(-1) for part in tokens[:1 + with_loss]]
         torch._foreach_add_(self._flat_states(plan.states), plan.take(sums, extra))
         samples = self._sample_columns(t_values, p_values, category)
-        comparable, mouse = batch.status == int(Status.VALID), groups[:, plan.MOUSE].bool()
+        comparable, mouse = batch.status == int(Status.VALID), groups[:, plan.MOUSE]
         if self.mode == "exact":
             self._append_samples(samples, comparable, mouse)
         else:
-            nan = float("nan")
-            self._add_sketches(torch.where(comparable[:, None], samples[:, :3], nan),
-                               torch.where(mouse[:, None], samples[:, 3:], nan))
+            self._add_sketch_samples(samples, comparable, mouse)
 
     def _flat_states(self, names: list[str]) -> list[torch.Tensor]:
         """Flat views of the named states, kept while the states are the same tensors (`reset` and syncs replace
@@ -223,31 +218,37 @@ class OWAEventMetrics(Metric):
     def _sample_columns(self, t_values: torch.Tensor, p_values: torch.Tensor, category: torch.Tensor) -> torch.Tensor:
         """[N, TIMESTAMP_COLUMNS + MOUSE_COLUMNS] of every row (the definitions of `timestamp_errors`,
         `euclidean_percent_error`, `signed_percent_error` and `direction_error_deg`, four ratios in one)."""
-        half = self.window_ns // 2
-        signed_ms = (torch.remainder(p_values[:, 1] - t_values[:, 1] + half, self.window_ns) - half).double() / 1e6
-        p, g = p_values[:, 4:6].double(), t_values[:, 4:6].double()
-        error, true = torch.linalg.vector_norm(torch.stack([p - g, g]), dim=2)
-        numerator = torch.cat([torch.stack([signed_ms.abs(), error], 1), p - g], 1)
-        denominator = torch.cat([torch.stack([(t_values[:, 1].double() / 1e6).abs(), true], 1), g], 1)
-        defined = denominator != 0  # a zero ground truth: NaN
-        percent = torch.where(defined, numerator / denominator * 100, float("nan"))
+        n, half = len(category), self.window_ns // 2
+        columns = torch.cat([p_values, t_values], 1).t().view(2, len(VALUE_COLUMNS), n)  # [pred / true, column, N]
+        p_ts, t_ts = columns[:, 1]
+        ms = torch.stack([torch.remainder(p_ts - t_ts + half, self.window_ns) - half, t_ts]).double() / 1e6
+        p, g = columns[:, 4:6].double()  # [x / y, N]
+        moves = torch.stack([p - g, g])  # [error / true, x / y, N]
+        # numerators (|signed ms|, euclidean error, error x, error y) over denominators (|true ms|, |g|, g x, g y)
+        ratios = torch.cat([ms.abs().view(2, 1, n), torch.linalg.vector_norm(moves, dim=1, keepdim=True), moves], 1)
+        numerators, denominators = ratios
+        defined = denominators != 0  # a zero ground truth: NaN
+        percent = torch.where(defined, numerators / denominators * 100, float("nan"))
         # each row's two angles side by side (as the kernel's): a vectorized atan2 treats both alike, so equal
         # directions give exactly 0
-        angle = torch.atan2(torch.stack([p[:, 1], g[:, 1]], 1), torch.stack([p[:, 0], g[:, 0]], 1))
-        delta = (angle[:, 0] - angle[:, 1]).abs()
-        direction = torch.where(defined[:, 1], torch.minimum(delta, 2 * math.pi - delta) * (180 / math.pi), float("nan"))
-        return torch.cat([torch.stack([signed_ms, percent[:, 0], category.double()], 1), percent[:, 1:],
-                          direction[:, None]], 1)
+        x, y = torch.stack([p, g], 2)  # [N, pred / true] each
+        angle_p, angle_g = torch.atan2(y, x).unbind(1)
+        delta = (angle_p - angle_g).abs()
+        direction = torch.where(defined[1], torch.minimum(delta, 2 * math.pi - delta) * (180 / math.pi), float("nan"))
+        signed_ms, _ = ms
+        timestamp_pct, euclidean, x_pct, y_pct = percent
+        return torch.stack([signed_ms, timestamp_pct, category.double(), euclidean, x_pct, y_pct, direction], 1)
 
     def _append_samples(self, samples: torch.Tensor, comparable: torch.Tensor, mouse: torch.Tensor) -> None:
-        """The comparable rows' timestamp columns and the comparable mouse rows' mouse columns into the exact
-        states. Their numbers are data: read in one host sync (packed in one int64), then sync-free selections."""
-        n_mouse = mouse.sum()
-        n_timestamp, n_mouse = divmod(int((comparable.sum() << 32) + n_mouse), 1 << 32)
+        """The comparable rows' timestamp columns and the comparable mouse rows' (``mouse`` 1) mouse columns into the
+        exact states. Their numbers are data: read in one host sync (packed in one float64, exact below 2^53), then
+        sync-free selections."""
+        n_timestamp, n_mouse = divmod(int(torch.add(mouse, comparable, alpha=1 << 32).sum()), 1 << 32)
         rows = torch.nonzero_static(torch.cat([comparable, mouse]), size=n_timestamp + n_mouse).squeeze(1)
-        picked = samples.index_select(0, rows.remainder(max(len(comparable), 1)))
-        append_samples(self.timestamp_samples, picked[:n_timestamp, :len(TIMESTAMP_COLUMNS)].reshape(-1))
-        append_samples(self.mouse_samples, picked[n_timestamp:, len(TIMESTAMP_COLUMNS):].reshape(-1))
+        timestamps, mouse_rows = samples.index_select(0, rows.remainder(max(len(comparable), 1))).split(
+            [n_timestamp, n_mouse])
+        append_samples(self.timestamp_samples, timestamps[:, :len(TIMESTAMP_COLUMNS)].reshape(-1))
+        append_samples(self.mouse_samples, mouse_rows[:, len(TIMESTAMP_COLUMNS):].reshape(-1))
 
     def _update_detection(self, found: TimeMatching) -> None:
         self.detection += found.detection_counts.to(self.detection.device)
@@ -290,6 +291,18 @@ class OWAEventMetrics(Metric):
             append_samples(self.mouse_samples, mouse.reshape(-1))
         else:
             self._add_sketches(timestamps, mouse)
+
+    def _add_sketch_samples(self, samples: torch.Tensor, comparable: torch.Tensor, mouse: torch.Tensor) -> None:
+        """`_add_sketches` of the rows of `_sample_columns`, all at once: each row's (signed error, signed error,
+        percent error, percent error, mouse columns) into the rows (`_sketch_columns`) of its category, NaN (left
+        out) where the row is not comparable, or for the mouse columns not a comparable mouse row (``mouse`` 0)."""
+        columns, base, step, masks = _sketch_columns(len(GROUPS), samples.device)
+        values = torch.where(torch.stack([comparable, mouse > 0], 1).index_select(1, masks),
+                             samples.index_select(1, columns), float("nan"))
+        group = base + samples[:, 2:3].long() * step
+        counts = sketch_counts(values, self.spec, group, 2 * len(GROUPS) + len(MOUSE_COLUMNS)).view(-1)
+        torch._foreach_add_(self._flat_states(["timestamp_sketch", "mouse_sketch"]),
+                            counts.split([self.timestamp_sketch.numel(), self.mouse_sketch.numel()]))
 
     def _add_sketches(self, timestamps: torch.Tensor, mouse: torch.Tensor) -> None:
         """Rows (signed error ms, percent error, category) and rows of `MOUSE_COLUMNS` (NaN: left out) into the
@@ -431,13 +444,26 @@ def _sketch_rows(n_groups: int, device) -> tuple[torch.Tensor, torch.Tensor, tor
             torch.arange(2 * n_groups, 2 * n_groups + len(MOUSE_COLUMNS), device=device))
 
 
+@functools.lru_cache(maxsize=None)
+def _sketch_columns(n_groups: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`_add_sketch_samples`' eight values of a row: their columns of `_sample_columns` (signed, signed, percent,
+    percent, the mouse columns), sketch rows base + category x step (as `_sketch_rows`) and masks (0 comparable,
+    1 comparable mouse). Cached by device: a copy to a GPU would wait for it."""
+    g = n_groups
+    return (torch.tensor([0, 0, 1, 1, 3, 4, 5, 6], device=device),
+            torch.tensor([0, 1, g, g + 1, 2 * g, 2 * g + 1, 2 * g + 2, 2 * g + 3], device=device),
+            torch.tensor([0, 1, 0, 1, 0, 0, 0, 0], device=device), torch.tensor([0] * 4 + [1] * 4, device=device))
+
+
 class _Plan:
     """The lookups of `OWAEventMetrics._accumulate` and where each state's increments are in its sources, for one
     format, device and kind of update (token stats, token loss, time pairing).
 
-    ``rows`` [key, C0 + 12]: by (((status x S + target status) x 5 + predicted category) x 4 + predicted kind + 1)
-    x 5 + target category, the one-hot status, target status and predicted category (an undecoded type mismatch in
-    its type token's column, as `event_type_sums`) and 1 (C0 columns: X's first), then the row's groups (G).
+    ``rows`` [key, C0 + 12 + 4]: by key = (((status x S + target status) x 5 + predicted category) x 4 + predicted
+    kind + 1) x 5 + target category (``key_weights`` . those + ``key_offset``), the one-hot status, target status
+    and predicted category (an undecoded type mismatch in its type token's column, as `event_type_sums`) and 1 (C0
+    columns: X's first), then the row's groups (G), then its per-sequence terms (valid, comparable, comparable
+    keyboard twice). ``prefixes`` [8 + D + 2, P]: which mismatches each prefix column of X counts (`_accumulate`).
     The sources: the counts [12, C] (groups x columns of X), then the extras of `_accumulate` in their order.
     """
 
@@ -454,19 +480,41 @@ class _Plan:
         column = np.where(undecoded_mismatch, fused.KIND_CATEGORY[np.maximum(kind - 1, 0)], p_category)
         comparable, valid, in_range = status == int(Status.VALID), t_status == int(Status.VALID), category < N_CAT
         mouse = (category == int(Category.MOUSE_OP)) | (category == int(Category.MOUSE_NOP))
-        rows = np.zeros((status.size, one + 13))
+        keyboard = comparable & (category == int(Category.KEYBOARD))
+        rows = np.zeros((status.size, one + 13 + 4))
         at, g, clamped = np.arange(status.size), one + 1, np.minimum(category, N_CAT - 1)
         for offset, columns, value in [
                 (0, status, 1), (n_status, t_status, 1), (2 * n_status, column, 1), (one, 0, 1), (g + self.ALL, 0, 1),
                 (g + self.COMPARABLE, 0, comparable), (g + self.MOUSE, 0, comparable & mouse),
                 (g + self.COMPARABLE_CATEGORY, clamped, comparable & in_range),
-                (g + self.VALID_CATEGORY, clamped, valid & in_range), (g + self.VALID, 0, valid)]:
+                (g + self.VALID_CATEGORY, clamped, valid & in_range), (g + self.VALID, 0, valid),
+                (g + 12, 0, valid), (g + 13, 0, comparable), (g + 14, 0, keyboard), (g + 15, 0, keyboard)]:
             rows[at, offset + columns] = value
         self.rows = torch.from_numpy(rows).to(device)
-        self.per_seq = torch.tensor([self.VALID, self.COMPARABLE, self.KEYBOARD], device=device)  # then keyboard right
-        ts, kb = one + 1, one + 1 + n_ts
-        action, movement, digits = kb + 3, kb + 7, kb + 12
-        width = digits + 3 * n_delta
+        self.row_sizes = [one + 1, 12, 4]
+        self.key_weights = torch.tensor([n_status * (N_CAT + 1) * 4 * (N_CAT + 1), (N_CAT + 1) * 4 * (N_CAT + 1),
+                                         4 * (N_CAT + 1), N_CAT + 1, 1], device=device)[:, None]
+        self.key_offset = N_CAT + 1  # kind -1
+        # prefix columns: which of the mismatches (8 values, the digits, button_flags and button_data == 0) each counts
+        digit = lambda j: len(VALUE_COLUMNS) + j  # noqa: E731
+        dx, dy = (lambda j: digit(n_ts + j)), (lambda j: digit(n_ts + n_delta + j))  # noqa: E731
+        no_flags, no_scroll = digit(n_ts + 2 * n_delta), digit(n_ts + 2 * n_delta) + 1
+        vk, action, flags, scroll = (VALUE_COLUMNS.index(c) for c in ("vk", "action", "button_flags", "button_data"))
+        counted = [[], [], [], [vk, action]]  # 1 (the per-sequence terms' weights), then keyboard right
+        counted += [[digit(i) for i in range(j + 1)] for j in range(n_ts)]
+        counted += [[vk], [action], [flags, no_flags], [no_flags], [scroll, no_scroll], [no_scroll]]
+        counted += [[dx(i) for i in range(j + 1)] for j in range(n_delta)]
+        counted += [[dy(i) for i in range(j + 1)] for j in range(n_delta)]
+        counted += [[f(i) for f in (dx, dy) for i in range(j + 1)] for j in range(n_delta)]
+        prefixes = np.zeros((no_scroll + 1, len(counted)))
+        for j, rows_counted in enumerate(counted):
+            prefixes[rows_counted, j] = 1
+        self.prefixes = torch.from_numpy(prefixes).to(device)
+        ts = one + 1 + 4
+        kb, both = ts + n_ts, one + 1 + 3
+        action, digits = kb + 2, kb + 6
+        movement = digits + 3 * n_delta
+        width = movement + 5
 
         def cell(group, *columns):
             return [group * width + c for c in columns]
@@ -477,7 +525,6 @@ class _Plan:
         extra_events, missing = per_batch[3], per_batch[4]
         if time:  # the generated events paired with nothing, and the target events left unpaired
             extra_events, missing = take(1)[0], cell(self.ALL, int(Status.MISSING))[0]
-        keyboard = self.KEYBOARD
         plan = {
             "confusion": [i for c in range(N_CAT)
                           for i in cell(self.VALID_CATEGORY + c, *range(2 * n_status, 2 * n_status + N_CAT + 1))],
@@ -485,7 +532,7 @@ class _Plan:
             "target_statuses": cell(self.ALL, *range(n_status, 2 * n_status)),
             "event_counts": cell(self.ALL, one) + per_batch[:3] + [extra_events, missing, means[0], seen[0]],
             "timestamp_digits": [i for g in range(1 + N_CAT) for i in cell(self.COMPARABLE + g, *range(ts, kb), one)],
-            "keyboard": cell(keyboard, kb, kb + 1, kb + 2, one) + [means[1], seen[1]],
+            "keyboard": cell(self.KEYBOARD, kb, kb + 1, both, one) + [means[1], seen[1]],
             "mouse_action": cell(self.MOUSE, *range(action, action + 4)),
             "movement": cell(self.MOUSE, *range(movement, movement + 5), one),
             "mouse_digits": [i for a in range(3)
