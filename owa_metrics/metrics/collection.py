@@ -241,9 +241,9 @@ class OWAEventMetrics(Metric):
 
     def _append_samples(self, samples: torch.Tensor, comparable: torch.Tensor, mouse: torch.Tensor) -> None:
         """The comparable rows' timestamp columns and the comparable mouse rows' (``mouse`` 1) mouse columns into the
-        exact states. Their numbers are data: read in one host sync (packed in one float64, exact below 2^53), then
-        sync-free selections."""
-        n_timestamp, n_mouse = divmod(int(torch.add(mouse, comparable, alpha=1 << 32).sum()), 1 << 32)
+        exact states. Their numbers are data: read in one host sync (packed in one int64: exact below 2^31 rows; a
+        float64 would be so below 2^21 only), then sync-free selections."""
+        n_timestamp, n_mouse = divmod(int(torch.add(mouse.long(), comparable, alpha=1 << 32).sum()), 1 << 32)
         rows = torch.nonzero_static(torch.cat([comparable, mouse]), size=n_timestamp + n_mouse).squeeze(1)
         timestamps, mouse_rows = samples.index_select(0, rows.remainder(max(len(comparable), 1))).split(
             [n_timestamp, n_mouse])
