@@ -13,7 +13,7 @@ from hypothesis import given, settings, strategies as st
 
 from owa_metrics import OWAEventMetrics
 from owa_metrics.functional.tokens import LOSS_BLOCK_LOGITS, dense_token_losses, token_losses
-from test_decode import batches
+from test_decode import batch_tensors, batches
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 from bench_decode import make_batch  # noqa: E402
@@ -50,11 +50,7 @@ def _assert_same(gpu, cpu, label):
 def test_gpu_states_and_report_equal_the_cpu_kernel(format_vocab, data):
     alignment = data.draw(st.sampled_from(["teacher_forcing", "generation"]))
     pairing = data.draw(st.sampled_from(["index", "time"])) if alignment == "generation" else "index"
-    preds, targets = data.draw(batches(format_vocab, alignment))
-    width = max([len(t) for t in targets] + [1])
-    pwidth = width if alignment == "teacher_forcing" else max([len(p) for p in preds] + [1])
-    target = torch.tensor([t + [-100] * (width - len(t)) for t in targets], dtype=torch.long)
-    pred = torch.tensor([p + [0 if alignment == "teacher_forcing" else -100] * (pwidth - len(p)) for p in preds])
+    pred, target = batch_tensors(*data.draw(batches(format_vocab, alignment)), alignment)
     logits = None
     if alignment == "teacher_forcing" and data.draw(st.booleans(), label="with logits"):
         dtype = data.draw(st.sampled_from([torch.float32, torch.bfloat16]))

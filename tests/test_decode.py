@@ -203,6 +203,16 @@ def batches(draw, vocab, alignment):
     return preds, targets
 
 
+def batch_tensors(preds, targets, alignment):
+    """``(pred, target)`` [B, width] of `batches`' rows: targets padded with ignored labels, predictions with 0
+    under teacher forcing (read at the target's positions only) and with ignored labels in generation."""
+    width = max([len(t) for t in targets] + [1])
+    pwidth = width if alignment == "teacher_forcing" else max([len(p) for p in preds] + [1])
+    target = torch.tensor([t + [-100] * (width - len(t)) for t in targets], dtype=torch.long)
+    pred = torch.tensor([p + [0 if alignment == "teacher_forcing" else -100] * (pwidth - len(p)) for p in preds])
+    return pred, target
+
+
 def _check_against_reference(vocab, preds, targets, alignment):
     width = max([len(t) for t in targets] + [1])
     if alignment == "teacher_forcing":
@@ -272,14 +282,10 @@ def test_metric_states_are_the_same_on_the_kernel_and_the_torch_path(format_voca
     from owa_metrics import OWAEventMetrics
 
     alignment = data.draw(st.sampled_from(["teacher_forcing", "generation"]))
-    preds, targets = data.draw(batches(format_vocab, alignment))
-    width = max([len(t) for t in targets] + [1])
-    pwidth = width if alignment == "teacher_forcing" else max([len(p) for p in preds] + [1])
-    target = torch.tensor([t + [-100] * (width - len(t)) for t in targets], dtype=torch.long)
-    pred = torch.tensor([p + [0 if alignment == "teacher_forcing" else -100] * (pwidth - len(p)) for p in preds])
+    pred, target = batch_tensors(*data.draw(batches(format_vocab, alignment)), alignment)
     logits = None
     if alignment == "teacher_forcing" and data.draw(st.booleans(), label="with logits"):
-        logits = torch.randn(*target.shape, format_vocab.size, generator=torch.Generator().manual_seed(len(preds)))
+        logits = torch.randn(*target.shape, format_vocab.size, generator=torch.Generator().manual_seed(len(pred)))
     for mode in ("exact", "sketch"):
         metrics = [OWAEventMetrics(vocab=format_vocab, alignment=alignment, mode=mode, backend=b)
                    for b in ("kernel", "torch")]
