@@ -313,7 +313,7 @@ class _Scans:
         return torch.where(cut, first, at), torch.where(cut, at, last), cut, torch.where(cut, first - 1, at)
 
 
-@functools.lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=4)  # the last few batch shapes: R x W int32 each (16 MB at 64 x 65536)
 def _row_constants(R: int, W: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(2 pos, pos + 1, row start - 1, row start + 1)`` of rows [R, W]: pos [W], the flat row starts (- 1 at every
     position [R, W]: a sum with it needs no expand, + 1 [R, 1]); cached (no copy to a GPU per update)."""
