@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
 from count_ops import SyncCounter, cases, count  # noqa: E402
 
-# (top-level ops, host syncs) at most per update; measured at 4 x 256: 273 / 295 / 309 / 266 ops (before issue 13:
+# (top-level ops, host syncs) at most per update; measured at 4 x 256: 274 / 295 / 310 / 267 ops (before issue 13:
 # 737 / 799 / 774 / 809 ops, 18 / 18 / 21 / 20 syncs; after its first pass 406 / 441 / 443 / 380). The syncs: the
 # number of target events (one nonzero), and in exact mode the numbers of comparable and of mouse rows, read in one;
 # sketch mode keeps no samples.
