@@ -356,9 +356,10 @@ class _Tables:
 
     ``rules`` [layouts, width]: per slot from ``<EVENT_START>``, the accepted roles (bit mask, low 16 bits) and
     the value bound (<< 16); a run layout (screen) stops before its image run, which is checked with a count.
-    ``fields`` [2 * layouts * F, width]: place values, then sign selectors, so that one matrix product reads
+    ``place`` [2 * layouts * F, window]: place values, then sign selectors, so that one matrix product reads
     every field of every layout; ``modulus`` [layouts, F]; ``digit_slots`` [layouts, D]: the slot of each
-    digit-precision level (-1: the layout has none).
+    digit-precision level (-1: the layout has none); ``by_key``: an event's columns for the torch ops
+    (`_decode_rows`).
     """
 
     _cache: dict = {}

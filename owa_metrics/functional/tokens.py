@@ -97,7 +97,7 @@ def token_losses(logits: torch.Tensor, target: torch.Tensor, chunk_rows: Optiona
     for lo in range(0, scored.numel(), chunk_rows):  # a loop over blocks of positions, not over tokens
         block = rows.index_select(0, scored[lo:lo + chunk_rows])
         token_ce[lo:lo + chunk_rows] = torch.nn.functional.cross_entropy(
-            block if block.dtype == torch.float32 else block.float(), in_vocab[lo:lo + chunk_rows], reduction="none")
+            block.float(), in_vocab[lo:lo + chunk_rows], reduction="none")
     usable = (wanted < vocab_size) & torch.isfinite(token_ce)
     token_loss = torch.zeros(B * T, dtype=torch.float64, device=target.device)
     token_loss.index_copy_(0, scored, torch.where(usable, token_ce, 0.0))

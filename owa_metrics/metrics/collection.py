@@ -436,7 +436,6 @@ class OWAEventMetrics(Metric):
 
 
 @functools.lru_cache(maxsize=None)
-@functools.lru_cache(maxsize=None)
 def _sketch_rows(n_groups: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sketch rows of `_add_sketches`: (signed, all), (signed, category), (percent, all), (percent, category) as
     base + category x step; then the mouse columns'. Cached by device: a copy to a GPU would wait for it."""
@@ -449,10 +448,9 @@ def _sketch_columns(n_groups: int, device) -> tuple[torch.Tensor, torch.Tensor, 
     """`_add_sketch_samples`' eight values of a row: their columns of `_sample_columns` (signed, signed, percent,
     percent, the mouse columns), sketch rows base + category x step (as `_sketch_rows`) and masks (0 comparable,
     1 comparable mouse). Cached by device: a copy to a GPU would wait for it."""
-    g = n_groups
-    return (torch.tensor([0, 0, 1, 1, 3, 4, 5, 6], device=device),
-            torch.tensor([0, 1, g, g + 1, 2 * g, 2 * g + 1, 2 * g + 2, 2 * g + 3], device=device),
-            torch.tensor([0, 1, 0, 1, 0, 0, 0, 0], device=device), torch.tensor([0] * 4 + [1] * 4, device=device))
+    base, step, mouse_rows = _sketch_rows(n_groups, device)
+    return (torch.tensor([0, 0, 1, 1, 3, 4, 5, 6], device=device), torch.cat([base, mouse_rows]),
+            torch.cat([step, torch.zeros_like(step)]), torch.tensor([0] * 4 + [1] * 4, device=device))
 
 
 class _Plan:

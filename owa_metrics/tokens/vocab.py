@@ -149,8 +149,7 @@ class VocabMap:
         table = self._tables.get(ids.device)
         if table is None:
             table = self._tables[ids.device] = self.codes_table.to(ids.device)
-        flat = ids.reshape(-1)
-        index = (flat if flat.dtype in (torch.int32, torch.int64) else flat.long()).clamp(-1, self.size) + 1
+        index = ids.reshape(-1).long().clamp(-1, self.size) + 1
         return table.index_select(0, index).view(ids.shape)
 
     def lookup(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
