@@ -94,10 +94,11 @@ def token_losses(logits: torch.Tensor, target: torch.Tensor, chunk_rows: Optiona
     wanted = labels_flat.index_select(0, scored)
     token_ce = torch.empty(scored.numel(), dtype=torch.float64, device=target.device)
     chunk_rows, in_vocab = chunk_rows or 2048, wanted.clamp(max=vocab_size - 1)
-    for lo in range(0, scored.numel(), chunk_rows):  # a loop over blocks of positions, not over tokens
+    # a loop over blocks of positions, not over tokens; a float32 block goes as it is (`.float()`: one more op a block)
+    for lo in range(0, scored.numel(), chunk_rows):
         block = rows.index_select(0, scored[lo:lo + chunk_rows])
         token_ce[lo:lo + chunk_rows] = torch.nn.functional.cross_entropy(
-            block.float(), in_vocab[lo:lo + chunk_rows], reduction="none")
+            block if block.dtype == torch.float32 else block.float(), in_vocab[lo:lo + chunk_rows], reduction="none")
     usable = (wanted < vocab_size) & torch.isfinite(token_ce)
     token_loss = torch.zeros(B * T, dtype=torch.float64, device=target.device)
     token_loss.index_copy_(0, scored, torch.where(usable, token_ce, 0.0))
