@@ -243,8 +243,7 @@ def _decode_with_torch(preds, target, vocab: VocabMap, alignment: Alignment, L: 
         paired = torch.searchsorted(scans.marks[B:].view(-1).cumsum(0), above[1] + rank, right=True)
         first, last, cut, slot0 = scans.spans(torch.cat([at, (paired + BW).clamp(max=2 * BW - 1)]))
         status, kind, values, digits = _decode_rows(planes, scans.counts, slot0, last, cut, L, present)
-        row = torch.div(first, W, rounding_mode="floor")
-        rows = torch.stack([status, kind, torch.add(first, row, alpha=-W), torch.add(last, row, alpha=-W)]).view(4, 2, n)
+        rows = torch.stack([status, kind, first % W, last % W]).view(4, 2, n)  # a span lies in one row
         # a target event without its k-th generated one: MISSING, no span
         paired_or_target = present | L.target_side  # [side, N]
         rows = torch.where(paired_or_target, rows, L.missing)
@@ -491,13 +490,14 @@ def _decode_rows(planes: torch.Tensor, counts: torch.Tensor, slot0: torch.Tensor
     Works slot-major: the window planes are [width, N] (slot j of every event in row j).
     """
     n = slot0.numel()
-    window = planes[:_S2].gather(1, (slot0 + L.offsets).clamp(0, planes.shape[1] - 1).view(1, -1).expand(_S2, -1))
-    value, verdicts, role = window.view(_S2, L.window, n).unbind(0)
+    window = planes.gather(1, (slot0 + L.offsets).clamp(0, planes.shape[1] - 1).view(1, -1).expand(len(planes), -1))
+    value, verdicts, role = window.view(len(planes), L.window, n).unbind(0)[:_S2]  # every plane: no slice to gather
     span = last - slot0  # the span's tokens after slot 0
-    # the event's key (`_Tables`): its type token's role, the extended layout's token, a cut-off start
+    # the event's key (`_Tables`): its type token's role, the extended layout's token, a cut-off start. The extended
+    # layout's token may lie past the span: the event is then truncated in both layouts, which agree up to it
     at, var_role = L.variant
     type_role = torch.where(span > 0, role[1], L.no_role)  # int64 (an index)
-    key = torch.add(cut, torch.add((role[at] == var_role) & (span >= at), type_role, alpha=2), alpha=2)
+    key = torch.add(cut, torch.add(role[at] == var_role, type_role, alpha=2), alpha=2)
     shifts, singles, modulus, half, slots, unsigned = L.by_key.index_select(0, key).t().split(L.key_rows)
     # checked: the slots whose failure is a status, - 1; fields_at: the event layout's first row of ``L.place``
     checked, data_before, kind, kind_category, fields_at = singles.unbind(0)
