@@ -19,6 +19,7 @@ The decoder never loops over events or tokens in Python. It works in three steps
 from __future__ import annotations
 
 import functools
+import itertools
 import weakref
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal, Optional, Union
@@ -242,32 +243,28 @@ def _decode_with_torch(preds, target, vocab: VocabMap, alignment: Alignment, L: 
         # the k-th generated span of row b: where the running count of generated marks first exceeds above + k
         paired = torch.searchsorted(scans.marks[B:].view(-1).cumsum(0), above[1] + rank, right=True)
         first, last, cut, slot0 = scans.spans(torch.cat([at, (paired + BW).clamp(max=2 * BW - 1)]))
-        status, kind, values, digits = _decode_rows(planes, scans.counts, slot0, last, cut, L, present)
-        rows = torch.stack([status, kind, first % W, last % W]).view(4, 2, n)  # a span lies in one row
+        status, kind, code, values, digits = _decode_rows(planes, scans.counts, slot0, last, cut, L, present)
+        rows = torch.stack([status, kind, first % W, last % W, code]).view(5, 2, n)  # a span lies in one row
         # a target event without its k-th generated one: MISSING, no span
         paired_or_target = present | L.target_side  # [side, N]
         rows = torch.where(paired_or_target, rows, L.missing)
         cuts = (cut.view(2, n) & paired_or_target).unbind(0)
-        status_t, status_p, kind_t, kind_p, start_t, start_p, end_t, end_p = rows.view(8, n).unbind(0)
+        status_t, status_p, kind_t, kind_p, start_t, start_p, end_t, end_p, code_t, code_p = rows.view(10, n).unbind(0)
     else:  # the prediction is read at the target's spans, one side down
         pred_count = target_count
         first, last, cut, slot0 = scans.spans(at)
-        status, kind, values, digits = _decode_rows(planes, scans.counts, torch.cat([slot0, slot0 + BW]),
-                                                    torch.cat([last, last + BW]), cut.repeat(2), L)
+        status, kind, code, values, digits = _decode_rows(planes, scans.counts, torch.cat([slot0, slot0 + BW]),
+                                                          torch.cat([last, last + BW]), cut.repeat(2), L)
         start_t = start_p = torch.add(first, seq, alpha=-W)  # in the row
         end_t = end_p = torch.add(last, seq, alpha=-W)
         cuts = (cut, cut)
-        (status_t, status_p), (kind_t, kind_p) = status.split([n, n]), kind.split([n, n])
+        (status_t, status_p), (kind_t, kind_p), (code_t, code_p) = (x.split([n, n]) for x in (status, kind, code))
     values, digits = (x.t().split([n, n]) for x in (values, digits))  # [n, columns] per side
     tgt = EventFields(status=status_t, kind=kind_t, values=values[0], digits=digits[0], start=start_t, end=end_t,
                       start_cut=cuts[0], n_timestamp_digits=L.n_ts)
     pred = EventFields(status=status_p, kind=kind_p, values=values[1], digits=digits[1], start=start_p, end=end_p,
                        start_cut=cuts[1], n_timestamp_digits=L.n_ts)
-    # a type token of another kind is a type mismatch; under teacher forcing whatever the data tokens after it
-    decided = status_p == int(Status.VALID) if generation else kind_p >= 0
-    status = torch.where(
-        status_t != int(Status.VALID), int(Status.INVALID_TARGET),
-        torch.where(decided & (kind_p != kind_t), int(Status.TYPE_MISMATCH), status_p))
+    status = L.pair_status[generation].index_select(0, torch.add(code_p, code_t, alpha=L.n_codes))
     return EventBatch(seq_idx=seq, status=status, target=tgt, pred=pred, target_count=target_count,
                       pred_count=pred_count, num_sequences=B, alignment=alignment)
 
@@ -449,12 +446,12 @@ class _Tables:
             shifts[0] = 2 * self.rule_values.index(anything) if cut else shifts[0]
             data_start = runs[lay] if runs[lay] >= 0 else checked[lay] - 1  # a run, or the <EVENT_END> slot
             slots = [s if s >= 0 else 1 for s in digit_slots[lay].tolist()]  # slot 1 of a valid event reads -1
-            columns.append(shifts + [checked[lay] - 1, data_start - 1, kind, kind_category[max(kind, 0)], lay * n_f]
+            columns.append(shifts + [checked[lay] - 1, data_start - 1, kind, kind_category[max(kind, 0)], lay * n_f, kind + 1]
                            + self.modulus[lay].tolist() + half[lay] + slots
                            + [0 if sign else 1 for sign in self.digit_sign[lay].tolist()])
         self.by_key = torch.tensor(columns, device=device)  # [keys, columns]: rows copied whole by index_select
         n_d = self.digit_slots.shape[1]
-        self.key_rows = (self.window, 5, n_f, n_f, n_d, n_d)
+        self.key_rows = (self.window, 6, n_f, n_f, n_d, n_d)
         # [2 layouts F, window]: place values, then sign selectors, so that one product reads every field of every
         # layout; an event's rows: field_rows + its layout x F
         self.place = torch.nn.functional.pad(place.view(2 * n_lay * n_f, self.width), (0, 1)).to(
@@ -467,7 +464,11 @@ class _Tables:
         self.blank = torch.tensor([int(Category.INVALID)] + [0] * 7, device=device)[:, None]  # a row that does not decode
         self.units = torch.tensor([self.unit_ns if f == "timestamp" else self.scroll_unit if f == "scroll" else 1
                                    for f in FIELDS], device=device)[:, None]
-        self.missing = torch.tensor([int(Status.MISSING), -1, -1, -1], device=device)[:, None, None]  # status, kind, span
+        # an event's status and kind in one code, status x 4 + kind + 1; a pair's status by the codes of its two sides
+        self.n_codes = 4 * len(Status)
+        self.missing = torch.tensor([int(Status.MISSING), -1, -1, -1, 4 * int(Status.MISSING)],
+                                    device=device)[:, None, None]  # status, kind, span, code
+        self.pair_status = [torch.tensor(_pair_statuses(generation), device=device) for generation in (False, True)]
         self.target_side = torch.tensor([True, False], device=device)[:, None]
         self.no_role = torch.tensor([_N_ROLES - 1], device=device)  # the key's role of a span of one token
 
@@ -479,13 +480,26 @@ class _Tables:
         return cls._cache[key]
 
 
+def _pair_statuses(generation: bool) -> list[int]:
+    """A pair's comparison status (`EventBatch.status`) by the codes ``(status x 4 + kind + 1)`` of its target and
+    predicted event, ``target code x 4 len(Status) + predicted code``: INVALID_TARGET where the target does not decode,
+    else TYPE_MISMATCH where the prediction's type token names another kind (in generation only if it decodes; under
+    teacher forcing whatever the data tokens after it), else the prediction's own status."""
+    out = []
+    for status_t, kind_t, status_p, kind_p in itertools.product(range(len(Status)), range(-1, 3), repeat=2):
+        decided = status_p == Status.VALID if generation else kind_p >= 0
+        out.append(Status.INVALID_TARGET if status_t != Status.VALID else
+                   Status.TYPE_MISMATCH if decided and kind_p != kind_t else status_p)
+    return out
+
+
 def _decode_rows(planes: torch.Tensor, counts: torch.Tensor, slot0: torch.Tensor, last: torch.Tensor, cut: torch.Tensor,
                  L: _Tables, present: Optional[torch.Tensor] = None
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Check and read the events whose ``<EVENT_START>`` is at flat position ``slot0`` (virtual when ``cut`` off) and
     whose last token is at ``last``, in the token planes [P, R W] (`_token_planes`) and their running ``counts``:
-    ``(status, kind, values [8, N], digits [D, N])``, values and digits blank where the row does not decode or, in
-    the last ``len(present)`` rows, is not ``present``.
+    ``(status, kind, code, values [8, N], digits [D, N])`` (code: status x 4 + kind + 1, see `_pair_statuses`),
+    values and digits blank where the row does not decode or, in the last ``len(present)`` rows, is not ``present``.
 
     Works slot-major: the window planes are [width, N] (slot j of every event in row j).
     """
@@ -500,7 +514,7 @@ def _decode_rows(planes: torch.Tensor, counts: torch.Tensor, slot0: torch.Tensor
     key = torch.add(cut, torch.add(role[at] == var_role, type_role, alpha=2), alpha=2)
     shifts, singles, modulus, half, slots, unsigned = L.by_key.index_select(0, key).t().split(L.key_rows)
     # checked: the slots whose failure is a status, - 1; fields_at: the event layout's first row of ``L.place``
-    checked, data_before, kind, kind_category, fields_at = singles.unbind(0)
+    checked, data_before, kind, kind_category, fields_at, kind_code = singles.unbind(0)
 
     # slot by slot: the first slot within the span whose token its rule rejects gives the status (2 bits: 4 j + status)
     verdict = ((verdicts >> shifts) & 3) * (L.offsets <= span)
@@ -524,4 +538,4 @@ def _decode_rows(planes: torch.Tensor, counts: torch.Tensor, slot0: torch.Tensor
     values = torch.where(ok, torch.cat([category[None], number * L.units]), L.blank)
     # a sign level reads as + when its field is 0 (<SIGN_MINUS><0>... is the number 0, written <SIGN_PLUS>...)
     digits = value.gather(0, slots).masked_fill_((magnitude.index_select(0, L.digit_field) + unsigned) == 0, 0)
-    return status, kind, values, torch.where(ok, digits, -1)
+    return status, kind, torch.add(kind_code, status, alpha=4), values, torch.where(ok, digits, -1)
