@@ -458,9 +458,13 @@ class _Tables:
             device, torch.float32 if exact32 else torch.float64)
         self.field_rows = torch.tensor([side * n_lay * n_f + f for side in (0, 1) for f in range(n_f)],
                                        device=device)[:, None]
-        # status of a span whose slots all pass, by its tail weight sum (clamped at 2): data cut, closed, invalid
-        self.tail_status = torch.tensor([int(Status.TRUNCATED), int(Status.VALID), int(Status.INVALID_FORMAT)],
-                                        device=device)
+        # a span's status by (4 j + status of its first rejected slot, whether it ends before its checked slots, its
+        # tail weight clamped at 2): the rejected slot's status, else truncated, else by the weight: data cut, closed,
+        # invalid
+        by_weight = [int(Status.TRUNCATED), int(Status.VALID), int(Status.INVALID_FORMAT)]
+        self.span_status = torch.tensor([rejected & 3 or (int(Status.TRUNCATED) if short else by_weight[weight])
+                                         for rejected in range(4 * self.window + 1) for short in (0, 1)
+                                         for weight in range(3)], device=device)
         self.blank = torch.tensor([int(Category.INVALID)] + [0] * 7, device=device)[:, None]  # a row that does not decode
         self.units = torch.tensor([self.unit_ns if f == "timestamp" else self.scroll_unit if f == "scroll" else 1
                                    for f in FIELDS], device=device)[:, None]
@@ -516,15 +520,15 @@ def _decode_rows(planes: torch.Tensor, counts: torch.Tensor, slot0: torch.Tensor
     # checked: the slots whose failure is a status, - 1; fields_at: the event layout's first row of ``L.place``
     checked, data_before, kind, kind_category, fields_at, kind_code = singles.unbind(0)
 
-    # slot by slot: the first slot within the span whose token its rule rejects gives the status (2 bits: 4 j + status)
+    # slot by slot: the first slot within the span whose token its rule rejects (4 j + its status; 4 width: none)
     verdict = ((verdicts >> shifts) & 3) * (L.offsets <= span)
-    bad = torch.where(verdict > 0, L.offsets4 + verdict, 4 * L.window).amin(0) & 3
+    first_rejected = torch.where(verdict > 0, L.offsets4 + verdict, 4 * L.window).amin(0)
     # the data (a run, else the <EVENT_END> slot) through the span's last token: image tokens or ignored labels then
     # <EVENT_END> weigh 1 (closed), none 0 (the data was cut: truncated), any other token more (invalid)
     tails = counts[2]
     weight = tails.index_select(0, last) - tails.index_select(0, (slot0 + data_before).clamp(0, len(tails) - 1))
-    status = torch.where(span < checked, int(Status.TRUNCATED), L.tail_status.index_select(0, weight.clamp(0, 2)))
-    status = torch.where(bad > 0, bad, status)
+    status = L.span_status.index_select(0, torch.add(torch.add(weight.clamp(0, 2), span < checked, alpha=3),
+                                                     first_rejected, alpha=6))
     ok = status == int(Status.VALID)
     if present is not None:
         ok[n - len(present):] &= present
