@@ -352,8 +352,8 @@ class _Tables:
 
     ``rules`` [layouts, width]: per slot from ``<EVENT_START>``, the accepted roles (bit mask, low 16 bits) and
     the value bound (<< 16); a run layout (screen) stops before its image run, which is checked with a count.
-    ``place`` [2 * layouts * F, window]: place values, then sign selectors, so that one matrix product reads
-    every field of every layout; ``modulus`` [layouts, F]; ``digit_slots`` [layouts, D]: the slot of each
+    ``place`` [2 * layouts * F, window]: place values times the field's unit (ns, scroll steps), then sign selectors,
+    so that one matrix product reads every field of every layout in its unit; ``modulus`` [layouts, F]; ``digit_slots`` [layouts, D]: the slot of each
     digit-precision level (-1: the layout has none); ``by_key``: an event's columns for the torch ops
     (`_decode_rows`).
     """
@@ -432,9 +432,15 @@ class _Tables:
         if "button_flags" in fmt.modulus or any(s.field == "button_flags" and (s.sign or lay.kind != "mouse")
                                                for lay in fmt.layouts for s in lay.slots):
             raise NotImplementedError("the torch decoder reads button_flags as an unsigned field of mouse events")
-        half = torch.where(self.modulus > 0, self.modulus // 2, 1 << 62).tolist()
+        # the torch ops read each field in its unit (ns, scroll steps): place values and moduli times the unit
+        units = torch.tensor([self.unit_ns if f == "timestamp" else self.scroll_unit if f == "scroll" else 1
+                              for f in FIELDS])
+        place_in_units = torch.stack([place[0] * units[:, None], place[1]])
+        modulus_in_units = self.modulus.cpu() * units
+        half = torch.where(modulus_in_units > 0, modulus_in_units // 2, 1 << 62).tolist()
         kind_category = [int(Category.KEYBOARD), int(Category.MOUSE_NOP), int(Category.SCREEN)]
-        exact32 = float(place.abs().sum(-1).max()) * 256 < 2 ** 24  # float32 reads every field exactly (values < 256)
+        # float32 reads every field exactly (values < 256)
+        exact32 = float(place_in_units.abs().sum(-1).max()) * 256 < 2 ** 24
         columns = []
         for key in range(4 * _N_ROLES):
             role, variant, cut = key // 4, key // 2 % 2, key % 2
@@ -447,14 +453,14 @@ class _Tables:
             data_start = runs[lay] if runs[lay] >= 0 else checked[lay] - 1  # a run, or the <EVENT_END> slot
             slots = [s if s >= 0 else 1 for s in digit_slots[lay].tolist()]  # slot 1 of a valid event reads -1
             columns.append(shifts + [checked[lay] - 1, data_start - 1, kind, kind_category[max(kind, 0)], lay * n_f, kind + 1]
-                           + self.modulus[lay].tolist() + half[lay] + slots
+                           + modulus_in_units[lay].tolist() + half[lay] + slots
                            + [0 if sign else 1 for sign in self.digit_sign[lay].tolist()])
         self.by_key = torch.tensor(columns, device=device)  # [keys, columns]: rows copied whole by index_select
         n_d = self.digit_slots.shape[1]
         self.key_rows = (self.window, 6, n_f, n_f, n_d, n_d)
         # [2 layouts F, window]: place values, then sign selectors, so that one product reads every field of every
         # layout; an event's rows: field_rows + its layout x F
-        self.place = torch.nn.functional.pad(place.view(2 * n_lay * n_f, self.width), (0, 1)).to(
+        self.place = torch.nn.functional.pad(place_in_units.view(2 * n_lay * n_f, self.width), (0, 1)).to(
             device, torch.float32 if exact32 else torch.float64)
         self.field_rows = torch.tensor([side * n_lay * n_f + f for side in (0, 1) for f in range(n_f)],
                                        device=device)[:, None]
@@ -466,8 +472,6 @@ class _Tables:
                                          for rejected in range(4 * self.window + 1) for short in (0, 1)
                                          for weight in range(3)], device=device)
         self.blank = torch.tensor([int(Category.INVALID)] + [0] * 7, device=device)[:, None]  # a row that does not decode
-        self.units = torch.tensor([self.unit_ns if f == "timestamp" else self.scroll_unit if f == "scroll" else 1
-                                   for f in FIELDS], device=device)[:, None]
         # an event's status and kind in one code, status x 4 + kind + 1; a pair's status by the codes of its two sides
         self.n_codes = 4 * len(Status)
         self.missing = torch.tensor([int(Status.MISSING), -1, -1, -1, 4 * int(Status.MISSING)],
@@ -539,7 +543,7 @@ def _decode_rows(planes: torch.Tensor, counts: torch.Tensor, slot0: torch.Tensor
     number = torch.addcmul(magnitude, magnitude, minus, value=-2).long()  # exact integers
     number = number - modulus * (number >= half)  # a field read modulo its range: the upper half is negative
     category = kind_category - number[L.bf].clamp(max=1)  # a mouse event with button flags is a mouse op
-    values = torch.where(ok, torch.cat([category[None], number * L.units]), L.blank)
+    values = torch.where(ok, torch.cat([category[None], number]), L.blank)
     # a sign level reads as + when its field is 0 (<SIGN_MINUS><0>... is the number 0, written <SIGN_PLUS>...)
     digits = value.gather(0, slots).masked_fill_((magnitude.index_select(0, L.digit_field) + unsigned) == 0, 0)
     return status, kind, torch.add(kind_code, status, alpha=4), values, torch.where(ok, digits, -1)
