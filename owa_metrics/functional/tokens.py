@@ -57,13 +57,13 @@ def event_token_stats(batch: EventBatch, preds: torch.Tensor, target: torch.Tens
     t = batch.target
     category = t.category
     first, last = torch.add(t.start, batch.seq_idx, alpha=T), torch.add(t.end, batch.seq_idx, alpha=T)
-    # [slot, category] (`field_table` by the kinds' categories; -2F: no field), slots [W, 1], codes [2F, 1, 1]
+    # [slot, category] (`field_table` by the kinds' categories; -2F: no field), slots [W, 1], codes [2, F, 1, 1]
     fields_by_slot, slots, codes = _window_constants(config, target.device)
-    pos = (first - t.start_cut.long()) + slots  # [slot, event], slot 0 = start
+    pos = torch.add(first, t.start_cut, alpha=-1) + slots  # [slot, event], slot 0 = start
     wrong = torch.where(target < 0, -1, preds != target)  # per token: -1 ignored, 0 right, 1 wrong
     code = torch.add(fields_by_slot.index_select(1, category), wrong.take(pos.clamp(0, B * T - 1)), alpha=len(TOKEN_FIELDS))
-    counts = (torch.where(pos <= last, code, -1) == codes).sum((1, 2), dtype=torch.float64)
-    field_correct, field_total = counts.view(2, -1).cumsum(0)
+    counts = (torch.where(pos <= last, code, -1) == codes).sum((2, 3), dtype=torch.float64)  # (right, wrong) [2, F]
+    field_correct, field_total = counts.cumsum(0)
     loss_sum = skipped = None
     if logits is not None:
         token_loss, skipped = token_losses(logits, target)
@@ -74,7 +74,7 @@ def event_token_stats(batch: EventBatch, preds: torch.Tensor, target: torch.Tens
 
 @functools.lru_cache(maxsize=None)
 def _window_constants(config: CodecConfig, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(fields [width, categories + 1], slots [width, 1], codes [2F, 1, 1])`` of `event_token_stats`: the
+    """``(fields [width, categories + 1], slots [width, 1], codes [2, F, 1, 1])`` of `event_token_stats`: the
     `field_table` column of each category's kind (-2F: no field; the last column, `Category.INVALID`, none);
     cached (no copy to a GPU per update)."""
     table = field_table(config)
@@ -83,7 +83,7 @@ def _window_constants(config: CodecConfig, device) -> tuple[torch.Tensor, torch.
     fields = torch.full((table.shape[1], len(CATEGORY_NAMES) + 1), -2 * n_fields, dtype=torch.int64)
     fields[:, :-1] = torch.where(table >= 0, table, -2 * n_fields).T[:, kind_of_category]
     return (fields.to(device), torch.arange(table.shape[1], device=device)[:, None],
-            torch.arange(2 * n_fields, device=device)[:, None, None])
+            torch.arange(2 * n_fields, device=device).view(2, n_fields, 1, 1))
 
 
 def token_losses(logits: torch.Tensor, target: torch.Tensor, chunk_rows: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -201,7 +201,7 @@ class OWAEventMetrics(Metric):
             extra += [part.reshape(-1) for part in tokens[:1 + with_loss]]
         flat = plan.sources(sums, extra)
         torch._foreach_add_(self._flat_states(plan.states), plan.take(flat))
-        samples = self._sample_columns(numbers, norms_squared)
+        samples = self._sample_columns(numbers, moves, norms_squared)
         if self.mode == "exact":
             self._append_samples(samples, sampled, flat[plan.SAMPLED])
         else:
@@ -219,16 +219,17 @@ class OWAEventMetrics(Metric):
             out.append(views[name][1])
         return out
 
-    def _sample_columns(self, numbers: torch.Tensor, norms_squared: torch.Tensor) -> torch.Tensor:
+    def _sample_columns(self, numbers: torch.Tensor, moves: torch.Tensor, norms_squared: torch.Tensor) -> torch.Tensor:
         """[N, TIMESTAMP_COLUMNS + MOUSE_COLUMNS] of every row (the definitions of `timestamp_errors`,
         `euclidean_percent_error`, `signed_percent_error` and `direction_error_deg`, four ratios in one), from the
-        rows' float64 ``numbers`` (`_Plan.NUMBERS`) and their |error|², |true|²."""
+        rows' float64 ``numbers`` (`_Plan.NUMBERS`), ``moves`` (error x, true x, error y, true y) and their
+        |error|², |true|²."""
         half = self.window_ns // 2
         timestamp_error, true_timestamp, _, true_x, _, true_y, pred_x, pred_y, category = numbers.unbind(1)
         # signed error, true timestamp: ms
         ms = torch.stack([torch.remainder(timestamp_error + half, self.window_ns) - half, true_timestamp], 1) / 1e6
         # numerators (|signed ms|, euclidean error, error x, error y) over denominators (|true ms|, |g|, g x, g y)
-        numerators, denominators = torch.cat([ms.abs(), norms_squared.sqrt(), numbers[:, 2:6]], 1).view(
+        numerators, denominators = torch.cat([ms.abs(), norms_squared.sqrt(), moves], 1).view(
             -1, 4, 2).unbind(2)
         defined = denominators != 0  # a zero ground truth: NaN
         percent = torch.where(defined, numerators / denominators * 100, float("nan"))
