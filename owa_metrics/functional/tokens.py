@@ -111,7 +111,7 @@ def token_losses(logits: torch.Tensor, target: torch.Tensor, chunk_rows: Optiona
     usable = (wanted < vocab_size) & torch.isfinite(token_ce)
     token_loss = torch.zeros(B * T, dtype=torch.float64, device=target.device)
     token_loss.index_copy_(0, scored, torch.where(usable, token_ce, 0.0))
-    return token_loss, (~usable).sum().double()
+    return token_loss, (~usable).sum(dtype=torch.float64)
 
 
 LOSS_BLOCK_LOGITS = 2**27  # logits per block of `dense_token_losses`: float32 buffers of 512 MB at most
@@ -133,7 +133,7 @@ def dense_token_losses(logits: torch.Tensor, target: torch.Tensor,
                                                            reduction="none") for lo in range(0, len(labels), step)])
     usable = (labels < vocab_size) & torch.isfinite(token_ce)
     labelled = labels >= 0
-    return torch.where(usable & labelled, token_ce.double(), 0.0), (labelled & ~usable).sum().double()
+    return torch.where(usable & labelled, token_ce.double(), 0.0), (labelled & ~usable).sum(dtype=torch.float64)
 
 
 def token_sums(stats: EventTokenStats) -> tuple[torch.Tensor, torch.Tensor]:

@@ -169,8 +169,8 @@ class OWAEventMetrics(Metric):
         are the columns of ``(V != 0) @ plan.prefixes`` equal to ``plan.prefix_targets``. The movement terms and
         the samples (`_sample_columns`) read the float64 columns ``plan.number_columns`` of V. The per-sequence
         means and the token sums are added to it, and `_Plan.take` scatters the lot into the states with one
-        ``_foreach_add_``. Exact mode reads the numbers of comparable and of mouse rows in one host sync, from
-        their packed count in G^T X (`_append_samples`).
+        ``_foreach_add_`` (with the sketch counts in sketch mode). Exact mode reads the numbers of comparable and of
+        mouse rows in one host sync, from their packed count in G^T X (`_append_samples`).
         """
         plan = _Plan.get(self, batch.pred.values.device, tokens is not None, with_loss, batch.time_matching is not None)
         t, p = batch.target, batch.pred
@@ -200,12 +200,15 @@ class OWAEventMetrics(Metric):
         if tokens is not None:  # the token loss only with logits (else `_Plan` takes none)
             extra += [part.reshape(-1) for part in tokens[:1 + with_loss]]
         flat = plan.sources(sums, extra)
-        torch._foreach_add_(self._flat_states(plan.states), plan.take(flat))
+        states, increments = plan.states, plan.take(flat)
         samples = self._sample_columns(numbers, moves, norms_squared)
+        if self.mode == "sketch":  # the sketch counts go with the other increments
+            states = [*states, "timestamp_sketch", "mouse_sketch"]
+            increments += self._sketch_increments(samples.index_select(1, plan.sketch_columns),
+                                                  plan.sketch_rows.index_select(0, key))
+        torch._foreach_add_(self._flat_states(states), increments)
         if self.mode == "exact":
             self._append_samples(samples, sampled, flat[plan.SAMPLED])
-        else:
-            self._add_sketch_samples(samples.index_select(1, plan.sketch_columns), plan.sketch_rows.index_select(0, key))
 
     def _flat_states(self, names: list[str]) -> list[torch.Tensor]:
         """Flat views of the named states, kept while the states are the same tensors (`reset` and syncs replace
@@ -295,15 +298,15 @@ class OWAEventMetrics(Metric):
         else:
             self._add_sketches(timestamps, mouse)
 
-    def _add_sketch_samples(self, values: torch.Tensor, sketch_rows: torch.Tensor) -> None:
-        """`_add_sketches` of the rows of `_sample_columns`, all at once: each row's ``values`` [N, 8] (signed error,
-        signed error, percent error, percent error, mouse columns: `_Plan.sketch_columns`) into its ``sketch_rows``
-        [N, 8] (`_Plan.sketch_rows`: those of its category, or a last, dropped row where the row is not comparable,
-        or for the mouse columns not a comparable mouse row)."""
+    def _sketch_increments(self, values: torch.Tensor, sketch_rows: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The flat increments of ``timestamp_sketch`` and ``mouse_sketch`` (as `_add_sketches`) from the rows of
+        `_sample_columns`, all at once: each row's ``values`` [N, 8] (signed error, signed error, percent error,
+        percent error, mouse columns: `_Plan.sketch_columns`) into its ``sketch_rows`` [N, 8] (`_Plan.sketch_rows`:
+        those of its category, or a last, dropped row where the row is not comparable, or for the mouse columns not a
+        comparable mouse row)."""
         n_rows = 2 * len(GROUPS) + len(MOUSE_COLUMNS)
         counts = sketch_counts(values, self.spec, sketch_rows, n_rows + 1).view(-1)
-        torch._foreach_add_(self._flat_states(["timestamp_sketch", "mouse_sketch"]),
-                            counts.split([self.timestamp_sketch.numel(), self.mouse_sketch.numel(), self.spec.size])[:2])
+        return counts.split([self.timestamp_sketch.numel(), self.mouse_sketch.numel(), self.spec.size])[:2]
 
     def _add_sketches(self, timestamps: torch.Tensor, mouse: torch.Tensor) -> None:
         """Rows (signed error ms, percent error, category) and rows of `MOUSE_COLUMNS` (NaN: left out) into the
@@ -575,7 +578,7 @@ class _Plan:
         """The counts ``sums`` and the ``extra`` sources, flat (float64)."""
         return torch.cat([sums.reshape(-1), *extra])
 
-    def take(self, sources: torch.Tensor) -> list[torch.Tensor]:
+    def take(self, sources: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Each state's increments, flat, from the `sources`."""
         return sources.index_select(0, self.index).split(self.sizes)
 
