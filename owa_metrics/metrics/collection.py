@@ -194,7 +194,7 @@ class OWAEventMetrics(Metric):
         gap = batch.pred_count - batch.target_count
         # sequences, count matches, predicted events, extra and missing events (the clamp only cuts gap and -gap)
         per_batch = torch.stack([gap == gap, gap == 0, batch.pred_count, gap, -gap]).clamp(min=0).sum(1)
-        extra = [per_batch, seen_means]  # `take` casts them to float64 (exact: small integers)
+        extra = [per_batch, seen_means]  # `sources` casts them to float64 (exact: small integers)
         if batch.time_matching is not None:
             extra.append(batch.time_matching.extra_events.reshape(1))
         if tokens is not None:  # the token loss only with logits (else `_Plan` takes none)
@@ -247,9 +247,9 @@ class OWAEventMetrics(Metric):
     def _append_samples(self, samples: torch.Tensor, sampled: torch.Tensor, packed_count: torch.Tensor) -> None:
         """The comparable rows' timestamp columns and the comparable mouse rows' mouse columns (``sampled`` [N, 2]:
         1 where comparable, where comparable mouse) into the exact states. Their numbers are data: read in one host
-        sync from ``packed_count`` = comparable rows x 2^26 + comparable mouse rows (exact in float64 below 2^26 rows
-        each, far more than a batch holds), then sync-free selections."""
-        n_timestamp, n_mouse = divmod(int(packed_count), 1 << 26)
+        sync from ``packed_count`` = comparable rows x 2^26 + comparable mouse rows (`_Plan.SAMPLE_SHIFT`; exact in
+        float64 below 2^26 rows each, far more than a batch holds), then sync-free selections."""
+        n_timestamp, n_mouse = divmod(int(packed_count), _Plan.SAMPLE_SHIFT)
         rows = torch.nonzero_static(sampled.T, size=n_timestamp + n_mouse)[:, 1]  # the comparable, then the mouse
         timestamp_rows, mouse_rows = rows.split([n_timestamp, n_mouse])
         timestamps, mouse = samples.split([len(TIMESTAMP_COLUMNS), len(MOUSE_COLUMNS)], 1)
@@ -507,9 +507,10 @@ class _Plan:
         # V's columns: p - t values, t values, p values, p - t digits
         width = len(VALUE_COLUMNS)
         error, true, pred = ((lambda c, k=k: k * width + VALUE_COLUMNS.index(c)) for k in range(3))
-        self.number_columns = torch.tensor(
-            [error("timestamp_ns"), true("timestamp_ns"), error("dx"), true("dx"), error("dy"), true("dy"), pred("dx"),
-             pred("dy"), true("category")], device=device)
+        columns = {"timestamp error": error("timestamp_ns"), "true timestamp": true("timestamp_ns"),
+                   "error x": error("dx"), "true x": true("dx"), "error y": error("dy"), "true y": true("dy"),
+                   "pred x": pred("dx"), "pred y": pred("dy"), "category": true("category")}
+        self.number_columns = torch.tensor([columns[name] for name in self.NUMBERS], device=device)
         # prefix columns: the (entry of V != 0, weight) each counts: the mismatches of values and digits (1), and
         # the presence of button_flags and button_data (-1: counted as their absence, 1 - present)
         digit = lambda j: (3 * width + j, 1)  # noqa: E731
