@@ -164,8 +164,8 @@ class OWAEventMetrics(Metric):
         Each row's contributions (one-hot statuses and categories from a lookup by key, prefix matches, movement
         terms) form a matrix X [N, C], each row's groups (all, comparable, comparable per category, valid per
         category, comparable mouse, valid) a matrix G [N, 12]: one product G^T X holds every count (integers: exact
-        in float64 whatever the order). The rows' integers V = (p - t values, t values, p values, p - t digits) are compared
-        to 0 once: the prefix matches (digit prefixes, keyboard fields, button flags and scroll with their presence)
+        in float64 whatever the order). The rows' integers V = (p - t values, t values, p values, p - t digits, status,
+        target status, predicted kind) give the key (`_Plan.key_columns`) and are compared to 0 once: the prefix matches (digit prefixes, keyboard fields, button flags and scroll with their presence)
         are the columns of ``(V != 0) @ plan.prefixes`` equal to ``plan.prefix_targets``. The movement terms and
         the samples (`_sample_columns`) read the float64 columns ``plan.number_columns`` of V. The per-sequence
         means and the token sums are added to it, and `_Plan.take` scatters the lot into the states with one
@@ -174,10 +174,10 @@ class OWAEventMetrics(Metric):
         """
         plan = _Plan.get(self, batch.pred.values.device, tokens is not None, with_loss, batch.time_matching is not None)
         t, p = batch.target, batch.pred
-        key = torch.addcmul(plan.key_offsets, torch.stack([batch.status, t.status, p.values[:, 0], p.kind, t.values[:, 0]]),
-                            plan.key_weights).sum(0)
+        statuses = torch.stack([batch.status, t.status, p.kind], 1)
+        values = torch.cat([p.values - t.values, t.values, p.values, p.digits - t.digits, statuses], 1)  # V [N, 27 + D]
+        key = torch.addcmul(plan.key_offsets, values.index_select(1, plan.key_columns), plan.key_weights).sum(1)
         onehots, groups, per_seq, sampled = plan.rows.index_select(0, key).split(plan.row_sizes, 1)
-        values = torch.cat([p.values - t.values, t.values, p.values, p.digits - t.digits], 1)  # V [N, 24 + D]
         # [N, P]: 1, 1, 1, keyboard right, then X's columns
         prefixes = ((values != 0).double() @ plan.prefixes) == plan.prefix_targets
         numbers = values.index_select(1, plan.number_columns).double()  # exact: |values| < 2^53
@@ -195,8 +195,8 @@ class OWAEventMetrics(Metric):
         # sequences, count matches, predicted events, extra and missing events (the clamp only cuts gap and -gap)
         per_batch = torch.stack([gap == gap, gap == 0, batch.pred_count, gap, -gap]).clamp(min=0).sum(1)
         extra = [per_batch, seen_means]  # `sources` casts them to float64 (exact: small integers)
-        if batch.time_matching is not None:
-            extra.append(batch.time_matching.extra_events.reshape(1))
+        if batch.time_matching is not None:  # the generated events paired with nothing, the detection counts
+            extra += [batch.time_matching.extra_events.reshape(1), batch.time_matching.detection_counts.reshape(-1)]
         if tokens is not None:  # the token loss only with logits (else `_Plan` takes none)
             extra += [part.reshape(-1) for part in tokens[:1 + with_loss]]
         flat = plan.sources(sums, extra)
@@ -257,7 +257,7 @@ class OWAEventMetrics(Metric):
         append_samples(self.mouse_samples, mouse.index_select(0, mouse_rows).view(-1))
 
     def _update_detection(self, found: TimeMatching) -> None:
-        self.detection += found.detection_counts.to(self.detection.device)
+        """The detection errors into their samples (the counts go with `_accumulate`'s)."""
         if self.mode == "exact":
             append_samples(self.detection_samples, found.detection_error_ms.to(self.device))
         else:
@@ -452,14 +452,14 @@ class _Plan:
     format, device and kind of update (token stats, token loss, time pairing).
 
     ``rows`` [key, C0 + 12 + 4 + 2]: by key = (((status x S + target status) x 5 + predicted category) x 4 +
-    predicted kind + 1) x 5 + target category (``key_weights`` . those + ``key_offsets``' sum), the one-hot
+    predicted kind + 1) x 5 + target category (``key_weights`` . V's ``key_columns`` + ``key_offsets``' sum), the one-hot
     status, target status and predicted category (an undecoded type mismatch in its type token's column, as
     `event_type_sums`), 1 and the packed sample count (comparable x 2^26 + comparable mouse; C0 columns: X's
     first), then the row's groups (G), its per-sequence terms (valid, comparable keyboard, comparable, comparable
     keyboard) and its sampled columns (comparable, comparable mouse). ``sketch_rows`` [key, 8]: the sketch rows of
-    its eight sketched values (`_sketch_rows`; not sampled: the last, dropped row). ``prefixes`` [24 + D, P]: which
-    entries of V != 0 (V: p - t values, t values, p values, p - t digits) each prefix column of X counts (-1: a presence,
-    counted as absence), and ``prefix_targets`` their sums when all match. ``number_columns``: the columns of V
+    its eight sketched values (`_sketch_rows`; not sampled: the last, dropped row). ``prefixes`` [27 + D, P]: which
+    entries of V != 0 (V: p - t values, t values, p values, p - t digits, status, target status, predicted kind) each
+    prefix column of X counts (-1: a presence, counted as absence), and ``prefix_targets`` their sums when all match. ``number_columns``: the columns of V
     read as numbers (`NUMBERS`). The sources: the counts [12, C] (groups x columns of X), then the extras of
     `_accumulate` in their order.
     """
@@ -495,8 +495,8 @@ class _Plan:
         self.rows = torch.from_numpy(rows).to(device)
         self.row_sizes = [one + 2, 12, 4, 2]
         weights = [n_status * (N_CAT + 1) * 4 * (N_CAT + 1), (N_CAT + 1) * 4 * (N_CAT + 1), 4 * (N_CAT + 1), N_CAT + 1, 1]
-        self.key_weights = torch.tensor(weights, device=device)[:, None]
-        self.key_offsets = torch.tensor([0, 0, 0, N_CAT + 1, 0], device=device)[:, None]  # kind -1: row 0
+        self.key_weights = torch.tensor(weights, device=device)
+        self.key_offsets = torch.tensor([0, 0, 0, N_CAT + 1, 0], device=device)  # kind -1: row 0
         n_groups = len(GROUPS)
         base, step, mouse_rows = (r.numpy() for r in _sketch_rows(n_groups, "cpu"))
         dropped = 2 * n_groups + len(MOUSE_COLUMNS)
@@ -504,9 +504,12 @@ class _Plan:
         sketch[~comparable, :4], sketch[~mouse, 4:] = dropped, dropped
         self.sketch_rows = torch.from_numpy(sketch).to(device)
         self.sketch_columns = torch.tensor([0, 0, 1, 1, 3, 4, 5, 6], device=device)  # of `_sample_columns`
-        # V's columns: p - t values, t values, p values, p - t digits
-        width = len(VALUE_COLUMNS)
+        # V's columns: p - t values, t values, p values, p - t digits, status, target status, predicted kind
+        width, n_digits = len(VALUE_COLUMNS), n_ts + 2 * n_delta
         error, true, pred = ((lambda c, k=k: k * width + VALUE_COLUMNS.index(c)) for k in range(3))
+        status_column = 3 * width + n_digits
+        self.key_columns = torch.tensor([status_column, status_column + 1, pred("category"), status_column + 2,
+                                         true("category")], device=device)
         columns = {"timestamp error": error("timestamp_ns"), "true timestamp": true("timestamp_ns"),
                    "error x": error("dx"), "true x": true("dx"), "error y": error("dy"), "true y": true("dy"),
                    "pred x": pred("dx"), "pred y": pred("dy"), "category": true("category")}
@@ -523,7 +526,7 @@ class _Plan:
         counted += [[dx(i) for i in range(j + 1)] for j in range(n_delta)]
         counted += [[dy(i) for i in range(j + 1)] for j in range(n_delta)]
         counted += [[f(i) for f in (dx, dy) for i in range(j + 1)] for j in range(n_delta)]
-        prefixes = np.zeros((3 * width + n_ts + 2 * n_delta, len(counted)))
+        prefixes = np.zeros((status_column + 3, len(counted)))
         for j, entries in enumerate(counted):
             for row, weight in entries:
                 prefixes[row, j] = weight
@@ -559,6 +562,8 @@ class _Plan:
             "mouse_digits": [i for a in range(3)
                              for i in cell(self.MOUSE, *range(digits + a * n_delta, digits + (a + 1) * n_delta), one)],
         }
+        if time:
+            plan["detection"] = take(3 * (N_CAT + 1))
         if tokens:
             plan["token_fields"] = take(2 * len(TOKEN_FIELDS))
             if loss:
