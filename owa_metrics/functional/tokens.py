@@ -101,13 +101,13 @@ def token_losses(logits: torch.Tensor, target: torch.Tensor, chunk_rows: Optiona
     rows = logits.reshape(-1, logits.shape[-1])  # [B * T, V]; [0, V] without positions (then none is labelled)
     vocab_size = rows.shape[-1]
     wanted = labels_flat.index_select(0, scored)
-    token_ce = torch.empty(scored.numel(), dtype=torch.float64, device=target.device)
     chunk_rows, in_vocab = chunk_rows or 2048, wanted.clamp(max=vocab_size - 1)
-    # a loop over blocks of positions, not over tokens; a float32 block goes as it is (`.float()`: one more op a block)
-    for lo in range(0, scored.numel(), chunk_rows):
-        block = rows.index_select(0, scored[lo:lo + chunk_rows])
-        token_ce[lo:lo + chunk_rows] = torch.nn.functional.cross_entropy(
-            block if block.dtype == torch.float32 else block.float(), in_vocab[lo:lo + chunk_rows], reduction="none")
+    # a loop over blocks of positions, not over tokens, one block at a time; a float32 block goes as it is
+    # (`.float()`: one more op a block)
+    blocks = (rows.index_select(0, at) for at in scored.split(chunk_rows))
+    token_ce = torch.cat([torch.nn.functional.cross_entropy(block if block.dtype == torch.float32 else block.float(),
+                                                           labels, reduction="none")
+                          for block, labels in zip(blocks, in_vocab.split(chunk_rows))]).double()
     usable = (wanted < vocab_size) & torch.isfinite(token_ce)
     token_loss = torch.zeros(B * T, dtype=torch.float64, device=target.device)
     token_loss.index_copy_(0, scored, torch.where(usable, token_ce, 0.0))
@@ -129,8 +129,8 @@ def dense_token_losses(logits: torch.Tensor, target: torch.Tensor,
         return zeros[:-1], zeros[-1]
     vocab_size = rows.shape[-1]
     step, clamped = max(1, block_logits // vocab_size), labels.clamp(0, vocab_size - 1)
-    token_ce = torch.cat([torch.nn.functional.cross_entropy(rows[lo:lo + step].float(), clamped[lo:lo + step],
-                                                           reduction="none") for lo in range(0, len(labels), step)])
+    token_ce = torch.cat([torch.nn.functional.cross_entropy(block.float(), block_labels, reduction="none")
+                          for block, block_labels in zip(rows.split(step), clamped.split(step))])
     usable = (labels < vocab_size) & torch.isfinite(token_ce)
     labelled = labels >= 0
     return torch.where(usable & labelled, token_ce.double(), 0.0), (labelled & ~usable).sum(dtype=torch.float64)
