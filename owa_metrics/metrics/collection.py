@@ -24,7 +24,9 @@ from ..functional.events import (
 )
 from ..functional import kernel as fused
 from ..functional.stats import SketchSpec, distinct_by_group, sketch_counts
-from ..functional.tokens import TOKEN_FIELDS, event_token_stats, field_table, token_losses, token_report, token_sums
+from ..functional.tokens import (
+    TOKEN_FIELDS, EventTokenStats, event_token_stats, field_table, token_losses, token_report,
+)
 from ..tokens.codec import CodecConfig
 from ..tokens.vocab import VocabMap
 from .base import Distribution, Mode, append_samples, cat_samples
@@ -128,7 +130,7 @@ class OWAEventMetrics(Metric):
         if origin_ns is not None and self.pairing != "time":
             raise ValueError("origin_ns is the time origin of pairing='time': build OWAEventMetrics(..., "
                              "alignment='generation', pairing='time') to use it")
-        tokens = None  # teacher forcing on token ids: (fields, loss) of `token_sums`
+        tokens = None  # teacher forcing on token ids: `event_token_stats`
         if isinstance(preds, EventBatch):
             batch = preds
             if (batch.time_matching is not None) != (self.pairing == "time"):
@@ -153,25 +155,27 @@ class OWAEventMetrics(Metric):
             batch = decode_batch(preds, target, self.vocab, self.alignment, self.backend, self.pairing,
                                  self.tolerance_ms, origin_ns)
             if self.alignment == "teacher_forcing":
-                tokens = token_sums(event_token_stats(batch, preds, target, self.vocab.config, logits))
-        self._accumulate(batch, tokens, logits is not None)
+                tokens = event_token_stats(batch, preds, target, self.vocab.config, logits)
+        self._accumulate(batch, tokens)
         if batch.time_matching is not None:
             self._update_detection(batch.time_matching)
 
-    def _accumulate(self, batch: EventBatch, tokens: Optional[tuple[torch.Tensor, torch.Tensor]], with_loss: bool) -> None:
+    def _accumulate(self, batch: EventBatch, tokens: Optional[EventTokenStats]) -> None:
         """Every additive state and the samples of a decoded batch, all rows at once (the torch path).
 
         Each row's contributions (one-hot statuses and categories from a lookup by key, prefix matches, movement
         terms) form a matrix X [N, C], each row's groups (all, comparable, comparable per category, valid per
         category, comparable mouse, valid) a matrix G [N, 12]: one product G^T X holds every count (integers: exact
-        in float64 whatever the order). The rows' integers V = (p - t values, t values, p values, p - t digits, status,
-        target status, predicted kind) give the key (`_Plan.key_columns`) and are compared to 0 once: the prefix matches (digit prefixes, keyboard fields, button flags and scroll with their presence)
-        are the columns of ``(V != 0) @ plan.prefixes`` equal to ``plan.prefix_targets``. The movement terms and
-        the samples (`_sample_columns`) read the float64 columns ``plan.number_columns`` of V. The per-sequence
-        means and the token sums are added to it, and `_Plan.take` scatters the lot into the states with one
+        in float64 whatever the order). The rows' integers V = (p - t values, t values, p values, p - t digits,
+        status, target status, predicted kind) give the key (`_Plan.key_columns`) and are compared to 0 once: the
+        prefix matches (digit prefixes, keyboard fields, button flags and scroll with their presence) are the columns
+        of ``(V != 0) @ plan.prefixes`` equal to ``plan.prefix_targets``. The movement terms and the samples
+        (`_sample_columns`) read the float64 columns ``plan.number_columns`` of V. The per-sequence means and the
+        token sums (as `token_sums`) are added to it, and `_Plan.take` scatters the lot into the states with one
         ``_foreach_add_`` (with the sketch counts in sketch mode). Exact mode reads the numbers of comparable and of
         mouse rows in one host sync, from their packed count in G^T X (`_append_samples`).
         """
+        with_loss = tokens is not None and tokens.loss_sum is not None
         plan = _Plan.get(self, batch.pred.values.device, tokens is not None, with_loss, batch.time_matching is not None)
         t, p = batch.target, batch.pred
         statuses = torch.stack([batch.status, t.status, p.kind], 1)
@@ -197,8 +201,13 @@ class OWAEventMetrics(Metric):
         extra = [per_batch, seen_means]  # `sources` casts them to float64 (exact: small integers)
         if batch.time_matching is not None:  # the generated events paired with nothing, the detection counts
             extra += [batch.time_matching.extra_events.reshape(1), batch.time_matching.detection_counts.reshape(-1)]
-        if tokens is not None:  # the token loss only with logits (else `_Plan` takes none)
-            extra += [part.reshape(-1) for part in tokens[:1 + with_loss]]
+        if tokens is not None:  # as `token_sums`: the field counts, and with logits the token loss by category (its
+            # events are G^T X's valid per category; then the skipped tokens and a 0)
+            extra += [tokens.field_correct, tokens.field_total]
+            if with_loss:
+                loss = torch.zeros(N_CAT + 1, dtype=torch.float64, device=key.device).index_add_(
+                    0, tokens.category, tokens.loss_sum)  # in row order, as the kernel's
+                extra += [loss, tokens.loss_skipped.reshape(1), plan.zero]
         flat = plan.sources(sums, extra)
         states, increments = plan.states, plan.take(flat)
         samples = self._sample_columns(numbers, moves, norms_squared)
@@ -459,9 +468,9 @@ class _Plan:
     keyboard) and its sampled columns (comparable, comparable mouse). ``sketch_rows`` [key, 8]: the sketch rows of
     its eight sketched values (`_sketch_rows`; not sampled: the last, dropped row). ``prefixes`` [27 + D, P]: which
     entries of V != 0 (V: p - t values, t values, p values, p - t digits, status, target status, predicted kind) each
-    prefix column of X counts (-1: a presence, counted as absence), and ``prefix_targets`` their sums when all match. ``number_columns``: the columns of V
-    read as numbers (`NUMBERS`). The sources: the counts [12, C] (groups x columns of X), then the extras of
-    `_accumulate` in their order.
+    prefix column of X counts (-1: a presence, counted as absence), and ``prefix_targets`` their sums when all
+    match. ``number_columns``: the columns of V read as numbers (`NUMBERS`). The sources: the counts [12, C]
+    (groups x columns of X), then the extras of `_accumulate` in their order (``zero``: a 0 among them).
     """
 
     _cache: dict = {}
@@ -566,10 +575,13 @@ class _Plan:
             plan["detection"] = take(3 * (N_CAT + 1))
         if tokens:
             plan["token_fields"] = take(2 * len(TOKEN_FIELDS))
-            if loss:
-                plan["token_loss"] = take(2 * (N_CAT + 1))
+            if loss:  # summed loss per category, skipped tokens; events per category, 0
+                by_category, skipped, zero = take(N_CAT + 1), take(1), take(1)
+                events = [cell(self.VALID_CATEGORY + c, one)[0] for c in range(N_CAT)]
+                plan["token_loss"] = by_category[:N_CAT] + skipped + events + zero
         self.states = list(plan)
         self.index = torch.tensor([i for cells in plan.values() for i in cells], device=device)
+        self.zero = torch.zeros(1, dtype=torch.float64, device=device)  # the token loss state's 0
         self.sizes = [len(cells) for cells in plan.values()]
 
     @classmethod
