@@ -181,7 +181,7 @@ class OWAEventMetrics(Metric):
         statuses = torch.stack([batch.status, t.status, p.kind], 1)
         values = torch.cat([p.values - t.values, t.values, p.values, p.digits - t.digits, statuses], 1)  # V [N, 27 + D]
         key = torch.addcmul(plan.key_offsets, values.index_select(1, plan.key_columns), plan.key_weights).sum(1)
-        onehots, groups, per_seq, sampled = plan.rows.index_select(0, key).split(plan.row_sizes, 1)
+        onehots, groups, per_seq_terms, sampled = plan.rows.index_select(0, key).split(plan.row_sizes, 1)
         # [N, P]: 1, 1, 1, keyboard right, then X's columns
         prefixes = ((values != 0).double() @ plan.prefixes) == plan.prefix_targets
         numbers = values.index_select(1, plan.number_columns).double()  # exact: |values| < 2^53
@@ -193,12 +193,12 @@ class OWAEventMetrics(Metric):
         # per sequence: (valid, comparable keyboard events) and (comparable, those right) -> over the first two: the
         # sequences with any (x / x) and the means of the ratios (0 for a sequence without events)
         per_seq = torch.zeros((batch.num_sequences, 4), dtype=torch.float64, device=key.device).index_add_(
-            0, batch.seq_idx, per_seq * prefixes[:, :4])
+            0, batch.seq_idx, per_seq_terms * prefixes[:, :4])
         seen_means = (per_seq / per_seq[:, :2].clamp(min=1).repeat(1, 2)).sum(0)
         gap = batch.pred_count - batch.target_count
         # sequences, count matches, predicted events, extra and missing events (the clamp only cuts gap and -gap)
         per_batch = torch.stack([gap == gap, gap == 0, batch.pred_count, gap, -gap]).clamp(min=0).sum(1)
-        extra = [per_batch, seen_means]  # `sources` casts them to float64 (exact: small integers)
+        extra = [per_batch, seen_means]  # `sources` casts per_batch to float64 (exact: small integers)
         if batch.time_matching is not None:  # the generated events paired with nothing, the detection counts
             extra += [batch.time_matching.extra_events.reshape(1), batch.time_matching.detection_counts.reshape(-1)]
         if tokens is not None:  # as `token_sums`: the field counts, and with logits the token loss by category (its
@@ -238,7 +238,7 @@ class OWAEventMetrics(Metric):
         |error|², |true|²."""
         half = self.window_ns // 2
         timestamp_error, true_timestamp, _, true_x, _, true_y, pred_x, pred_y, category = numbers.unbind(1)
-        # signed error, true timestamp: ms
+        # signed error, true timestamp: ms (the wrap in float64 is exact: fmod is, and the numbers are integers)
         ms = torch.stack([torch.remainder(timestamp_error + half, self.window_ns) - half, true_timestamp], 1) / 1e6
         # numerators (|signed ms|, euclidean error, error x, error y) over denominators (|true ms|, |g|, g x, g y)
         numerators, denominators = torch.cat([ms.abs(), norms_squared.sqrt(), moves], 1).view(
