@@ -8,7 +8,7 @@ from typing import NamedTuple, Optional
 import torch
 
 from ..decode.batch import EventBatch
-from ..events.event import CATEGORY_NAMES, Kind, Status
+from ..events.event import CATEGORY_NAMES, Kind
 from ..tokens.codec import CodecConfig
 from .events import ratio
 
@@ -48,33 +48,42 @@ def event_token_stats(batch: EventBatch, preds: torch.Tensor, target: torch.Tens
     """Teacher forcing: per field, the tokens predicted right among the valid target events' labelled field tokens
     (a [slot, event] window, as the decoder's), and, given ``logits`` [B, T, V] aligned with ``target``, each
     event's summed token cross-entropy over its whole span (ignored labels excluded), by cumulative sums.
-    Every row at once, the invalid targets masked: no host sync (but `token_losses`' on the CPU)."""
+    Every row at once, the invalid targets masked: no host sync (but `token_losses`' on the CPU).
+
+    Each window token gets a code: its field + F x (predicted wrong), negative where it counts for no field (past
+    the span, an ignored label, a slot of no field, an invalid target); the number of tokens of each code in
+    [0, 2F) is (right, wrong) per field, whose running sum is (right, total)."""
     B, T = target.shape
     t = batch.target
+    category = t.category
     first, last = torch.add(t.start, batch.seq_idx, alpha=T), torch.add(t.end, batch.seq_idx, alpha=T)
-    # [slot, kind] (`field_table` transposed); its last row (-1) reads past the widest layout
-    fields_by_slot, slots, field_ids = _window_constants(config, target.device)
-    pos = (first - t.start_cut.long()) + slots  # [slot, event], slot 0 = start
-    ids = torch.stack([target, preds], 2).view(-1, 2).index_select(0, pos.clamp(0, B * T - 1).view(-1))
-    labels, guesses = ids.view(*pos.shape, 2).unbind(2)
-    counted = (pos <= last) & (labels >= 0) & (t.status == int(Status.VALID))
-    in_field = torch.where(counted, fields_by_slot[:, t.kind], -1) == field_ids  # [field, slot, event]
-    field_correct, field_total = torch.stack([in_field & (guesses == labels), in_field]).sum((2, 3)).double()
+    # [slot, category] (`field_table` by the kinds' categories; -2F: no field), slots [W, 1], codes [2, F, 1, 1]
+    fields_by_slot, slots, codes = _window_constants(config, target.device)
+    pos = torch.add(first, t.start_cut, alpha=-1) + slots  # [slot, event], slot 0 = start
+    wrong = torch.where(target < 0, -1, preds != target)  # per token: -1 ignored, 0 right, 1 wrong
+    code = torch.add(fields_by_slot.index_select(1, category), wrong.take(pos.clamp(0, B * T - 1)), alpha=len(TOKEN_FIELDS))
+    counts = (torch.where(pos <= last, code, -1) == codes).sum((2, 3), dtype=torch.float64)  # (right, wrong) [2, F]
+    field_correct, field_total = counts.cumsum(0)
     loss_sum = skipped = None
     if logits is not None:
         token_loss, skipped = token_losses(logits, target)
         cumulative = torch.nn.functional.pad(token_loss.cumsum(0), (1, 0))
         loss_sum = cumulative.index_select(0, last + 1) - cumulative.index_select(0, first)
-    return EventTokenStats(t.category, loss_sum, field_correct, field_total, skipped)
+    return EventTokenStats(category, loss_sum, field_correct, field_total, skipped)
 
 
 @functools.lru_cache(maxsize=None)
 def _window_constants(config: CodecConfig, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(field_table transposed [width, 3], slots [width, 1], field ids [F, 1, 1])`` of `event_token_stats`; cached
-    (no copy to a GPU per update)."""
-    table = field_table(config, device)
-    return (table.T.contiguous(), torch.arange(table.shape[1], device=device)[:, None],
-            torch.arange(len(TOKEN_FIELDS), device=device)[:, None, None])
+    """``(fields [width, categories + 1], slots [width, 1], codes [2, F, 1, 1])`` of `event_token_stats`: the
+    `field_table` column of each category's kind (-2F: no field; the last column, `Category.INVALID`, none);
+    cached (no copy to a GPU per update)."""
+    table = field_table(config)
+    n_fields = len(TOKEN_FIELDS)
+    kind_of_category = [int(Kind.KEYBOARD), int(Kind.MOUSE), int(Kind.MOUSE), int(Kind.SCREEN)]
+    fields = torch.full((table.shape[1], len(CATEGORY_NAMES) + 1), -2 * n_fields, dtype=torch.int64)
+    fields[:, :-1] = torch.where(table >= 0, table, -2 * n_fields).T[:, kind_of_category]
+    return (fields.to(device), torch.arange(table.shape[1], device=device)[:, None],
+            torch.arange(2 * n_fields, device=device).view(2, n_fields, 1, 1))
 
 
 def token_losses(logits: torch.Tensor, target: torch.Tensor, chunk_rows: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -92,17 +101,17 @@ def token_losses(logits: torch.Tensor, target: torch.Tensor, chunk_rows: Optiona
     rows = logits.reshape(-1, logits.shape[-1])  # [B * T, V]; [0, V] without positions (then none is labelled)
     vocab_size = rows.shape[-1]
     wanted = labels_flat.index_select(0, scored)
-    token_ce = torch.empty(scored.numel(), dtype=torch.float64, device=target.device)
     chunk_rows, in_vocab = chunk_rows or 2048, wanted.clamp(max=vocab_size - 1)
-    # a loop over blocks of positions, not over tokens; a float32 block goes as it is (`.float()`: one more op a block)
-    for lo in range(0, scored.numel(), chunk_rows):
-        block = rows.index_select(0, scored[lo:lo + chunk_rows])
-        token_ce[lo:lo + chunk_rows] = torch.nn.functional.cross_entropy(
-            block if block.dtype == torch.float32 else block.float(), in_vocab[lo:lo + chunk_rows], reduction="none")
+    # a loop over blocks of positions, not over tokens, one block at a time; a float32 block goes as it is
+    # (`.float()`: one more op a block)
+    blocks = (rows.index_select(0, at) for at in scored.split(chunk_rows))
+    token_ce = torch.cat([torch.nn.functional.cross_entropy(block if block.dtype == torch.float32 else block.float(),
+                                                           labels, reduction="none")
+                          for block, labels in zip(blocks, in_vocab.split(chunk_rows))]).double()
     usable = (wanted < vocab_size) & torch.isfinite(token_ce)
     token_loss = torch.zeros(B * T, dtype=torch.float64, device=target.device)
     token_loss.index_copy_(0, scored, torch.where(usable, token_ce, 0.0))
-    return token_loss, (~usable).sum().double()
+    return token_loss, (~usable).sum(dtype=torch.float64)
 
 
 LOSS_BLOCK_LOGITS = 2**27  # logits per block of `dense_token_losses`: float32 buffers of 512 MB at most
@@ -120,11 +129,11 @@ def dense_token_losses(logits: torch.Tensor, target: torch.Tensor,
         return zeros[:-1], zeros[-1]
     vocab_size = rows.shape[-1]
     step, clamped = max(1, block_logits // vocab_size), labels.clamp(0, vocab_size - 1)
-    token_ce = torch.cat([torch.nn.functional.cross_entropy(rows[lo:lo + step].float(), clamped[lo:lo + step],
-                                                           reduction="none") for lo in range(0, len(labels), step)])
+    token_ce = torch.cat([torch.nn.functional.cross_entropy(block.float(), block_labels, reduction="none")
+                          for block, block_labels in zip(rows.split(step), clamped.split(step))])
     usable = (labels < vocab_size) & torch.isfinite(token_ce)
     labelled = labels >= 0
-    return torch.where(usable & labelled, token_ce.double(), 0.0), (labelled & ~usable).sum().double()
+    return torch.where(usable & labelled, token_ce.double(), 0.0), (labelled & ~usable).sum(dtype=torch.float64)
 
 
 def token_sums(stats: EventTokenStats) -> tuple[torch.Tensor, torch.Tensor]:

@@ -82,12 +82,14 @@ def cat_samples(state, device) -> torch.Tensor:
 
 def append_samples(state: list, samples: torch.Tensor) -> None:
     """Append to an exact-mode ``cat`` state, merging the newest pieces while the one before is at most twice as
-    long: lengths more than halve along the list, so n samples sit in at most log2(n) + 1 tensors (not one per
-    ``update`` call) and each is copied O(log n) times."""
+    long (in one ``cat``): lengths more than halve along the list, so n samples sit in at most log2(n) + 1 tensors
+    (not one per ``update`` call) and each is copied O(log n) times."""
     state.append(samples)
-    while len(state) > 1 and state[-2].numel() <= 2 * state[-1].numel():
-        last = state.pop()
-        state[-1] = torch.cat([state[-1], last])
+    merged, k = samples.numel(), 1  # the newest k pieces, merged: merged samples
+    while k < len(state) and state[-k - 1].numel() <= 2 * merged:
+        merged, k = merged + state[-k - 1].numel(), k + 1
+    if k > 1:
+        state[-k:] = [torch.cat(state[-k:])]
 
 
 class SampleMetric(Metric):

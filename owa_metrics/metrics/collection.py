@@ -24,7 +24,9 @@ from ..functional.events import (
 )
 from ..functional import kernel as fused
 from ..functional.stats import SketchSpec, distinct_by_group, sketch_counts
-from ..functional.tokens import TOKEN_FIELDS, event_token_stats, field_table, token_losses, token_report, token_sums
+from ..functional.tokens import (
+    TOKEN_FIELDS, EventTokenStats, event_token_stats, field_table, token_losses, token_report,
+)
 from ..tokens.codec import CodecConfig
 from ..tokens.vocab import VocabMap
 from .base import Distribution, Mode, append_samples, cat_samples
@@ -128,7 +130,7 @@ class OWAEventMetrics(Metric):
         if origin_ns is not None and self.pairing != "time":
             raise ValueError("origin_ns is the time origin of pairing='time': build OWAEventMetrics(..., "
                              "alignment='generation', pairing='time') to use it")
-        tokens = None  # teacher forcing on token ids: (fields, loss) of `token_sums`
+        tokens = None  # teacher forcing on token ids: `event_token_stats`
         if isinstance(preds, EventBatch):
             batch = preds
             if (batch.time_matching is not None) != (self.pairing == "time"):
@@ -153,55 +155,69 @@ class OWAEventMetrics(Metric):
             batch = decode_batch(preds, target, self.vocab, self.alignment, self.backend, self.pairing,
                                  self.tolerance_ms, origin_ns)
             if self.alignment == "teacher_forcing":
-                tokens = token_sums(event_token_stats(batch, preds, target, self.vocab.config, logits))
-        self._accumulate(batch, tokens, logits is not None)
+                tokens = event_token_stats(batch, preds, target, self.vocab.config, logits)
+        self._accumulate(batch, tokens)
         if batch.time_matching is not None:
             self._update_detection(batch.time_matching)
 
-    def _accumulate(self, batch: EventBatch, tokens: Optional[tuple[torch.Tensor, torch.Tensor]], with_loss: bool) -> None:
+    def _accumulate(self, batch: EventBatch, tokens: Optional[EventTokenStats]) -> None:
         """Every additive state and the samples of a decoded batch, all rows at once (the torch path).
 
-        Each row's contributions (one-hot statuses and categories from a lookup, prefix matches, movement terms) form
-        a matrix X [N, C], each row's groups (all, comparable, comparable per category, valid per category,
-        comparable mouse, valid) a matrix G [N, 12]: one product G^T X holds every count (integers: exact in float64
-        whatever the order). The prefix matches (digit prefixes, keyboard fields, button flags and scroll with their
-        presence) are the columns of ``M @ plan.prefixes`` that are 0, M [N, 8 + D + 2] the rows' mismatches (values,
-        digits) and absent flags (button_flags, button_data == 0). The per-sequence means and the token sums are
-        added to it, and `_Plan.take` scatters the lot into the states with one ``_foreach_add_``. Exact mode reads
-        the numbers of comparable and of mouse rows in one host sync (`_append_samples`).
+        Each row's contributions (one-hot statuses and categories from a lookup by key, prefix matches, movement
+        terms) form a matrix X [N, C], each row's groups (all, comparable, comparable per category, valid per
+        category, comparable mouse, valid) a matrix G [N, 12]: one product G^T X holds every count (integers: exact
+        in float64 whatever the order). The rows' integers V = (p - t values, t values, p values, p - t digits,
+        status, target status, predicted kind) give the key (`_Plan.key_columns`) and are compared to 0 once: the
+        prefix matches (digit prefixes, keyboard fields, button flags and scroll with their presence) are the columns
+        of ``(V != 0) @ plan.prefixes`` equal to ``plan.prefix_targets``. The movement terms and the samples
+        (`_sample_columns`) read the float64 columns ``plan.number_columns`` of V. The per-sequence means and the
+        token sums (as `token_sums`) are added to it, and `_Plan.take` scatters the lot into the states with one
+        ``_foreach_add_`` (with the sketch counts in sketch mode). Exact mode reads the numbers of comparable and of
+        mouse rows in one host sync, from their packed count in G^T X (`_append_samples`).
         """
+        with_loss = tokens is not None and tokens.loss_sum is not None
         plan = _Plan.get(self, batch.pred.values.device, tokens is not None, with_loss, batch.time_matching is not None)
         t, p = batch.target, batch.pred
-        t_values, p_values = t.values, p.values
-        category = t_values[:, 0]
-        key = (torch.stack([batch.status, t.status, p_values[:, 0], p.kind, category]) * plan.key_weights).sum(0)
-        onehots, groups, per_seq = plan.rows.index_select(0, key + plan.key_offset).split(plan.row_sizes, 1)
-        mismatches = torch.cat([p_values != t_values, p.digits != t.digits, t_values[:, 6:8] == 0], 1)
-        prefixes = (mismatches.double() @ plan.prefixes) == 0  # [N, P]: 1, 1, 1, keyboard right, then X's columns
-        true_moves = t_values[:, 4:6]
-        moves = p_values[:, 4:6] - true_moves
-        x = torch.cat([onehots, prefixes, (moves * moves).sum(1, keepdim=True), true_moves, true_moves * true_moves], 1)
+        statuses = torch.stack([batch.status, t.status, p.kind], 1)
+        values = torch.cat([p.values - t.values, t.values, p.values, p.digits - t.digits, statuses], 1)  # V [N, 27 + D]
+        key = torch.addcmul(plan.key_offsets, values.index_select(1, plan.key_columns), plan.key_weights).sum(1)
+        onehots, groups, per_seq_terms, sampled = plan.rows.index_select(0, key).split(plan.row_sizes, 1)
+        # [N, P]: 1, 1, 1, keyboard right, then X's columns
+        prefixes = ((values != 0).double() @ plan.prefixes) == plan.prefix_targets
+        numbers = values.index_select(1, plan.number_columns).double()  # exact: |values| < 2^53
+        moves = numbers[:, 2:6]  # error x, true x, error y, true y
+        squares = moves * moves
+        norms_squared = squares.view(-1, 2, 2).sum(1)  # |error|², |true|²
+        x = torch.cat([onehots, prefixes, moves, squares, norms_squared], 1)
         sums = groups.T @ x  # x is float64: the lookup's columns are
-        # per sequence: (valid, comparable), (comparable keyboard events, those right) -> the means of the ratios
+        # per sequence: (valid, comparable keyboard events) and (comparable, those right) -> over the first two: the
+        # sequences with any (x / x) and the means of the ratios (0 for a sequence without events)
         per_seq = torch.zeros((batch.num_sequences, 4), dtype=torch.float64, device=key.device).index_add_(
-            0, batch.seq_idx, per_seq * prefixes[:, :4])
-        events, right = per_seq.view(-1, 2, 2).unbind(2)
-        means = (right / events.clamp(min=1)).sum(0)  # right <= events: 0 for a sequence without events
+            0, batch.seq_idx, per_seq_terms * prefixes[:, :4])
+        seen_means = (per_seq / per_seq[:, :2].clamp(min=1).repeat(1, 2)).sum(0)
         gap = batch.pred_count - batch.target_count
         # sequences, count matches, predicted events, extra and missing events (the clamp only cuts gap and -gap)
         per_batch = torch.stack([gap == gap, gap == 0, batch.pred_count, gap, -gap]).clamp(min=0).sum(1)
-        extra = [per_batch, means, (events > 0).sum(0)]  # `take` casts them to float64 (exact: small integers)
-        if batch.time_matching is not None:
-            extra.append(batch.time_matching.extra_events.reshape(1))
-        if tokens is not None:  # the token loss only with logits (else `_Plan` takes none)
-            extra += [part.reshape(-1) for part in tokens[:1 + with_loss]]
-        torch._foreach_add_(self._flat_states(plan.states), plan.take(sums, extra))
-        samples = self._sample_columns(t_values, p_values, category)
-        comparable, mouse = batch.status == int(Status.VALID), groups[:, plan.MOUSE]
+        extra = [per_batch, seen_means]  # `sources` casts per_batch to float64 (exact: small integers)
+        if batch.time_matching is not None:  # the generated events paired with nothing, the detection counts
+            extra += [batch.time_matching.extra_events.reshape(1), batch.time_matching.detection_counts.reshape(-1)]
+        if tokens is not None:  # as `token_sums`: the field counts, and with logits the token loss by category (its
+            # events are G^T X's valid per category; then the skipped tokens and a 0)
+            extra += [tokens.field_correct, tokens.field_total]
+            if with_loss:
+                loss = torch.zeros(N_CAT + 1, dtype=torch.float64, device=key.device).index_add_(
+                    0, tokens.category, tokens.loss_sum)  # in row order, as the kernel's
+                extra += [loss, tokens.loss_skipped.reshape(1), plan.zero]
+        flat = plan.sources(sums, extra)
+        states, increments = plan.states, plan.take(flat)
+        samples = self._sample_columns(numbers, moves, norms_squared)
+        if self.mode == "sketch":  # the sketch counts go with the other increments
+            states = [*states, "timestamp_sketch", "mouse_sketch"]
+            increments += self._sketch_increments(samples.index_select(1, plan.sketch_columns),
+                                                  plan.sketch_rows.index_select(0, key))
+        torch._foreach_add_(self._flat_states(states), increments)
         if self.mode == "exact":
-            self._append_samples(samples, comparable, mouse)
-        else:
-            self._add_sketch_samples(samples, comparable, mouse)
+            self._append_samples(samples, sampled, flat[plan.SAMPLED])
 
     def _flat_states(self, names: list[str]) -> list[torch.Tensor]:
         """Flat views of the named states, kept while the states are the same tensors (`reset` and syncs replace
@@ -215,43 +231,42 @@ class OWAEventMetrics(Metric):
             out.append(views[name][1])
         return out
 
-    def _sample_columns(self, t_values: torch.Tensor, p_values: torch.Tensor, category: torch.Tensor) -> torch.Tensor:
+    def _sample_columns(self, numbers: torch.Tensor, moves: torch.Tensor, norms_squared: torch.Tensor) -> torch.Tensor:
         """[N, TIMESTAMP_COLUMNS + MOUSE_COLUMNS] of every row (the definitions of `timestamp_errors`,
-        `euclidean_percent_error`, `signed_percent_error` and `direction_error_deg`, four ratios in one)."""
-        n, half = len(category), self.window_ns // 2
-        columns = torch.cat([p_values, t_values], 1).t().view(2, len(VALUE_COLUMNS), n)  # [pred / true, column, N]
-        p_ts, t_ts = columns[:, 1]
-        ms = torch.stack([torch.remainder(p_ts - t_ts + half, self.window_ns) - half, t_ts]).double() / 1e6
-        p, g = columns[:, 4:6].double()  # [x / y, N]
-        moves = torch.stack([p - g, g])  # [error / true, x / y, N]
+        `euclidean_percent_error`, `signed_percent_error` and `direction_error_deg`, four ratios in one), from the
+        rows' float64 ``numbers`` (`_Plan.NUMBERS`), ``moves`` (error x, true x, error y, true y) and their
+        |error|², |true|²."""
+        half = self.window_ns // 2
+        timestamp_error, true_timestamp, _, true_x, _, true_y, pred_x, pred_y, category = numbers.unbind(1)
+        # signed error, true timestamp: ms (the wrap in float64 is exact: fmod is, and the numbers are integers)
+        ms = torch.stack([torch.remainder(timestamp_error + half, self.window_ns) - half, true_timestamp], 1) / 1e6
         # numerators (|signed ms|, euclidean error, error x, error y) over denominators (|true ms|, |g|, g x, g y)
-        ratios = torch.cat([ms.abs().view(2, 1, n), torch.linalg.vector_norm(moves, dim=1, keepdim=True), moves], 1)
-        numerators, denominators = ratios
+        numerators, denominators = torch.cat([ms.abs(), norms_squared.sqrt(), moves], 1).view(
+            -1, 4, 2).unbind(2)
         defined = denominators != 0  # a zero ground truth: NaN
         percent = torch.where(defined, numerators / denominators * 100, float("nan"))
         # each row's two angles side by side (as the kernel's): a vectorized atan2 treats both alike, so equal
         # directions give exactly 0
-        x, y = torch.stack([p, g], 2)  # [N, pred / true] each
-        angle_p, angle_g = torch.atan2(y, x).unbind(1)
+        angle_p, angle_g = torch.atan2(torch.stack([pred_y, true_y], 1), torch.stack([pred_x, true_x], 1)).unbind(1)
         delta = (angle_p - angle_g).abs()
-        direction = torch.where(defined[1], torch.minimum(delta, 2 * math.pi - delta) * (180 / math.pi), float("nan"))
-        signed_ms, _ = ms
-        timestamp_pct, euclidean, x_pct, y_pct = percent
-        return torch.stack([signed_ms, timestamp_pct, category.double(), euclidean, x_pct, y_pct, direction], 1)
+        direction = torch.where(defined[:, 1], torch.minimum(delta, 2 * math.pi - delta) * (180 / math.pi), float("nan"))
+        timestamp_pct, euclidean, x_pct, y_pct = percent.unbind(1)
+        return torch.stack([ms[:, 0], timestamp_pct, category, euclidean, x_pct, y_pct, direction], 1)
 
-    def _append_samples(self, samples: torch.Tensor, comparable: torch.Tensor, mouse: torch.Tensor) -> None:
-        """The comparable rows' timestamp columns and the comparable mouse rows' (``mouse`` 1) mouse columns into the
-        exact states. Their numbers are data: read in one host sync (packed in one int64: exact below 2^31 rows; a
-        float64 would be so below 2^21 only), then sync-free selections."""
-        n_timestamp, n_mouse = divmod(int(torch.add(mouse.long(), comparable, alpha=1 << 32).sum()), 1 << 32)
-        rows = torch.nonzero_static(torch.cat([comparable, mouse]), size=n_timestamp + n_mouse).squeeze(1)
-        timestamps, mouse_rows = samples.index_select(0, rows.remainder(max(len(comparable), 1))).split(
-            [n_timestamp, n_mouse])
-        append_samples(self.timestamp_samples, timestamps[:, :len(TIMESTAMP_COLUMNS)].reshape(-1))
-        append_samples(self.mouse_samples, mouse_rows[:, len(TIMESTAMP_COLUMNS):].reshape(-1))
+    def _append_samples(self, samples: torch.Tensor, sampled: torch.Tensor, packed_count: torch.Tensor) -> None:
+        """The comparable rows' timestamp columns and the comparable mouse rows' mouse columns (``sampled`` [N, 2]:
+        1 where comparable, where comparable mouse) into the exact states. Their numbers are data: read in one host
+        sync from ``packed_count`` = comparable rows x 2^26 + comparable mouse rows (`_Plan.SAMPLE_SHIFT`; exact in
+        float64 below 2^26 rows each, far more than a batch holds), then sync-free selections."""
+        n_timestamp, n_mouse = divmod(int(packed_count), _Plan.SAMPLE_SHIFT)
+        rows = torch.nonzero_static(sampled.T, size=n_timestamp + n_mouse)[:, 1]  # the comparable, then the mouse
+        timestamp_rows, mouse_rows = rows.split([n_timestamp, n_mouse])
+        timestamps, mouse = samples.split([len(TIMESTAMP_COLUMNS), len(MOUSE_COLUMNS)], 1)
+        append_samples(self.timestamp_samples, timestamps.index_select(0, timestamp_rows).view(-1))
+        append_samples(self.mouse_samples, mouse.index_select(0, mouse_rows).view(-1))
 
     def _update_detection(self, found: TimeMatching) -> None:
-        self.detection += found.detection_counts.to(self.detection.device)
+        """The detection errors into their samples (the counts go with `_accumulate`'s)."""
         if self.mode == "exact":
             append_samples(self.detection_samples, found.detection_error_ms.to(self.device))
         else:
@@ -292,17 +307,15 @@ class OWAEventMetrics(Metric):
         else:
             self._add_sketches(timestamps, mouse)
 
-    def _add_sketch_samples(self, samples: torch.Tensor, comparable: torch.Tensor, mouse: torch.Tensor) -> None:
-        """`_add_sketches` of the rows of `_sample_columns`, all at once: each row's (signed error, signed error,
-        percent error, percent error, mouse columns) into the rows (`_sketch_columns`) of its category, NaN (left
-        out) where the row is not comparable, or for the mouse columns not a comparable mouse row (``mouse`` 0)."""
-        columns, base, step, masks = _sketch_columns(len(GROUPS), samples.device)
-        values = torch.where(torch.stack([comparable, mouse > 0], 1).index_select(1, masks),
-                             samples.index_select(1, columns), float("nan"))
-        group = base + samples[:, 2:3].long() * step
-        counts = sketch_counts(values, self.spec, group, 2 * len(GROUPS) + len(MOUSE_COLUMNS)).view(-1)
-        torch._foreach_add_(self._flat_states(["timestamp_sketch", "mouse_sketch"]),
-                            counts.split([self.timestamp_sketch.numel(), self.mouse_sketch.numel()]))
+    def _sketch_increments(self, values: torch.Tensor, sketch_rows: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The flat increments of ``timestamp_sketch`` and ``mouse_sketch`` (as `_add_sketches`) from the rows of
+        `_sample_columns`, all at once: each row's ``values`` [N, 8] (signed error, signed error, percent error,
+        percent error, mouse columns: `_Plan.sketch_columns`) into its ``sketch_rows`` [N, 8] (`_Plan.sketch_rows`:
+        those of its category, or a last, dropped row where the row is not comparable, or for the mouse columns not a
+        comparable mouse row)."""
+        n_rows = 2 * len(GROUPS) + len(MOUSE_COLUMNS)
+        counts = sketch_counts(values, self.spec, sketch_rows, n_rows + 1).view(-1)
+        return counts.split([self.timestamp_sketch.numel(), self.mouse_sketch.numel(), self.spec.size])[:2]
 
     def _add_sketches(self, timestamps: torch.Tensor, mouse: torch.Tensor) -> None:
         """Rows (signed error ms, percent error, category) and rows of `MOUSE_COLUMNS` (NaN: left out) into the
@@ -443,31 +456,29 @@ def _sketch_rows(n_groups: int, device) -> tuple[torch.Tensor, torch.Tensor, tor
             torch.arange(2 * n_groups, 2 * n_groups + len(MOUSE_COLUMNS), device=device))
 
 
-@functools.lru_cache(maxsize=None)
-def _sketch_columns(n_groups: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`_add_sketch_samples`' eight values of a row: their columns of `_sample_columns` (signed, signed, percent,
-    percent, the mouse columns), sketch rows base + category x step (as `_sketch_rows`) and masks (0 comparable,
-    1 comparable mouse). Cached by device: a copy to a GPU would wait for it."""
-    base, step, mouse_rows = _sketch_rows(n_groups, device)
-    return (torch.tensor([0, 0, 1, 1, 3, 4, 5, 6], device=device), torch.cat([base, mouse_rows]),
-            torch.cat([step, torch.zeros_like(step)]), torch.tensor([0] * 4 + [1] * 4, device=device))
-
-
 class _Plan:
     """The lookups of `OWAEventMetrics._accumulate` and where each state's increments are in its sources, for one
     format, device and kind of update (token stats, token loss, time pairing).
 
-    ``rows`` [key, C0 + 12 + 4]: by key = (((status x S + target status) x 5 + predicted category) x 4 + predicted
-    kind + 1) x 5 + target category (``key_weights`` . those + ``key_offset``), the one-hot status, target status
-    and predicted category (an undecoded type mismatch in its type token's column, as `event_type_sums`) and 1 (C0
-    columns: X's first), then the row's groups (G), then its per-sequence terms (valid, comparable, comparable
-    keyboard twice). ``prefixes`` [8 + D + 2, P]: which mismatches each prefix column of X counts (`_accumulate`).
-    The sources: the counts [12, C] (groups x columns of X), then the extras of `_accumulate` in their order.
+    ``rows`` [key, C0 + 12 + 4 + 2]: by key = (((status x S + target status) x 5 + predicted category) x 4 +
+    predicted kind + 1) x 5 + target category (``key_weights`` . V's ``key_columns`` + ``key_offsets``' sum), the one-hot
+    status, target status and predicted category (an undecoded type mismatch in its type token's column, as
+    `event_type_sums`), 1 and the packed sample count (comparable x 2^26 + comparable mouse; C0 columns: X's
+    first), then the row's groups (G), its per-sequence terms (valid, comparable keyboard, comparable, comparable
+    keyboard) and its sampled columns (comparable, comparable mouse). ``sketch_rows`` [key, 8]: the sketch rows of
+    its eight sketched values (`_sketch_rows`; not sampled: the last, dropped row). ``prefixes`` [27 + D, P]: which
+    entries of V != 0 (V: p - t values, t values, p values, p - t digits, status, target status, predicted kind) each
+    prefix column of X counts (-1: a presence, counted as absence), and ``prefix_targets`` their sums when all
+    match. ``number_columns``: the columns of V read as numbers (`NUMBERS`). The sources: the counts [12, C]
+    (groups x columns of X), then the extras of `_accumulate` in their order (``zero``: a 0 among them).
     """
 
     _cache: dict = {}
     ALL, COMPARABLE, COMPARABLE_CATEGORY, VALID_CATEGORY, MOUSE, VALID = 0, 1, 2, 6, 10, 11
     KEYBOARD = COMPARABLE_CATEGORY + int(Category.KEYBOARD)
+    NUMBERS = ("timestamp error", "true timestamp", "error x", "true x", "error y", "true y", "pred x", "pred y",
+               "category")
+    SAMPLE_SHIFT = 1 << 26  # the packed sample count: comparable rows x SAMPLE_SHIFT + comparable mouse rows
 
     def __init__(self, n_ts: int, n_delta: int, device, tokens: bool, loss: bool, time: bool):
         n_status = len(Status)
@@ -477,52 +488,76 @@ class _Plan:
         undecoded_mismatch = (status == int(Status.TYPE_MISMATCH)) & (p_category == int(Category.INVALID))
         column = np.where(undecoded_mismatch, fused.KIND_CATEGORY[np.maximum(kind - 1, 0)], p_category)
         comparable, valid, in_range = status == int(Status.VALID), t_status == int(Status.VALID), category < N_CAT
-        mouse = (category == int(Category.MOUSE_OP)) | (category == int(Category.MOUSE_NOP))
+        mouse = comparable & ((category == int(Category.MOUSE_OP)) | (category == int(Category.MOUSE_NOP)))
         keyboard = comparable & (category == int(Category.KEYBOARD))
-        rows = np.zeros((status.size, one + 13 + 4))
-        at, g, clamped = np.arange(status.size), one + 1, np.minimum(category, N_CAT - 1)
+        rows = np.zeros((status.size, one + 2 + 12 + 4 + 2))
+        at, g, clamped = np.arange(status.size), one + 2, np.minimum(category, N_CAT - 1)
         for offset, columns, value in [
-                (0, status, 1), (n_status, t_status, 1), (2 * n_status, column, 1), (one, 0, 1), (g + self.ALL, 0, 1),
-                (g + self.COMPARABLE, 0, comparable), (g + self.MOUSE, 0, comparable & mouse),
+                (0, status, 1), (n_status, t_status, 1), (2 * n_status, column, 1), (one, 0, 1),
+                (one + 1, 0, comparable * self.SAMPLE_SHIFT + mouse), (g + self.ALL, 0, 1),
+                (g + self.COMPARABLE, 0, comparable), (g + self.MOUSE, 0, mouse),
                 (g + self.COMPARABLE_CATEGORY, clamped, comparable & in_range),
                 (g + self.VALID_CATEGORY, clamped, valid & in_range), (g + self.VALID, 0, valid),
-                (g + 12, 0, valid), (g + 13, 0, comparable), (g + 14, 0, keyboard), (g + 15, 0, keyboard)]:
+                (g + 12, 0, valid), (g + 13, 0, keyboard), (g + 14, 0, comparable), (g + 15, 0, keyboard),
+                (g + 16, 0, comparable), (g + 17, 0, mouse)]:
             rows[at, offset + columns] = value
         self.rows = torch.from_numpy(rows).to(device)
-        self.row_sizes = [one + 1, 12, 4]
-        self.key_weights = torch.tensor([n_status * (N_CAT + 1) * 4 * (N_CAT + 1), (N_CAT + 1) * 4 * (N_CAT + 1),
-                                         4 * (N_CAT + 1), N_CAT + 1, 1], device=device)[:, None]
-        self.key_offset = N_CAT + 1  # kind -1
-        # prefix columns: which of the mismatches (8 values, the digits, button_flags and button_data == 0) each counts
-        digit = lambda j: len(VALUE_COLUMNS) + j  # noqa: E731
+        self.row_sizes = [one + 2, 12, 4, 2]
+        weights = [n_status * (N_CAT + 1) * 4 * (N_CAT + 1), (N_CAT + 1) * 4 * (N_CAT + 1), 4 * (N_CAT + 1), N_CAT + 1, 1]
+        self.key_weights = torch.tensor(weights, device=device)
+        self.key_offsets = torch.tensor([0, 0, 0, N_CAT + 1, 0], device=device)  # kind -1: row 0
+        n_groups = len(GROUPS)
+        base, step, mouse_rows = (r.numpy() for r in _sketch_rows(n_groups, "cpu"))
+        dropped = 2 * n_groups + len(MOUSE_COLUMNS)
+        sketch = np.concatenate([base + clamped[:, None] * step, np.broadcast_to(mouse_rows, (status.size, 4))], 1)
+        sketch[~comparable, :4], sketch[~mouse, 4:] = dropped, dropped
+        self.sketch_rows = torch.from_numpy(sketch).to(device)
+        self.sketch_columns = torch.tensor([0, 0, 1, 1, 3, 4, 5, 6], device=device)  # of `_sample_columns`
+        # V's columns: p - t values, t values, p values, p - t digits, status, target status, predicted kind
+        width, n_digits = len(VALUE_COLUMNS), n_ts + 2 * n_delta
+        error, true, pred = ((lambda c, k=k: k * width + VALUE_COLUMNS.index(c)) for k in range(3))
+        status_column = 3 * width + n_digits
+        self.key_columns = torch.tensor([status_column, status_column + 1, pred("category"), status_column + 2,
+                                         true("category")], device=device)
+        columns = {"timestamp error": error("timestamp_ns"), "true timestamp": true("timestamp_ns"),
+                   "error x": error("dx"), "true x": true("dx"), "error y": error("dy"), "true y": true("dy"),
+                   "pred x": pred("dx"), "pred y": pred("dy"), "category": true("category")}
+        self.number_columns = torch.tensor([columns[name] for name in self.NUMBERS], device=device)
+        # prefix columns: the (entry of V != 0, weight) each counts: the mismatches of values and digits (1), and
+        # the presence of button_flags and button_data (-1: counted as their absence, 1 - present)
+        digit = lambda j: (3 * width + j, 1)  # noqa: E731
         dx, dy = (lambda j: digit(n_ts + j)), (lambda j: digit(n_ts + n_delta + j))  # noqa: E731
-        no_flags, no_scroll = digit(n_ts + 2 * n_delta), digit(n_ts + 2 * n_delta) + 1
-        vk, action, flags, scroll = (VALUE_COLUMNS.index(c) for c in ("vk", "action", "button_flags", "button_data"))
+        vk, action, flags, scroll = ((error(c), 1) for c in ("vk", "action", "button_flags", "button_data"))
+        has_flags, has_scroll = (true("button_flags"), -1), (true("button_data"), -1)
         counted = [[], [], [], [vk, action]]  # 1 (the per-sequence terms' weights), then keyboard right
         counted += [[digit(i) for i in range(j + 1)] for j in range(n_ts)]
-        counted += [[vk], [action], [flags, no_flags], [no_flags], [scroll, no_scroll], [no_scroll]]
+        counted += [[vk], [action], [flags, has_flags], [has_flags], [scroll, has_scroll], [has_scroll]]
         counted += [[dx(i) for i in range(j + 1)] for j in range(n_delta)]
         counted += [[dy(i) for i in range(j + 1)] for j in range(n_delta)]
         counted += [[f(i) for f in (dx, dy) for i in range(j + 1)] for j in range(n_delta)]
-        prefixes = np.zeros((no_scroll + 1, len(counted)))
-        for j, rows_counted in enumerate(counted):
-            prefixes[rows_counted, j] = 1
+        prefixes = np.zeros((status_column + 3, len(counted)))
+        for j, entries in enumerate(counted):
+            for row, weight in entries:
+                prefixes[row, j] = weight
         self.prefixes = torch.from_numpy(prefixes).to(device)
-        ts = one + 1 + 4
-        kb, both = ts + n_ts, one + 1 + 3
+        self.prefix_targets = torch.from_numpy(np.minimum(prefixes, 0).sum(0)).to(device)  # all match: -(presences)
+        ts = one + 2 + 4
+        kb, both = ts + n_ts, one + 2 + 3
         action, digits = kb + 2, kb + 6
-        movement = digits + 3 * n_delta
-        width = movement + 5
+        movement = digits + 3 * n_delta  # X's last: moves (e x, g x, e y, g y), their squares, |e|², |g|²
+        width = movement + 10
 
         def cell(group, *columns):
             return [group * width + c for c in columns]
 
         sources = iter(range(12 * width, 12 * width + 64))  # the extras, in the order `_accumulate` lists them
         take = lambda k: [next(sources) for _ in range(k)]  # noqa: E731
-        per_batch, means, seen = take(5), take(2), take(2)  # sequences, count match, pred events, extra, missing
+        per_batch, seen, means = take(5), take(2), take(2)  # sequences, count match, pred events, extra, missing
         extra_events, missing = per_batch[3], per_batch[4]
         if time:  # the generated events paired with nothing, and the target events left unpaired
             extra_events, missing = take(1)[0], cell(self.ALL, int(Status.MISSING))[0]
+        self.SAMPLED = cell(self.ALL, one + 1)[0]
+        residual, true_x, true_y, squares = movement + 8, movement + 1, movement + 3, movement + 4
         plan = {
             "confusion": [i for c in range(N_CAT)
                           for i in cell(self.VALID_CATEGORY + c, *range(2 * n_status, 2 * n_status + N_CAT + 1))],
@@ -532,16 +567,21 @@ class _Plan:
             "timestamp_digits": [i for g in range(1 + N_CAT) for i in cell(self.COMPARABLE + g, *range(ts, kb), one)],
             "keyboard": cell(self.KEYBOARD, kb, kb + 1, both, one) + [means[1], seen[1]],
             "mouse_action": cell(self.MOUSE, *range(action, action + 4)),
-            "movement": cell(self.MOUSE, *range(movement, movement + 5), one),
+            "movement": cell(self.MOUSE, residual, true_x, true_y, squares + 1, squares + 3, one),
             "mouse_digits": [i for a in range(3)
                              for i in cell(self.MOUSE, *range(digits + a * n_delta, digits + (a + 1) * n_delta), one)],
         }
+        if time:
+            plan["detection"] = take(3 * (N_CAT + 1))
         if tokens:
             plan["token_fields"] = take(2 * len(TOKEN_FIELDS))
-            if loss:
-                plan["token_loss"] = take(2 * (N_CAT + 1))
+            if loss:  # summed loss per category, skipped tokens; events per category, 0
+                by_category, skipped, zero = take(N_CAT + 1), take(1), take(1)
+                events = [cell(self.VALID_CATEGORY + c, one)[0] for c in range(N_CAT)]
+                plan["token_loss"] = by_category[:N_CAT] + skipped + events + zero
         self.states = list(plan)
         self.index = torch.tensor([i for cells in plan.values() for i in cells], device=device)
+        self.zero = torch.zeros(1, dtype=torch.float64, device=device)  # the token loss state's 0
         self.sizes = [len(cells) for cells in plan.values()]
 
     @classmethod
@@ -551,9 +591,14 @@ class _Plan:
             cls._cache[key] = cls(*key)
         return cls._cache[key]
 
-    def take(self, sums: torch.Tensor, extra: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Each state's increments, flat, from the counts ``sums`` and the ``extra`` sources."""
-        return torch.cat([sums.reshape(-1), *extra]).index_select(0, self.index).split(self.sizes)
+    @staticmethod
+    def sources(sums: torch.Tensor, extra: list[torch.Tensor]) -> torch.Tensor:
+        """The counts ``sums`` and the ``extra`` sources, flat (float64)."""
+        return torch.cat([sums.reshape(-1), *extra])
+
+    def take(self, sources: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Each state's increments, flat, from the `sources`."""
+        return sources.index_select(0, self.index).split(self.sizes)
 
 
 def _rows(state, width: int, device) -> torch.Tensor:
