@@ -258,6 +258,9 @@ class OWAEventMetrics(Metric):
         1 where comparable, where comparable mouse) into the exact states. Their numbers are data: read in one host
         sync from ``packed_count`` = comparable rows x 2^26 + comparable mouse rows (`_Plan.SAMPLE_SHIFT`; exact in
         float64 below 2^26 rows each, far more than a batch holds), then sync-free selections."""
+        if len(samples) >= _Plan.SAMPLE_SHIFT:  # the packed count would no longer be exact
+            raise ValueError(f"{len(samples)} target events in one update: exact mode reads at most "
+                             f"{_Plan.SAMPLE_SHIFT - 1} per update; split the batch")
         n_timestamp, n_mouse = divmod(int(packed_count), _Plan.SAMPLE_SHIFT)
         rows = torch.nonzero_static(sampled.T, size=n_timestamp + n_mouse)[:, 1]  # the comparable, then the mouse
         timestamp_rows, mouse_rows = rows.split([n_timestamp, n_mouse])
