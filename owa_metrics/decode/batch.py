@@ -512,8 +512,8 @@ def _decode_rows(planes: torch.Tensor, counts: torch.Tensor, slot0: torch.Tensor
     Works slot-major: the window planes are [width, N] (slot j of every event in row j).
     """
     n = slot0.numel()
-    window = planes.gather(1, (slot0 + L.offsets).clamp(0, planes.shape[1] - 1).view(1, -1).expand(len(planes), -1))
-    value, verdicts, role = window.view(len(planes), L.window, n).unbind(0)[:_S2]  # every plane: no slice to gather
+    window = planes[:_S2].gather(1, (slot0 + L.offsets).clamp(0, planes.shape[1] - 1).view(1, -1).expand(_S2, -1))
+    value, verdicts, role = window.view(_S2, L.window, n).unbind(0)
     span = last - slot0  # the span's tokens after slot 0
     # the event's key (`_Tables`): its type token's role, the extended layout's token, a cut-off start. The extended
     # layout's token may lie past the span: the event is then truncated in both layouts, which agree up to it

@@ -183,7 +183,7 @@ class OWAEventMetrics(Metric):
         key = torch.addcmul(plan.key_offsets, values.index_select(1, plan.key_columns), plan.key_weights).sum(1)
         onehots, groups, per_seq_terms, sampled = plan.rows.index_select(0, key).split(plan.row_sizes, 1)
         # [N, P]: 1, 1, 1, keyboard right, then X's columns
-        prefixes = ((values != 0).double() @ plan.prefixes) == plan.prefix_targets
+        prefixes = ((values != 0).float() @ plan.prefixes) == plan.prefix_targets
         numbers = values.index_select(1, plan.number_columns).double()  # exact: |values| < 2^53
         moves = numbers[:, 2:6]  # error x, true x, error y, true y
         squares = moves * moves
@@ -542,8 +542,9 @@ class _Plan:
         for j, entries in enumerate(counted):
             for row, weight in entries:
                 prefixes[row, j] = weight
-        self.prefixes = torch.from_numpy(prefixes).to(device)
-        self.prefix_targets = torch.from_numpy(np.minimum(prefixes, 0).sum(0)).to(device)  # all match: -(presences)
+        # float32: small integers, exact (half the bytes of float64); the targets: their sums when all match
+        self.prefixes = torch.from_numpy(prefixes).to(device, torch.float32)
+        self.prefix_targets = torch.from_numpy(np.minimum(prefixes, 0).sum(0)).to(device, torch.float32)
         ts = one + 2 + 4
         kb, both = ts + n_ts, one + 2 + 3
         action, digits = kb + 2, kb + 6
