@@ -7,7 +7,8 @@
 the reference that works the way the upstream OWA evaluator does: per target event, the tokenizer decodes
 the predicted and the true span to strings, a regex splits them, the codec parses them, and a per-event
 comparison record (timestamp, digit matches, mouse / keyboard fields) is appended to a Python list.
-Label tokens/s count B x T positions. Medians, 1 thread; the compiled kernel (`backend="kernel"`) next to the torch ops, with logits and in generation.
+Label tokens/s count B x T positions. Medians, 1 thread; the compiled kernel (`backend="kernel"`) next to the torch ops, with logits and in generation,
+and the token loss alone (`token_losses`: what logits add).
 
 ``compute`` (one thread): one IQM + bootstrap CI (B = 1000) over n float signed percent errors (all distinct)
 in exact and sketch mode, the state bytes, and the reference's numpy IQM with a Python loop of 1000 resamples
@@ -30,6 +31,7 @@ import torch
 
 from owa_metrics import EventCodec, EventDecodeError, OWAEventMetrics, SignedPercentError, build_tokenizer
 from owa_metrics.events import simulate_session
+from owa_metrics.functional.tokens import token_losses
 from owa_metrics.metrics.per_event import compare_events
 
 from bench_decode import make_batch, timed  # scripts/ is on sys.path when run as a script
@@ -98,6 +100,9 @@ def bench_update(repeats: int) -> None:
             extra = f", logits V={logits.shape[-1]}" if with_logits else (", generation" if alignment == "generation" else "")
             name = f"update ({mode}, {backend}{extra})"
             print(f"{batch}x{seq_len:>5} {name:<34} {1:>7} {s * 1e3:>10.2f} {positions / s:>13,.0f} {ref_s / s:>11.0f}x")
+        s = timed(lambda: token_losses(logits, target), repeats)  # what logits add: the loss alone, as update runs it
+        name = f"token_losses alone (V={logits.shape[-1]})"
+        print(f"{batch}x{seq_len:>5} {name:<34} {1:>7} {s * 1e3:>10.2f} {positions / s:>13,.0f} {ref_s / s:>11.0f}x")
 
 
 def field_error_batches(vocab, n_events: int, batch: int = 32, seq_len: int = 2048, seed: int = 0):
