@@ -353,9 +353,9 @@ class _Tables:
     ``rules`` [layouts, width]: per slot from ``<EVENT_START>``, the accepted roles (bit mask, low 16 bits) and
     the value bound (<< 16); a run layout (screen) stops before its image run, which is checked with a count.
     ``place`` [2 * layouts * F, window]: place values times the field's unit (ns, scroll steps), then sign selectors,
-    so that one matrix product reads every field of every layout in its unit; ``modulus`` [layouts, F]; ``digit_slots`` [layouts, D]: the slot of each
-    digit-precision level (-1: the layout has none); ``by_key``: an event's columns for the torch ops
-    (`_decode_rows`).
+    so that one matrix product reads every field of every layout in its unit; ``modulus`` [layouts, F];
+    ``digit_slots`` [layouts, D]: the slot of each digit-precision level (-1: the layout has none); ``by_key``: an
+    event's columns for the torch ops (`_decode_rows`).
     """
 
     _cache: dict = {}
@@ -452,8 +452,8 @@ class _Tables:
             shifts[0] = 2 * self.rule_values.index(anything) if cut else shifts[0]
             data_start = runs[lay] if runs[lay] >= 0 else checked[lay] - 1  # a run, or the <EVENT_END> slot
             slots = [s if s >= 0 else 1 for s in digit_slots[lay].tolist()]  # slot 1 of a valid event reads -1
-            columns.append(shifts + [checked[lay] - 1, data_start - 1, kind, kind_category[max(kind, 0)], lay * n_f, kind + 1]
-                           + modulus_in_units[lay].tolist() + half[lay] + slots
+            columns.append(shifts + [checked[lay] - 1, data_start - 1, kind, kind_category[max(kind, 0)], lay * n_f,
+                                     kind + 1] + modulus_in_units[lay].tolist() + half[lay] + slots
                            + [0 if sign else 1 for sign in self.digit_sign[lay].tolist()])
         self.by_key = torch.tensor(columns, device=device)  # [keys, columns]: rows copied whole by index_select
         n_d = self.digit_slots.shape[1]
@@ -521,7 +521,8 @@ def _decode_rows(planes: torch.Tensor, counts: torch.Tensor, slot0: torch.Tensor
     type_role = torch.where(span > 0, role[1], L.no_role)  # int64 (an index)
     key = torch.add(cut, torch.add(role[at] == var_role, type_role, alpha=2), alpha=2)
     shifts, singles, modulus, half, slots, unsigned = L.by_key.index_select(0, key).t().split(L.key_rows)
-    # checked: the slots whose failure is a status, - 1; fields_at: the event layout's first row of ``L.place``
+    # checked: the slots whose failure is a status, - 1; fields_at: the event layout's first row of ``L.place``;
+    # kind_code: kind + 1
     checked, data_before, kind, kind_category, fields_at, kind_code = singles.unbind(0)
 
     # slot by slot: the first slot within the span whose token its rule rejects (4 j + its status; 4 width: none)
