@@ -18,7 +18,7 @@ _TOKEN_FIELD_OF = {"timestamp": "timestamp", "dx": "mouse_delta", "dy": "mouse_d
 
 
 @functools.lru_cache(maxsize=None)
-def field_table(config: CodecConfig, device=None) -> torch.Tensor:
+def field_table(config: CodecConfig) -> torch.Tensor:
     """[3 kinds, width + 1]: the `TOKEN_FIELDS` index of each token of the kind's first layout (-1: none), slot 0 =
     ``<EVENT_START>``, read from the format's table (a sign token counts with its field's digits)."""
     fmt = config.token_format
@@ -29,7 +29,7 @@ def field_table(config: CodecConfig, device=None) -> torch.Tensor:
         for i, name in enumerate(names):
             if name in _TOKEN_FIELD_OF:
                 table[k, i] = TOKEN_FIELDS.index(_TOKEN_FIELD_OF[name])
-    return table.to(device)
+    return table
 
 
 class EventTokenStats(NamedTuple):

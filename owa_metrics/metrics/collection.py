@@ -485,7 +485,7 @@ class _Plan:
 
     def __init__(self, n_ts: int, n_delta: int, device, tokens: bool, loss: bool, time: bool):
         n_status = len(Status)
-        self.ONE = one = 2 * n_status + N_CAT + 1
+        one = 2 * n_status + N_CAT + 1
         shape = (n_status, n_status, N_CAT + 1, 4, N_CAT + 1)
         status, t_status, p_category, kind, category = np.indices(shape).reshape(5, -1)
         undecoded_mismatch = (status == int(Status.TYPE_MISMATCH)) & (p_category == int(Category.INVALID))
