@@ -14,15 +14,11 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
 from ..decode.batch import Pairing, decode_batch
-from ..events.event import Status
 from ..metrics.base import Mode
 from ..metrics.collection import OWAEventMetrics
 from ..report import SAMPLE_COLUMNS, format_report, sample_rows, sample_table
-from ..tokens.vocab import Role
+from .generation import check_batch, generate_batch
 
-GENERATE_NEEDS = ("generate_fn(input_ids, attention_mask, max_new_tokens) must return the prompt followed by the "
-                  "generated ids, as HF generate does: an integer tensor [batch, prompt_len + new] or a list of id "
-                  "lists (one per prompt row)")
 HISTOGRAM_RANGE = ("Range, per epoch: P2..P98 of the values, narrowed to Tukey's fences (Q1 - 1.5 IQR, Q3 + 1.5 "
                    "IQR); 50 bins; values outside the range are counted in the first and last bin.")
 SAMPLES_DESCRIPTION = ("One row per target event of the first sequences: the true and the predicted event in words "
@@ -41,7 +37,7 @@ class OWAEventMetricsCallback(Callback):
     ``max_sequences`` sequences per epoch, the sequence minus its last ``predict_events`` events is the prompt;
     greedy ``generate`` (or ``generate_fn(input_ids, attention_mask, max_new_tokens)``, see `GENERATE_NEEDS`)
     continues it, and the generated events are paired with the true ones by index, or with ``pairing="time"``
-    matched within ``tolerance_ms`` on the time axis unwrapped from the prompt's last event (`_last_event_ns`).
+    matched within ``tolerance_ms`` on the time axis unwrapped from the prompt's last event (`generation.last_event_ns`).
 
     Every rank computes (the metric syncs); rank zero adds, each switchable: histograms of the errors, the
     category confusion matrix as a figure, a sample table, and ``owa_metrics/epoch_{E}.json`` / ``.md`` in
@@ -124,24 +120,11 @@ class OWAEventMetricsCallback(Callback):
     def _generate(self, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         if batch_idx % self.every_n_batches or self._generated >= self.max_sequences:
             return
-        _check_outputs(None, batch, "generation")
-        ids = batch["input_ids"]
-        labels = batch.get("labels", ids)
-        ids, labels = ids[:self.max_sequences - self._generated], labels[:self.max_sequences - self._generated]
-        self._generated += ids.shape[0]
-        prompt, mask, target = _split_prompt(ids, labels, self.metric.vocab, self.predict_events)
-        generate = self.generate_fn or _default_generate(pl_module, self.tokenizer)
-        max_new = self.max_new_tokens or self.predict_events * 80
-        with torch.no_grad():
-            try:
-                generated = _as_ids(generate(prompt, mask, max_new), prompt.device)[:, prompt.shape[1]:]
-            except Exception as err:
-                raise RuntimeError(f"OWAEventMetricsCallback: generate_fn failed at validation batch {batch_idx} "
-                                   f"({type(err).__name__}: {err}). {GENERATE_NEEDS}") from err
-        pad = self.tokenizer.pad_token_id
-        if pad is not None:
-            generated = torch.where(generated == pad, -100, generated)
-        origin = _last_event_ns(prompt, mask, self.metric.vocab) if self.pairing == "time" else None
+        generated, target, origin = generate_batch(
+            pl_module, batch, batch_idx, self.tokenizer, self.metric.vocab, self.generate_fn,
+            rows=self.max_sequences - self._generated, predict_events=self.predict_events,
+            max_new_tokens=self.max_new_tokens, time_origin=self.pairing == "time")
+        self._generated += target.shape[0]
         self.metric.update(generated, target, origin_ns=origin)
         self._keep(generated, target, origin)
 
@@ -192,23 +175,9 @@ class OWAEventMetricsCallback(Callback):
 def _check_outputs(outputs: Any, batch: Any, alignment: str) -> None:
     """Raise now, naming what is missing, if the callback could not read this batch."""
     if alignment == "generation":
-        if not (isinstance(batch, Mapping) and "input_ids" in batch):
-            raise RuntimeError("OWAEventMetricsCallback (generation) reads the prompt from batch['input_ids'] (and "
-                               "the targets from batch['labels'] when present); the batch has no 'input_ids'")
+        check_batch(batch)
     else:
         _find(outputs, batch)
-
-
-def _as_ids(out: Any, device) -> torch.Tensor:
-    """A generate_fn's output as ids [B, T]: a tensor, or a list of id lists (ragged rows padded with -100)."""
-    if isinstance(out, torch.Tensor) and out.dim() == 2 and not out.is_floating_point():
-        return out.to(device)
-    if isinstance(out, (list, tuple)) and all(isinstance(row, (list, tuple, torch.Tensor)) for row in out):
-        rows = [torch.as_tensor(row, dtype=torch.long).reshape(-1) for row in out]
-        width = max((r.numel() for r in rows), default=0)
-        return torch.stack([torch.nn.functional.pad(r, (0, width - r.numel()), value=-100) for r in rows]).to(device)
-    raise TypeError(f"got {type(out).__name__}" + (f" of shape {tuple(out.shape)} / {out.dtype}"
-                                                   if isinstance(out, torch.Tensor) else ""))
 
 
 def _find(outputs: Any, batch: Any):
@@ -226,50 +195,6 @@ def _find(outputs: Any, batch: Any):
         raise RuntimeError(f"OWAEventMetricsCallback cannot find predictions and labels (validation_step returned "
                            f"{got}{keys}): {NEEDS}")
     return logits, preds, labels
-
-
-def _split_prompt(ids: torch.Tensor, labels: torch.Tensor, vocab, predict_events: int):
-    """Prompt = each row up to the start of its last ``predict_events`` events, keeping at least its first
-    event (left-padded, with a mask); target = the rest of the row's labels (left-aligned, -100 padded)."""
-    B, T = ids.shape
-    starts = (vocab.codes(ids) & 0xF) == int(Role.START)
-    count = starts.sum(1)
-    keep_events = torch.maximum(count - predict_events, count.clamp(max=1))  # keep one event as context
-    rank = starts.long().cumsum(1)
-    is_cut = starts & (rank == (keep_events + 1)[:, None])
-    cut = torch.where(is_cut.any(1), is_cut.long().argmax(1), torch.full_like(count, T))
-    width = max(int(cut.max()), 1)
-    pos = torch.arange(width, device=ids.device) - (width - cut)[:, None]
-    mask = pos >= 0
-    prompt = torch.where(mask, ids.gather(1, pos.clamp(min=0)), 0)
-    tail = torch.arange(T, device=ids.device) + cut[:, None]
-    target = torch.where(tail < T, labels.gather(1, tail.clamp(max=T - 1)), -100)
-    return prompt, mask.long(), target
-
-
-def _last_event_ns(prompt: torch.Tensor, mask: torch.Tensor, vocab) -> torch.Tensor:
-    """[B]: the timestamp (ns, within the window) of each prompt row's last valid event, -1 for none: the time
-    origin of ``pairing="time"``."""
-    ids = torch.where(mask.bool(), prompt, -100)
-    batch = decode_batch(ids, ids, vocab, "teacher_forcing")
-    events = batch.target
-    valid = (events.status == int(Status.VALID)).nonzero().squeeze(1)
-    last = torch.full((ids.shape[0],), -1, dtype=torch.long, device=events.status.device)
-    last = last.scatter_reduce(0, batch.seq_idx[valid].long(), valid, "amax")
-    timestamp_ns = events.timestamp_ns[last.clamp(min=0)] if len(events.status) else 0
-    return torch.where(last >= 0, timestamp_ns, -1).to(ids.device)
-
-
-def _default_generate(pl_module: LightningModule, tokenizer) -> Callable:
-    model = getattr(pl_module, "model", pl_module)
-    if not hasattr(model, "generate"):
-        raise RuntimeError("generation mode needs pl_module.model.generate (an HF model) or generate_fn=")
-
-    def generate(input_ids, attention_mask, max_new_tokens):
-        return model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
-                              do_sample=False, pad_token_id=tokenizer.pad_token_id)
-
-    return generate
 
 
 def _stack(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
