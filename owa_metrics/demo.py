@@ -145,8 +145,9 @@ def run_demo(config: DemoConfig) -> dict:
     trainer.fit(model, loader(train, batch_size=config.batch_size, shuffle=True, collate_fn=collate),
                 loader(val, batch_size=config.batch_size, collate_fn=collate))
     log_dir = Path(trainer.log_dir or out)
-    reports = sorted((log_dir / "owa_metrics").glob("epoch_*.json"), key=lambda p: int(p.stem.split("_")[1]))
-    first, last = (json.loads(p.read_text()) for p in (reports[0], reports[-1]))
+    reports = sorted((json.loads(p.read_text()) for p in (log_dir / "owa_metrics" / "val" / "owa").glob("*.json")),
+                     key=lambda report: (report["epoch"], report["step"]))
+    first, last = reports[0], reports[-1]
     return {"log_dir": str(log_dir), "first": first, "last": last, "config": asdict(config)}
 
 

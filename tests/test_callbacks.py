@@ -71,9 +71,10 @@ def test_fit_logs_the_report_to_tensorboard(tmp_path, tokenizer, vocab, warm_sta
     assert "val/owa/timestamp/signed_error_ms" in tags["histograms"]
     assert "val/owa/category_confusion" in tags["images"]
     assert any(tag.startswith("val/owa/samples") for tag in tags["tensors"])
-    artifact = json.loads((tmp_path / "tb" / "version_0" / "owa_metrics" / "epoch_1.json").read_text())
+    folder = tmp_path / "tb" / "version_0" / "owa_metrics" / "val" / "owa"
+    artifact = json.loads((folder / "epoch_1_step_7.json").read_text())
     assert close(artifact["comparable_rate"], _by_hand(tokenizer, module.recorded[2])["comparable_rate"])
-    report = (tmp_path / "tb" / "version_0" / "owa_metrics" / "epoch_1.md").read_text()
+    report = (folder / "epoch_1_step_7.md").read_text()
     assert "| keyboard |" in report and "## Samples" in report
     _assert_report_parses_back(report, artifact)
 
@@ -82,8 +83,9 @@ def test_fit_logs_the_report_to_tensorboard(tmp_path, tokenizer, vocab, warm_sta
     assert [e.step for e in events.Histograms("val/owa/timestamp/signed_error_ms")] == steps
     assert [e.step for e in events.Images("val/owa/category_confusion")] == steps
     assert [e.step for e in events.Tensors("val/owa/samples")] == steps
-    folder = tmp_path / "tb" / "version_0" / "owa_metrics"
-    assert [json.loads((folder / f"epoch_{e}.json").read_text())["step"] for e in range(2)] == steps
+    assert [json.loads((folder / f"epoch_{e}_step_{s}.json").read_text())["step"] for e, s in enumerate(steps)] == steps
+    assert sorted(p.name for p in folder.iterdir()) == [f"epoch_{e}_step_{s}.{x}" for e, s in enumerate(steps)
+                                                        for x in ("json", "md")]
 
 
 HEADLINE_KEYS = {"comparable events": "comparable_rate", "category macro F1": "category/macro_f1",
@@ -135,7 +137,8 @@ def _assert_report_parses_back(markdown: str, values: dict) -> None:
                 assert abs(float(cell.replace(",", "")) - values[key]) <= 0.5 * 10 ** -_decimals(cell) + 1e-9, key
 
 
-def test_csv_logger_gets_scalars_only_and_settings_survive_a_checkpoint(tmp_path, tokenizer, vocab, warm_state):
+def test_csv_logger_gets_scalars_only_and_a_resumed_callback_keeps_its_own_settings(tmp_path, tokenizer, vocab,
+                                                                                     warm_state, caplog):
     callback = OWAEventMetricsCallback(tokenizer, mode="sketch", prefix="v/", samples=0)
     train, val = _loaders(vocab)
     trainer = _trainer(tmp_path, callback, CSVLogger(tmp_path, name="csv"), epochs=1)
@@ -144,9 +147,13 @@ def test_csv_logger_gets_scalars_only_and_settings_survive_a_checkpoint(tmp_path
     trainer.fit(module, train, val)
     header = (tmp_path / "csv" / "version_0" / "metrics.csv").read_text().splitlines()[0]
     assert "v/comparable_rate" in header and "v/mouse/direction_error_p95_deg" in header
+    assert (tmp_path / "csv" / "version_0" / "owa_metrics" / "v" / "epoch_0_step_3.json").exists()
     restored = OWAEventMetricsCallback(tokenizer)
-    restored.load_state_dict(callback.state_dict())
-    assert (restored.mode, restored.prefix, restored.samples, restored.metric.mode) == ("sketch", "v/", 0, "sketch")
+    with caplog.at_level("INFO"):
+        restored.load_state_dict(callback.state_dict())
+    assert (restored.mode, restored.prefix, restored.samples, restored.metric.mode) == ("exact", "val/owa/", 2, "exact")
+    said = [r.getMessage() for r in caplog.records if "checkpoint" in r.getMessage()]
+    assert len(said) == 1 and "mode='exact' (checkpoint: 'sketch')" in said[0] and "prefix='val/owa/'" in said[0]
 
 
 @pytest.mark.parametrize("returned", [None, "loss tensor", "dict without logits"])
@@ -225,7 +232,7 @@ def test_callback_holds_no_logits_across_batches(tmp_path, tokenizer, vocab):
 
         def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
             tensors = [t for _, s in self.watched.metric.metric_state.items() for t in (s if isinstance(s, list) else [s])]
-            tensors += [t for pair in self.watched._kept for t in pair]
+            tensors += [t for run in self.watched._runs.values() for pair in run.kept for t in pair]
             self.bytes.append(sum(t.numel() * t.element_size() for t in tensors))
 
     class FixedLogits(L.LightningModule):

@@ -98,10 +98,10 @@ def test_histograms_show_the_bulk_and_count_the_outliers_in_the_edge_bins(vocab,
 def test_the_confusion_figure_is_titled_rated_by_row_and_writes_counts_in_contrasting_colours():
     from matplotlib.colors import to_rgb
 
-    from owa_metrics.callbacks.lightning import _confusion_figure
+    from owa_metrics.callbacks.artifacts import confusion_figure
 
     confusion = torch.tensor([[9.0, 0, 1, 0, 0], [0, 0, 0, 0, 2], [30, 0, 1418, 0, 52], [0, 0, 0, 40, 0]])
-    figure = _confusion_figure(confusion, epoch=3)
+    figure = confusion_figure(confusion, "category confusion, epoch 3")
     ax = figure.axes[0]
     assert "epoch 3" in ax.get_title()
     assert [t.get_text() for t in ax.get_yticklabels()] == ["keyboard", "mouse_op", "mouse_nop", "screen"]

@@ -1,72 +1,96 @@
-"""`OWAEventMetricsCallback`: event metrics of every validation epoch, logged through the module's ``log``."""
+"""`OWAEventMetricsCallback`: event metrics of every validation (and test) epoch, logged through the module's
+``log``; what else it writes is in `artifacts`, how it generates in `generation`."""
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal, Optional
 
-import numpy as np
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
+from lightning.pytorch.utilities import rank_zero_info
 
 from ..decode.batch import Pairing, decode_batch
 from ..metrics.base import Mode
 from ..metrics.collection import OWAEventMetrics
-from ..report import SAMPLE_COLUMNS, format_report, sample_rows, sample_table
+from ..report import format_report, sample_rows, sample_table
+from .artifacts import log_extras, report_json, save_reports
 from .generation import check_batch, generate_batch
 
-HISTOGRAM_RANGE = ("Range, per epoch: P2..P98 of the values, narrowed to Tukey's fences (Q1 - 1.5 IQR, Q3 + 1.5 "
-                   "IQR); 50 bins; values outside the range are counted in the first and last bin.")
-SAMPLES_DESCRIPTION = ("One row per target event of the first sequences: the true and the predicted event in words "
-                       "(the raw tokens of one that does not decode) and a comparable pair's errors.")
 NEEDS = ("validation_step must return a dict with 'logits' (or 'preds': argmax token ids) and 'labels', or an HF "
          "ModelOutput with logits while the batch holds 'labels' (or 'input_ids'); -100 marks ignored labels")
 
 
+@dataclass
+class _Run:
+    """One dataloader's metric in the running epoch, and the sequences it keeps for the sample table."""
+
+    metric: OWAEventMetrics
+    kept: list = field(default_factory=list)  # (preds, target) CPU ids of the first sequences
+    origins: list = field(default_factory=list)  # their time origins (pairing="time"; -1: the first true event)
+    generated: int = 0  # sequences this rank generated from
+
+
 class OWAEventMetricsCallback(Callback):
-    """Decode predicted (teacher forcing) or generated sequences every validation epoch and log the report of
-    `OWAEventMetrics` under ``prefix`` through ``pl_module.log_dict`` (any Lightning logger).
+    """Decode predicted (teacher forcing) or generated sequences every validation and test epoch and log the
+    report of `OWAEventMetrics` under ``prefix`` (test: ``test_prefix``, by default ``prefix`` with ``val`` read
+    as ``test``) through ``pl_module.log_dict`` (any Lightning logger). With several dataloaders each has its own
+    metric and its keys end in ``/dataloader_idx_{i}``, as Lightning names them.
 
     Teacher forcing (default): logits or argmax ids from what ``validation_step`` returns, labels from there or
     the batch; HF convention (logits at t predict label t + 1), so both are shifted; argmax runs on the model's
     device and nothing of the logits outlives the batch. Generation: every ``every_n_batches``-th batch, up to
-    ``max_sequences`` sequences per epoch, the sequence minus its last ``predict_events`` events is the prompt;
-    greedy ``generate`` (or ``generate_fn(input_ids, attention_mask, max_new_tokens)``, see `GENERATE_NEEDS`)
-    continues it, and the generated events are paired with the true ones by index, or with ``pairing="time"``
-    matched within ``tolerance_ms`` on the time axis unwrapped from the prompt's last event (`generation.last_event_ns`).
+    ``max_sequences`` sequences per epoch and dataloader, counted over all ranks (each rank generates from its
+    share, ``max_sequences / world_size``, so that a DDP run scores what one process scores when the ranks' batches
+    split the validation set evenly); the sequence minus its last ``predict_events`` events is the prompt; greedy
+    ``generate`` (or ``generate_fn``, see `generation`) continues it, and the generated events are paired with the
+    true ones by index, or with ``pairing="time"`` matched within ``tolerance_ms`` on the time axis unwrapped from
+    the prompt's last event (`generation.last_event_ns`).
 
-    Every rank computes (the metric syncs); rank zero adds, each switchable: histograms of the errors, the
-    category confusion matrix as a figure, a sample table, and ``owa_metrics/epoch_{E}.json`` / ``.md`` in
-    the log dir. Loggers without a feature are skipped (CSVLogger: scalars only). Nothing is logged during
-    the sanity check unless ``log_sanity_check``. ``format=`` / ``config=`` (and every other keyword) go to
-    `OWAEventMetrics`; the format and image tokens in use are the first line the callback logs.
+    Every rank computes (the metric syncs); then rank zero adds, each switchable: histograms of the errors, the
+    category confusion matrix as a figure, a sample table (TensorBoard, W&B), and the report files
+    ``owa_metrics/{prefix}/epoch_{E}_step_{S}[_dataloader_{i}].json`` / ``.md`` in each logger's run (`artifacts`:
+    TensorBoard / CSV log dir, W&B run files, MLflow artifacts) and in ``artifacts_dir`` when given; without a
+    logger nothing is written unless ``artifacts_dir``. Nothing is logged during the sanity check unless
+    ``log_sanity_check``. ``format=`` / ``config=`` (and every other keyword) go to `OWAEventMetrics`; the format
+    and image tokens in use are the first line the callback logs. Two instances (e.g. teacher forcing and
+    generation) need different prefixes; a checkpoint keeps each one's settings apart (``state_key``), and a
+    resumed run keeps the constructor's settings (a difference from the checkpoint's is said once).
     """
 
-    SETTINGS = ("alignment", "pairing", "tolerance_ms", "mode", "prefix", "log_loss", "every_n_batches",
+    SETTINGS = ("alignment", "pairing", "tolerance_ms", "mode", "prefix", "test_prefix", "log_loss", "every_n_batches",
                 "max_sequences", "predict_events", "max_new_tokens", "histograms", "confusion_figure", "samples",
-                "artifacts", "log_sanity_check")
+                "artifacts", "artifacts_dir", "log_sanity_check")
 
     def __init__(self, tokenizer, *, alignment: Literal["teacher_forcing", "generation"] = "teacher_forcing",
                  pairing: Pairing = "index", tolerance_ms: float = 100.0, mode: Mode = "exact",
-                 prefix: str = "val/owa/", log_loss: bool = True,
+                 prefix: str = "val/owa/", test_prefix: Optional[str] = None, log_loss: bool = True,
                  every_n_batches: int = 1, max_sequences: int = 32, predict_events: int = 4,
                  max_new_tokens: Optional[int] = None, generate_fn: Optional[Callable] = None,
                  histograms: bool = True, confusion_figure: bool = True, samples: int = 2,
-                 artifacts: bool = True, log_sanity_check: bool = False, **metric_kwargs: Any):
+                 artifacts: bool = True, artifacts_dir: Optional[str] = None, log_sanity_check: bool = False,
+                 **metric_kwargs: Any):
         self.tokenizer, self.generate_fn, self.metric_kwargs = tokenizer, generate_fn, metric_kwargs
         self.alignment, self.mode, self.prefix, self.log_loss = alignment, mode, prefix, log_loss
+        self.test_prefix = test_prefix or "test/" + (prefix[len("val/"):] if prefix.startswith("val/") else prefix)
         self.pairing, self.tolerance_ms = pairing, tolerance_ms
         self.every_n_batches, self.max_sequences, self.predict_events = every_n_batches, max_sequences, predict_events
         self.max_new_tokens, self.histograms, self.confusion_figure = max_new_tokens, histograms, confusion_figure
         self.samples, self.artifacts, self.log_sanity_check = samples, artifacts, log_sanity_check
-        self.metric = self._new_metric()
-        self._kept: list[tuple[torch.Tensor, torch.Tensor]] = []  # a few sequences for the sample table (CPU ids)
-        self._origins: list[int] = []  # their time origins (pairing="time"; -1: the first true event)
-        self._generated = 0
+        self.artifacts_dir = None if artifacts_dir is None else str(artifacts_dir)
+        self._metrics = [self._new_metric()]  # one per dataloader, kept across epochs (reset at each start)
+        self._runs: dict[int, _Run] = {}
+
+    @property
+    def metric(self) -> OWAEventMetrics:
+        """The first dataloader's metric."""
+        return self._metrics[0]
+
+    @property
+    def state_key(self) -> str:
+        return self._generate_state_key(alignment=self.alignment, prefix=self.prefix)
 
     def _new_metric(self) -> OWAEventMetrics:
         return OWAEventMetrics(self.tokenizer, alignment=self.alignment, mode=self.mode, pairing=self.pairing,
@@ -74,102 +98,139 @@ class OWAEventMetricsCallback(Callback):
 
     # ------------------------------------------------------------------------------------------- hooks
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        for other in trainer.callbacks:
+            if isinstance(other, OWAEventMetricsCallback) and other is not self and (
+                    other.prefix == self.prefix or other.test_prefix == self.test_prefix):
+                raise ValueError(f"two OWAEventMetricsCallback log under prefix {self.prefix!r} / test_prefix "
+                                 f"{self.test_prefix!r}: give each its own prefix= (e.g. prefix='val/owa_gen/' for "
+                                 "the generation one)")
         pairing = f", pairing=time (tolerance {self.tolerance_ms} ms)" if self.pairing == "time" else ""
         rank_zero_info(f"OWAEventMetricsCallback: {self.metric.vocab.describe()}; alignment={self.alignment}"
                        f"{pairing}, mode={self.mode}")
 
     def on_validation_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self.metric = self.metric.to(pl_module.device)
-        self.metric.reset()
-        self._kept, self._origins, self._generated = [], [], 0
+        self._runs = {}
+
+    def on_test_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._runs = {}
 
     def on_validation_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
                                 batch_idx: int, dataloader_idx: int = 0) -> None:
         if trainer.sanity_checking and not self.log_sanity_check:
             _check_outputs(outputs, batch, self.alignment)  # a wrong validation_step fails before training starts
             return
+        self._update(trainer, pl_module, outputs, batch, batch_idx, dataloader_idx)
+
+    def on_test_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
+                          batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._update(trainer, pl_module, outputs, batch, batch_idx, dataloader_idx)
+
+    def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.sanity_checking and not self.log_sanity_check:
+            return
+        batches = trainer.num_sanity_val_batches if trainer.sanity_checking else trainer.num_val_batches
+        self._report(trainer, pl_module, self.prefix, len(batches))
+
+    def on_test_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._report(trainer, pl_module, self.test_prefix, len(trainer.num_test_batches))
+
+    # ----------------------------------------------------------------------------------------- helpers
+    def _run(self, dataloader_idx: int, device: torch.device) -> _Run:
+        if dataloader_idx not in self._runs:
+            while len(self._metrics) <= dataloader_idx:
+                self._metrics.append(self._new_metric())
+            metric = self._metrics[dataloader_idx] = self._metrics[dataloader_idx].to(device)
+            metric.reset()
+            self._runs[dataloader_idx] = _Run(metric)
+        return self._runs[dataloader_idx]
+
+    def _update(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int,
+                dataloader_idx: int) -> None:
+        run = self._run(dataloader_idx, pl_module.device)
         if self.alignment == "generation":
-            self._generate(pl_module, batch, batch_idx)
+            self._generate(trainer, pl_module, run, batch, batch_idx)
             return
         logits, preds, labels = _find(outputs, batch)
         with torch.no_grad():
             if preds is None:
                 preds = logits.argmax(-1)
             preds, target = preds[:, :-1], labels[:, 1:]
-            self.metric.update(preds, target, logits=logits[:, :-1] if logits is not None and self.log_loss else None)
-            self._keep(preds, target)
+            run.metric.update(preds, target, logits=logits[:, :-1] if logits is not None and self.log_loss else None)
+            self._keep(run, preds, target)
 
-    def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if trainer.sanity_checking and not self.log_sanity_check:
-            return
-        report = self.metric.compute()  # every rank: the metric syncs its states
-        pl_module.log_dict({self.prefix + k: v.float() for k, v in report.items()}, on_step=False, on_epoch=True,
-                           sync_dist=False)  # already reduced over ranks
-        histograms = self.metric.error_histograms() if self.histograms else {}
-        confusion = self.metric.confusion_matrix() if self.confusion_figure else None
-        self._rank_zero_extras(trainer, {k: float(v) for k, v in report.items()}, histograms, confusion)
-        self.metric.reset()
-
-    # ----------------------------------------------------------------------------------------- helpers
-    def _keep(self, preds: torch.Tensor, target: torch.Tensor, origin_ns: Optional[torch.Tensor] = None) -> None:
-        room = self.samples - len(self._kept)
-        for b in range(min(room, preds.shape[0])):  # at most `samples` sequences per epoch
-            self._kept.append((preds[b].detach().cpu(), target[b].detach().cpu()))
-            self._origins.append(-1 if origin_ns is None else int(origin_ns[b]))
-
-    def _generate(self, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
-        if batch_idx % self.every_n_batches or self._generated >= self.max_sequences:
+    def _generate(self, trainer: Trainer, pl_module: LightningModule, run: _Run, batch: Any, batch_idx: int) -> None:
+        world, rank = trainer.world_size, trainer.global_rank
+        share = self.max_sequences // world + (rank < self.max_sequences % world)  # this rank's part of the epoch's
+        if batch_idx % self.every_n_batches or run.generated >= share:
             return
         generated, target, origin = generate_batch(
-            pl_module, batch, batch_idx, self.tokenizer, self.metric.vocab, self.generate_fn,
-            rows=self.max_sequences - self._generated, predict_events=self.predict_events,
+            pl_module, batch, batch_idx, self.tokenizer, run.metric.vocab, self.generate_fn,
+            rows=share - run.generated, predict_events=self.predict_events,
             max_new_tokens=self.max_new_tokens, time_origin=self.pairing == "time")
-        self._generated += target.shape[0]
-        self.metric.update(generated, target, origin_ns=origin)
-        self._keep(generated, target, origin)
+        run.generated += target.shape[0]
+        run.metric.update(generated, target, origin_ns=origin)
+        self._keep(run, generated, target, origin)
 
-    @rank_zero_only
-    def _rank_zero_extras(self, trainer: Trainer, report: dict, histograms: dict, confusion) -> None:
-        epoch, step = trainer.current_epoch, _scalar_step(trainer)
-        rows = self._sample_rows()
+    def _keep(self, run: _Run, preds: torch.Tensor, target: torch.Tensor,
+              origin_ns: Optional[torch.Tensor] = None) -> None:
+        for b in range(min(self.samples - len(run.kept), preds.shape[0])):  # at most `samples` sequences per epoch
+            run.kept.append((preds[b].detach().cpu(), target[b].detach().cpu()))
+            run.origins.append(-1 if origin_ns is None else int(origin_ns[b]))
+
+    def _report(self, trainer: Trainer, pl_module: LightningModule, prefix: str, dataloaders: int) -> None:
+        """Every rank: each dataloader's report (the metric syncs), logged; then rank zero writes the rest."""
+        step = _scalar_step(trainer)
+        for idx in range(max(dataloaders, 1)):
+            run = self._run(idx, pl_module.device)  # also on a rank without batches of this dataloader: it syncs
+            suffix = f"/dataloader_idx_{idx}" if dataloaders > 1 else ""
+            report = run.metric.compute()
+            pl_module.log_dict({f"{prefix}{k}{suffix}": v.float() for k, v in report.items()}, on_step=False,
+                               on_epoch=True, sync_dist=False, add_dataloader_idx=False)  # already reduced over ranks
+            histograms = run.metric.error_histograms() if self.histograms else {}
+            confusion = run.metric.confusion_matrix() if self.confusion_figure else None
+            if trainer.is_global_zero:
+                self._write(trainer, run, prefix, suffix, idx, {k: float(v) for k, v in report.items()}, histograms,
+                            confusion, step)
+            run.metric.reset()
+
+    def _write(self, trainer: Trainer, run: _Run, prefix: str, suffix: str, idx: int, report: dict,
+               histograms: dict, confusion, step: int) -> None:
+        """Rank zero: the extras to the loggers and the report files (no collective in here)."""
+        epoch = trainer.current_epoch
+        where = f", dataloader {idx}" if suffix else ""
+        rows = self._sample_rows(run)
         samples = sample_table(rows) if rows else None
-        figure = _confusion_figure(confusion, epoch) if confusion is not None else None
-        for logger in trainer.loggers:
-            name = type(logger).__name__
-            if name == "TensorBoardLogger":
-                _tensorboard(logger.experiment, self.prefix, histograms, figure, samples, step)
-            elif name == "WandbLogger":
-                _wandb(logger.experiment, self.prefix, histograms, figure, rows, step)
-        if figure is not None:
-            import matplotlib.pyplot as plt
-
-            plt.close(figure)
+        log_extras(trainer.loggers, prefix, suffix, histograms, confusion, samples, rows, step,
+                   f"category confusion, epoch {epoch}{where}")
         if self.artifacts:
-            folder = Path(trainer.log_dir or trainer.default_root_dir) / "owa_metrics"
-            folder.mkdir(parents=True, exist_ok=True)
-            _atomic_write(folder / f"epoch_{epoch}.json", json.dumps({"epoch": epoch, "step": step, **report}, indent=1))
-            _atomic_write(folder / f"epoch_{epoch}.md", format_report(report, f"OWA event metrics, epoch {epoch}", samples,
-                                                                      self.alignment))
+            name = str(Path(*_folder(prefix), f"epoch_{epoch}_step_{step}" + (f"_dataloader_{idx}" if suffix else "")))
+            context = {"epoch": epoch, "step": step, **({"dataloader_idx": idx} if suffix else {})}
+            title = f"OWA event metrics ({prefix}), epoch {epoch}, step {step}{where}"
+            save_reports(trainer.loggers, self.artifacts_dir, {
+                f"{name}.json": report_json(report, **context),
+                f"{name}.md": format_report(report, title, samples, self.alignment)})
 
-    def _sample_rows(self) -> list[list[str]]:
-        if not self._kept:
+    def _sample_rows(self, run: _Run) -> list[list[str]]:
+        if not run.kept:
             return []
-        preds, target = _stack(self._kept)
-        batch = decode_batch(preds, target, self.metric.vocab, self.alignment, pairing=self.pairing,
+        preds, target = _stack(run.kept)
+        batch = decode_batch(preds, target, run.metric.vocab, self.alignment, pairing=self.pairing,
                              tolerance_ms=self.tolerance_ms,
-                             origin_ns=torch.tensor(self._origins) if self.pairing == "time" else None)
-        return sample_rows(batch, preds, target, self.metric.vocab, sequences=range(len(self._kept)))
+                             origin_ns=torch.tensor(run.origins) if self.pairing == "time" else None)
+        return sample_rows(batch, preds, target, run.metric.vocab, sequences=range(len(run.kept)))
 
     # ------------------------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
-        """The callback's settings, so that a resumed run logs the same way (metric states reset each epoch)."""
+        """The callback's settings (the metric states are reset every epoch: nothing else to keep)."""
         return {name: getattr(self, name) for name in self.SETTINGS}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        for name in self.SETTINGS:
-            if name in state_dict:
-                setattr(self, name, state_dict[name])
-        self.metric = self._new_metric()
+        """The constructor's settings win over a checkpoint's; a difference is said once."""
+        changed = [f"{name}={getattr(self, name)!r} (checkpoint: {state_dict[name]!r})" for name in self.SETTINGS
+                   if name in state_dict and state_dict[name] != getattr(self, name)]
+        if changed:
+            rank_zero_info(f"OWAEventMetricsCallback: resumed with settings other than the checkpoint's; using "
+                           f"the new ones: {', '.join(changed)}")
 
 
 def _check_outputs(outputs: Any, batch: Any, alignment: str) -> None:
@@ -209,73 +270,6 @@ def _scalar_step(trainer: Trainer) -> int:
     return int(getattr(trainer.fit_loop.epoch_loop, "_batches_that_stepped", trainer.global_step))
 
 
-def _confusion_figure(confusion: torch.Tensor, epoch: int):
-    """The target x predicted category matrix, coloured by the share of the target row, each cell's count and
-    share written in black or white to contrast with it; sized to stay legible at 300 px wide."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from ..events.event import CATEGORY_NAMES
-
-    counts = confusion.cpu().double().numpy()
-    share = counts / np.maximum(counts.sum(axis=1, keepdims=True), 1)
-    fig, ax = plt.subplots(figsize=(3.3, 2.4), dpi=100)  # TensorBoard fits images to ~200 px high, pixelated
-    ax.imshow(share, cmap="Blues", vmin=0, vmax=1, aspect="auto")
-    ax.set_xticks(range(len(CATEGORY_NAMES) + 1), [*CATEGORY_NAMES, "invalid"], fontsize=7, rotation=20,
-                  ha="right", rotation_mode="anchor")
-    ax.set_yticks(range(len(CATEGORY_NAMES)), CATEGORY_NAMES, fontsize=7)
-    ax.tick_params(length=2, pad=1)
-    ax.set_xlabel("predicted (colour: share of the target row)", fontsize=7, labelpad=2)
-    ax.set_ylabel("target", fontsize=7, labelpad=1)
-    ax.set_title(f"category confusion, epoch {epoch}", fontsize=8, fontweight="bold", pad=3)
-    for (i, j), count in np.ndenumerate(counts):
-        text = f"{count:,.0f}" if count < 10_000 else f"{count / 1000:,.0f}k"
-        ax.text(j, i, f"{text}\n{share[i, j]:.0%}", ha="center", va="center", fontsize=7, linespacing=1.1,
-                color="white" if share[i, j] > 0.5 else "black")
-    fig.tight_layout(pad=0.3)
-    return fig
-
-
-def _histogram_summary(tag: str, counts: np.ndarray, edges: np.ndarray):
-    """A TensorBoard histogram summary with its range described (what the tag's info says)."""
-    from torch.utils.tensorboard.summary import histogram_raw
-
-    centers = (edges[:-1] + edges[1:]) / 2
-    summary = histogram_raw(tag, min=float(edges[0]), max=float(edges[-1]), num=float(counts.sum()),
-                            sum=float((counts * centers).sum()), sum_squares=float((counts * centers ** 2).sum()),
-                            bucket_limits=edges[1:].tolist(), bucket_counts=counts.tolist())
-    summary.value[0].metadata.summary_description = HISTOGRAM_RANGE
-    return summary
-
-
-def _tensorboard(writer, prefix: str, histograms: dict, figure, samples: Optional[str], step: int) -> None:
-    from torch.utils.tensorboard.summary import text
-
-    for name, (counts, edges) in histograms.items():
-        writer._get_file_writer().add_summary(_histogram_summary(f"{prefix}{name}", counts, edges), step)
-    if figure is not None:
-        writer.add_figure(f"{prefix}category_confusion", figure, global_step=step, close=False)
-    if samples:
-        summary = text(f"{prefix}samples", samples)
-        summary.value[0].tag = f"{prefix}samples"  # the tag as named, as W&B's (torch appends "/text_summary")
-        summary.value[0].metadata.summary_description = SAMPLES_DESCRIPTION
-        writer._get_file_writer().add_summary(summary, step)
-
-
-def _wandb(run, prefix: str, histograms: dict, figure, rows: list, step: int) -> None:
-    import wandb
-
-    data = {f"{prefix}{name}": wandb.Histogram(np_histogram=(counts, edges)) for name, (counts, edges) in histograms.items()}
-    if figure is not None:
-        data[f"{prefix}category_confusion"] = wandb.Image(figure)
-    if rows:
-        data[f"{prefix}samples"] = wandb.Table(columns=list(SAMPLE_COLUMNS), data=rows)
-    run.log({**data, "trainer/global_step": step})
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+def _folder(prefix: str) -> list[str]:
+    """The report files' folder under ``owa_metrics/``: the prefix's parts (``val/owa/`` -> ``val/owa``)."""
+    return [*(part for part in prefix.split("/") if part not in ("", ".", ".."))]

@@ -1,0 +1,149 @@
+"""What `OWAEventMetricsCallback` writes besides its scalars, on rank zero: histograms, the confusion figure and
+the sample table to the loggers that show them, and the report files (``.json`` / ``.md``) where each logger keeps
+a run's files. Nothing here touches a collective: every rank has computed before rank zero gets here."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+from lightning.pytorch.loggers import CSVLogger, Logger, MLFlowLogger, TensorBoardLogger, WandbLogger
+from lightning.pytorch.utilities import rank_zero_warn
+
+from ..events.event import CATEGORY_NAMES
+from ..report import SAMPLE_COLUMNS
+
+HISTOGRAM_RANGE = ("Range, per epoch: P2..P98 of the values, narrowed to Tukey's fences (Q1 - 1.5 IQR, Q3 + 1.5 "
+                   "IQR); 50 bins; values outside the range are counted in the first and last bin.")
+SAMPLES_DESCRIPTION = ("One row per target event of the first sequences: the true and the predicted event in words "
+                       "(the raw tokens of one that does not decode) and a comparable pair's errors.")
+
+
+def log_extras(loggers: list[Logger], prefix: str, suffix: str, histograms: dict, confusion, samples: Optional[str],
+               rows: list, step: int, title: str) -> None:
+    """Histograms, the confusion figure and the samples to TensorBoard and W&B (tags ``{prefix}{name}{suffix}``)."""
+    figure = confusion_figure(confusion, title) if confusion is not None else None
+    for logger in loggers:
+        if isinstance(logger, TensorBoardLogger):
+            _tensorboard(logger.experiment, prefix, suffix, histograms, figure, samples, step)
+        elif isinstance(logger, WandbLogger):
+            _wandb(logger.experiment, prefix, suffix, histograms, figure, rows, step)
+    if figure is not None:
+        import matplotlib.pyplot as plt
+
+        plt.close(figure)
+
+
+def save_reports(loggers: list[Logger], folder: Optional[Path], files: dict[str, str]) -> list[Path]:
+    """Write ``files`` (relative path -> text) into the run of each logger that keeps files, and into ``folder``
+    when given.
+
+    TensorBoard / CSV: ``{log_dir}/owa_metrics/``; W&B: the run's files (``run.dir``, synced with the run); MLflow:
+    the run's artifacts under ``owa_metrics/``. Returns the local paths written."""
+    written = []
+    places = [Path(folder)] if folder is not None else []
+    for logger in loggers:
+        if isinstance(logger, (TensorBoardLogger, CSVLogger)):
+            places.append(Path(logger.log_dir) / "owa_metrics")
+        elif isinstance(logger, WandbLogger):
+            places.append(Path(logger.experiment.dir) / "owa_metrics")
+        elif isinstance(logger, MLFlowLogger):
+            with tempfile.TemporaryDirectory() as tmp:
+                for name, path in zip(files, _write_all(Path(tmp), files)):
+                    parent = Path("owa_metrics", name).parent.as_posix()
+                    logger.experiment.log_artifact(logger.run_id, str(path), artifact_path=parent)
+        else:
+            rank_zero_warn(f"OWAEventMetricsCallback: {type(logger).__name__} keeps no run folder known to "
+                           "owa-metrics; the report files are not written there (pass artifacts_dir= to choose one)")
+    for place in dict.fromkeys(places):
+        written += _write_all(place, files)
+    return written
+
+
+def _write_all(folder: Path, files: dict[str, str]) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, text in files.items():
+        path = folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        try:
+            tmp.write_text(text)
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        paths.append(path)
+    return paths
+
+
+def report_json(report: dict, **context) -> str:
+    return json.dumps({**context, **report}, indent=1)
+
+
+def confusion_figure(confusion, title: str):
+    """The target x predicted category matrix, coloured by the share of the target row, each cell's count and
+    share written in black or white to contrast with it; sized to stay legible at 300 px wide."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    counts = confusion.cpu().double().numpy()
+    share = counts / np.maximum(counts.sum(axis=1, keepdims=True), 1)
+    fig, ax = plt.subplots(figsize=(3.3, 2.4), dpi=100)  # TensorBoard fits images to ~200 px high, pixelated
+    ax.imshow(share, cmap="Blues", vmin=0, vmax=1, aspect="auto")
+    ax.set_xticks(range(len(CATEGORY_NAMES) + 1), [*CATEGORY_NAMES, "invalid"], fontsize=7, rotation=20,
+                  ha="right", rotation_mode="anchor")
+    ax.set_yticks(range(len(CATEGORY_NAMES)), CATEGORY_NAMES, fontsize=7)
+    ax.tick_params(length=2, pad=1)
+    ax.set_xlabel("predicted (colour: share of the target row)", fontsize=7, labelpad=2)
+    ax.set_ylabel("target", fontsize=7, labelpad=1)
+    ax.set_title(title, fontsize=8, fontweight="bold", pad=3)
+    for (i, j), count in np.ndenumerate(counts):
+        text = f"{count:,.0f}" if count < 10_000 else f"{count / 1000:,.0f}k"
+        ax.text(j, i, f"{text}\n{share[i, j]:.0%}", ha="center", va="center", fontsize=7, linespacing=1.1,
+                color="white" if share[i, j] > 0.5 else "black")
+    fig.tight_layout(pad=0.3)
+    return fig
+
+
+def _histogram_summary(tag: str, counts: np.ndarray, edges: np.ndarray):
+    """A TensorBoard histogram summary with its range described (what the tag's info says)."""
+    from torch.utils.tensorboard.summary import histogram_raw
+
+    centers = (edges[:-1] + edges[1:]) / 2
+    summary = histogram_raw(tag, min=float(edges[0]), max=float(edges[-1]), num=float(counts.sum()),
+                            sum=float((counts * centers).sum()), sum_squares=float((counts * centers ** 2).sum()),
+                            bucket_limits=edges[1:].tolist(), bucket_counts=counts.tolist())
+    summary.value[0].metadata.summary_description = HISTOGRAM_RANGE
+    return summary
+
+
+def _tensorboard(writer, prefix: str, suffix: str, histograms: dict, figure, samples: Optional[str], step: int) -> None:
+    from torch.utils.tensorboard.summary import text
+
+    for name, (counts, edges) in histograms.items():
+        writer.file_writer.add_summary(_histogram_summary(f"{prefix}{name}{suffix}", counts, edges), step)
+    if figure is not None:
+        writer.add_figure(f"{prefix}category_confusion{suffix}", figure, global_step=step, close=False)
+    if samples:
+        summary = text(f"{prefix}samples{suffix}", samples)
+        summary.value[0].tag = f"{prefix}samples{suffix}"  # the tag as named, as W&B's (torch appends "/text_summary")
+        summary.value[0].metadata.summary_description = SAMPLES_DESCRIPTION
+        writer.file_writer.add_summary(summary, step)
+
+
+def _wandb(run, prefix: str, suffix: str, histograms: dict, figure, rows: list, step: int) -> None:
+    import wandb
+
+    data = {f"{prefix}{name}{suffix}": wandb.Histogram(np_histogram=(counts, edges))
+            for name, (counts, edges) in histograms.items()}
+    if figure is not None:
+        data[f"{prefix}category_confusion{suffix}"] = wandb.Image(figure)
+    if rows:
+        data[f"{prefix}samples{suffix}"] = wandb.Table(columns=list(SAMPLE_COLUMNS), data=rows)
+    run.log({**data, "trainer/global_step": step})
