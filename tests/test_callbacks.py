@@ -308,22 +308,44 @@ def test_fit_logs_to_wandb_offline(tmp_path, tokenizer, vocab, warm_state, monke
     assert [r["trainer/global_step"] for r in scalars] == extra_steps == [3, 7]  # one step per epoch's artifacts
 
 
-def test_ddp_logs_the_same_values_as_one_process(tmp_path):
+def _csv_row(out):
+    """The CSV logger's validation row (rank zero's file) as {key: value}."""
+    import csv
+
+    rows = list(csv.DictReader((out / "csv" / "version_0" / "metrics.csv").open()))
+    row = next(r for r in rows if r.get("val/owa/comparable_rate"))
+    return {k: float(v) for k, v in row.items() if k.startswith("val/") and v != ""}
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn"])
+def test_ddp_fit_with_every_default_logs_what_one_process_logs(tmp_path, strategy):
+    """2 processes (gloo), the callbacks' defaults with TensorBoard and CSV loggers: fit finishes (a hang fails within
+    the process group's timeout) and every logged value equals one process's; generation's max_sequences counts over
+    both ranks."""
     import subprocess
     import sys
     from pathlib import Path
 
-    script = Path(__file__).resolve().parent / "ddp_validate.py"
-    results = {}
-    for devices in (1, 2):
-        out = tmp_path / f"report_{devices}.json"
-        subprocess.run([sys.executable, str(script), "--devices", str(devices), "--out", str(out)],
-                       check=True, timeout=600, cwd=Path(__file__).resolve().parents[1], capture_output=True)
-        results[devices] = json.loads(out.read_text())
-    one, two = results[1]["report"], results[2]["report"]
-    assert results[1]["sequences"] % 2 == 0  # no DistributedSampler padding (it would repeat sequences)
-    assert one.keys() == two.keys() and "val/owa/keyboard/accuracy" in one
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    import ddp_fit
+
+    root = Path(__file__).resolve().parents[1]
+    subprocess.run([sys.executable, "tests/ddp_fit.py", "--devices", "2", "--strategy", strategy, "--out",
+                    str(tmp_path / "two")], check=True, timeout=240, cwd=root, capture_output=True)
+    ddp_fit.run(1, "auto", tmp_path / "one")
+    one, two = _csv_row(tmp_path / "one"), _csv_row(tmp_path / "two")
+    assert one.keys() == two.keys() and "val/owa/keyboard/accuracy" in one and "val/owa_gen/count/sequences" in one
     assert all(close(two[k], one[k], 1e-6) for k in one), {k: (two[k], one[k]) for k in one if not close(two[k], one[k])}
+    assert two["val/owa/count/sequences"] == 12 and two["val/owa_gen/count/sequences"] == ddp_fit.GENERATED
+    for logger in ("csv", "tb"):  # each callback's report, in each logger's run
+        for prefix in ("owa", "owa_gen"):
+            report = json.loads((tmp_path / "two" / logger / "version_0" / "owa_metrics" / "val" / prefix /
+                                 "epoch_0_step_0.json").read_text())
+            assert close(report["comparable_rate"], two[f"val/{prefix}/comparable_rate"], 1e-6)
+    events = EventAccumulator(str(tmp_path / "two" / "tb" / "version_0"), size_guidance={"images": 0})
+    events.Reload()
+    assert {"val/owa/category_confusion", "val/owa_gen/category_confusion"} <= set(events.Tags()["images"])
 
 
 def test_hf_trainer_evaluate_matches_the_callback(tmp_path, tokenizer, vocab, warm_state):

@@ -1,0 +1,73 @@
+"""Trainer.fit with two callbacks at their defaults (teacher forcing, and generation under its own prefix), the
+TensorBoard and CSV loggers, on N CPU processes; the model does not learn (lr 0), so every process count must log
+the same values. Keyboard events only sit in even-indexed sequences, which the validation DistributedSampler gives
+to rank 0, so rank 1 sees none of that category.
+
+    python tests/ddp_fit.py --devices 2 --strategy ddp --out DIR
+
+Run by tests/test_callbacks.py (one process: `run` in the test's own); with strategy "ddp" Lightning starts the
+other ranks by re-running this script. A hang fails within the process group's timeout.
+"""
+
+import argparse
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import lightning as L
+import torch
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from lightning.pytorch.strategies import DDPStrategy
+from torch.utils.data import DataLoader
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from lightning_fixtures import TinyLM, collate, event_sequences, warm_up  # noqa: E402
+
+from owa_metrics import VocabMap, build_tokenizer  # noqa: E402
+from owa_metrics.callbacks import OWAEventMetricsCallback  # noqa: E402
+
+GENERATED = 4  # max_sequences of the generation callback
+
+
+def sequences(vocab: VocabMap) -> list[dict]:
+    """12 sequences: even-indexed ones with keyboard events, odd-indexed ones without."""
+    data = event_sequences(vocab, limit=1000)
+    keyboard = vocab.ids["<KEYBOARD>"]
+    with_keys = [x for x in data if (x["input_ids"] == keyboard).any()]
+    without = [x for x in data if not (x["input_ids"] == keyboard).any()]
+    n = min(len(with_keys), len(without), 6)
+    return [x for pair in zip(with_keys[:n], without[:n]) for x in pair]
+
+
+def run(devices: int, strategy: str, out: Path) -> None:
+    torch.set_num_threads(1)
+    tokenizer = build_tokenizer()
+    vocab = VocabMap.from_tokenizer(tokenizer)
+    data = sequences(vocab)
+    module = TinyLM(vocab.size, lr=0.0, seed=0)
+    warm_up(module, data, steps=40)  # the same deterministic warm-up in every process
+
+    strategy = "auto" if devices == 1 else DDPStrategy(start_method="popen" if strategy == "ddp" else "spawn",
+                                                        timeout=timedelta(seconds=60))
+    callbacks = [OWAEventMetricsCallback(tokenizer),
+                 OWAEventMetricsCallback(tokenizer, alignment="generation", prefix="val/owa_gen/",
+                                         max_sequences=GENERATED, predict_events=2, max_new_tokens=40)]
+    trainer = L.Trainer(max_epochs=1, accelerator="cpu", devices=devices, strategy=strategy,
+                        logger=[CSVLogger(out, name="csv"), TensorBoardLogger(out, name="tb")], callbacks=callbacks,
+                        limit_train_batches=1, enable_progress_bar=False, enable_model_summary=False,
+                        enable_checkpointing=False, default_root_dir=out)
+    loader = DataLoader(data, batch_size=2, collate_fn=collate)
+    trainer.fit(module, loader, loader)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--devices", type=int, default=1)
+    parser.add_argument("--strategy", default="ddp")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    run(args.devices, args.strategy, Path(args.out))
+
+
+if __name__ == "__main__":
+    main()
