@@ -448,3 +448,57 @@ def test_generation_by_time_uses_the_prompts_last_event_as_origin(tmp_path, toke
     assert oracle["count/missing_events"] == len(seen) and oracle["detect/recall"] < 1
     for key, value in oracle.items():
         assert close(logged[key], value, 1e-6), key
+
+
+class _Tested(TinyLM):
+    """TinyLM with a test_step that returns what validation_step does (and records it alike)."""
+
+    def on_test_epoch_start(self):
+        self.recorded.append([])
+
+    def validation_step(self, batch, batch_idx, dataloader_idx=0):
+        return super().validation_step(batch, batch_idx)
+
+    def test_step(self, batch, batch_idx, dataloader_idx=0):
+        return super().validation_step(batch, batch_idx)
+
+
+def test_each_validation_dataloader_and_test_gets_its_own_report(tmp_path, tokenizer, vocab, warm_state):
+    """Two validation dataloaders, validation twice an epoch, then trainer.test: per-dataloader keys (Lightning's
+    /dataloader_idx_i) each equal to that dataloader scored alone, a report file per validation and dataloader, and
+    the test batches under test/owa/."""
+    data = event_sequences(vocab)
+    load = partial(DataLoader, batch_size=4, collate_fn=collate)
+    a, b = load(data[:8]), load(data[8:])
+    module = _Tested(vocab.size)
+    module.load_state_dict(warm_state)
+    logger = CSVLogger(tmp_path, name="csv")
+    trainer = _trainer(tmp_path, OWAEventMetricsCallback(tokenizer), logger, epochs=1, val_check_interval=0.5)
+    trainer.fit(module, load(data, shuffle=True), [a, b])
+    assert len(module.recorded) == 3  # the sanity check, then two validations in the epoch
+    for recorded in module.recorded[1:]:
+        alone = [_by_hand(tokenizer, recorded[:2]), _by_hand(tokenizer, recorded[2:])]  # a's two batches, then b's
+        assert alone[0]["count/sequences"] == 8 == alone[1]["count/sequences"]
+    logged = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/owa/")}
+    for idx in range(2):
+        for key, value in alone[idx].items():
+            assert close(logged[f"val/owa/{key}/dataloader_idx_{idx}"], value, 1e-6), (key, idx)
+    assert "val/owa/comparable_rate" not in logged  # no pooled key: Lightning's names
+    folder = tmp_path / "csv" / "version_0" / "owa_metrics" / "val" / "owa"
+    reports = sorted(p.name for p in folder.glob("*.json"))
+    assert reports == [f"epoch_0_step_{s}_dataloader_{i}.json" for s in (1, 3) for i in (0, 1)]
+    assert json.loads((folder / "epoch_0_step_3_dataloader_1.json").read_text())["count/sequences"] == 8
+
+    validated = trainer.validate(module, [a, b])
+    assert [len(module.recorded[-1])] == [4]
+    for idx, results in enumerate(validated):  # each dataloader's keys hold its own values (no pooled key)
+        by_hand = _by_hand(tokenizer, module.recorded[-1][2 * idx:2 * idx + 2])
+        assert close(results[f"val/owa/comparable_rate/dataloader_idx_{idx}"], by_hand["comparable_rate"], 1e-6)
+        assert "val/owa/comparable_rate" not in results
+
+    tested = trainer.test(module, a)
+    by_hand = _by_hand(tokenizer, module.recorded[-1])
+    assert by_hand["count/sequences"] == 8
+    for key, value in by_hand.items():
+        assert close(tested[0][f"test/owa/{key}"], value, 1e-6), key
+    assert (tmp_path / "csv" / "version_0" / "owa_metrics" / "test" / "owa").is_dir()
