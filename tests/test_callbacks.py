@@ -1,6 +1,7 @@
 import json
 import math
 from functools import partial
+from pathlib import Path
 
 import lightning as L
 import pytest
@@ -306,6 +307,11 @@ def test_fit_logs_to_wandb_offline(tmp_path, tokenizer, vocab, warm_state, monke
             "val/owa/samples/_type"} <= extras
     extra_steps = [r["trainer/global_step"] for r in rows if "val/owa/samples/_type" in r]
     assert [r["trainer/global_step"] for r in scalars] == extra_steps == [3, 7]  # one step per epoch's artifacts
+    files = next((tmp_path / "wandb").glob("offline-run-*")) / "files" / "owa_metrics" / "val" / "owa"
+    report = json.loads((files / "epoch_1_step_7.json").read_text())  # the reports are the run's files
+    assert close(report["comparable_rate"], scalars[1]["val/owa/comparable_rate"], 1e-6)
+    assert sorted(p.name for p in files.iterdir()) == ["epoch_0_step_3.json", "epoch_0_step_3.md", "epoch_1_step_7.json",
+                                                       "epoch_1_step_7.md"]
 
 
 def _csv_row(out):
@@ -363,7 +369,7 @@ def test_hf_trainer_evaluate_matches_the_callback(tmp_path, tokenizer, vocab, wa
                  preprocess_logits_for_metrics=adapter.preprocess_logits_for_metrics)
     evaluated = hf.evaluate()
 
-    callback = OWAEventMetricsCallback(tokenizer, artifacts=False)
+    callback = OWAEventMetricsCallback(tokenizer)
     trainer = L.Trainer(accelerator="cpu", logger=False, callbacks=[callback], enable_progress_bar=False,
                         enable_model_summary=False, default_root_dir=tmp_path)
     trainer.validate(module, DataLoader(data, batch_size=4, collate_fn=collate))
@@ -409,8 +415,9 @@ def test_validation_step_may_return_an_hf_output_or_argmax_ids(tmp_path, tokeniz
     module = Variant(vocab.size)
     module.load_state_dict(warm_state)
     trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
-                        callbacks=[OWAEventMetricsCallback(tokenizer, artifacts=False)], default_root_dir=tmp_path)
+                        callbacks=[OWAEventMetricsCallback(tokenizer)], default_root_dir=tmp_path)
     trainer.validate(module, _loaders(vocab)[1])
+    assert not any(tmp_path.rglob("*.json")) and not Path("owa_metrics", "val").exists()  # no logger: no files
     by_hand = _by_hand(tokenizer, module.recorded[0])
     logged = {k[len("val/owa/"):]: float(v) for k, v in trainer.callback_metrics.items()}
     assert ("screen/loss" in logged) == (returns == "model_output")  # the loss needs logits
@@ -439,7 +446,7 @@ def test_generation_by_time_uses_the_prompts_last_event_as_origin(tmp_path, toke
         return [r + [-100] * (width - len(r)) for r in rows]
 
     callback = OWAEventMetricsCallback(tokenizer, alignment="generation", pairing="time", predict_events=3,
-                                       max_sequences=6, generate_fn=skip_first, artifacts=False)
+                                       max_sequences=6, generate_fn=skip_first)
     trainer = _trainer(tmp_path, callback, False, epochs=1)
     trainer.validate(TinyLM(vocab.size), val)
     logged = {k[len("val/owa/"):]: float(v) for k, v in trainer.callback_metrics.items()}
