@@ -166,8 +166,8 @@ def evaluate(pred_path, target_path, mode: str = "exact", batch_size: int = 16, 
     if format is None:
         format = guess_format(target_contents, pred_contents)
         if format is None:
-            warnings.warn(f"{target_path}: its tokens do not tell the token format (screens only, every digit < 10): "
-                          "hierarchical assumed; pass format= (--format) to be sure, since the formats' timestamp "
+            warnings.warn(f"{target_path}: its tokens do not tell the token format (screens only, every digit "
+                          "< 10): hierarchical assumed; pass format= (--format) to be sure, since the formats' timestamp "
                           "windows differ (16 s vs 10 s)", FormatGuessWarning, stacklevel=2)
             format = "hierarchical"
     tokenizer = build_tokenizer(format=format)
