@@ -85,7 +85,7 @@ def _evaluate(pred: Path, target: Path, mode: str, json_path: Path | None, forma
         print(f"owa-metrics evaluate: warning: {line}", file=sys.stderr)
     if json_path:
         try:
-            write_output(json_path, json.dumps(report, indent=1))
+            write_output(json_path, json.dumps(report, indent=1) + "\n")
         except OSError as err:
             print(f"owa-metrics evaluate: {json_path}: cannot write the JSON report ({err.strerror or err})",
                   file=sys.stderr)
@@ -101,17 +101,17 @@ def write_output(path: Path, text: str) -> None:
     import os
     import stat
 
-    real = Path(os.path.realpath(path))
     try:
-        mode = real.stat().st_mode
+        mode = os.stat(path).st_mode
     except FileNotFoundError:
         mode = None
     if mode is not None and stat.S_ISDIR(mode):
         raise IsADirectoryError(21, "is a directory", str(path))
     if mode is not None and not stat.S_ISREG(mode):
-        with open(real, "w", encoding="utf-8") as out:
+        with open(path, "w", encoding="utf-8") as out:
             out.write(text)
         return
+    real = Path(os.path.realpath(path))  # a link to a regular file: replace the file, keep the link
     real.parent.mkdir(parents=True, exist_ok=True)
     tmp = real.with_name(f".{real.name}.{os.getpid()}.tmp")
     try:

@@ -121,7 +121,12 @@ def test_json_onto_a_fifo_or_dev_null_writes_through(tmp_path, capsys):
     assert received and json.loads(received[0])["keyboard/accuracy"] == 1.0
     assert main(args + ["/dev/null"]) == 0
     assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.fifo", "true.txt"]
+    (tmp_path / "old.json").write_text("previous report")
+    (tmp_path / "link.json").symlink_to("old.json")  # a link to a regular file: the file replaced, the link kept
+    assert main(args + [str(tmp_path / "link.json")]) == 0
+    assert (tmp_path / "link.json").is_symlink()
+    assert json.loads((tmp_path / "old.json").read_text())["keyboard/accuracy"] == 1.0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.json", "old.json", "report.fifo", "true.txt"]
     capsys.readouterr()
 
 
