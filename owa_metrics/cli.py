@@ -139,8 +139,6 @@ def _inspect(paths: list[Path], max_tokens: int, format: str) -> int:
     for path in paths:
         try:
             events = read_recording(path, format=format)
-        except ImportError:
-            raise
         except Exception as err:  # noqa: BLE001 - report any unreadable file in one line
             print(f"owa-metrics: cannot read {path}: {err}".splitlines()[0], file=sys.stderr)
             return 2
