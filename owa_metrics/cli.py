@@ -43,8 +43,13 @@ def main(argv: list[str] | None = None) -> int:
         return _inspect(args.paths, args.max_tokens, args.format)
     if args.command == "demo":
         from .demo import main as demo_main
+        from .evaluate import InputError
 
-        return demo_main(args.config, args.epochs, args.logger, args.mcap, args.out, args.format)
+        try:
+            return demo_main(args.config, args.epochs, args.logger, args.mcap, args.out, args.format)
+        except InputError as err:
+            print(f"owa-metrics demo: {err}".splitlines()[0], file=sys.stderr)
+            return 2
     if args.command == "evaluate":
         return _evaluate(args.pred, args.target, args.mode, args.json, args.format, args.strict, args.pairing,
                          args.tolerance_ms)
@@ -55,35 +60,67 @@ def main(argv: list[str] | None = None) -> int:
 def _evaluate(pred: Path, target: Path, mode: str, json_path: Path | None, format: str | None, strict: bool,
               pairing: str = "index", tolerance_ms: float = 100.0) -> int:
     import json
-    import os
+    import warnings
 
-    from .evaluate import InputError, evaluate, evaluation_warnings
+    from .evaluate import FormatGuessWarning, InputError, evaluate, evaluation_warnings
     from .report import format_report
 
     try:
-        report = evaluate(pred, target, mode, format=format, pairing=pairing, tolerance_ms=tolerance_ms)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", FormatGuessWarning)
+            report = evaluate(pred, target, mode, format=format, pairing=pairing, tolerance_ms=tolerance_ms)
     except (InputError, ImportError) as err:
         print(f"owa-metrics evaluate: {err}".splitlines()[0], file=sys.stderr)
         return 2
     except ValueError as err:  # e.g. the two files hold different numbers of sequences
         print(f"owa-metrics evaluate: {err}".splitlines()[0], file=sys.stderr)
         return 2
+    for other in caught:  # give back what this command does not report itself
+        if not issubclass(other.category, FormatGuessWarning):
+            warnings.warn_explicit(other.message, other.category, other.filename, other.lineno)
     print(format_report(report, f"OWA event metrics: {pred.name} vs {target.name}", alignment="generation"))
-    warnings = evaluation_warnings(report, pred, target)
-    for line in warnings:
+    lines = [str(w.message) for w in caught if issubclass(w.category, FormatGuessWarning)]
+    lines += evaluation_warnings(report, pred, target)
+    for line in lines:
         print(f"owa-metrics evaluate: warning: {line}", file=sys.stderr)
     if json_path:
         try:
-            json_path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = json_path.with_name(json_path.name + ".tmp")
-            tmp.write_text(json.dumps(report, indent=1))
-            os.replace(tmp, json_path)
+            write_output(json_path, json.dumps(report, indent=1) + "\n")
         except OSError as err:
             print(f"owa-metrics evaluate: {json_path}: cannot write the JSON report ({err.strerror or err})",
                   file=sys.stderr)
             return 2
         print(f"wrote {json_path}")
-    return 1 if strict and warnings else 0
+    return 1 if strict and lines else 0
+
+
+def write_output(path: Path, text: str) -> None:
+    """Every file the CLI writes: a regular (or new) file is replaced atomically (written beside it, then renamed;
+    the partial file removed when anything fails); anything else that exists (a FIFO, a device such as /dev/null or
+    /dev/stdout) is written through, never replaced. Raises OSError (a directory: IsADirectoryError)."""
+    import os
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        mode = None
+    if mode is not None and stat.S_ISDIR(mode):
+        raise IsADirectoryError(21, "is a directory", str(path))
+    if mode is not None and not stat.S_ISREG(mode):
+        with open(path, "w", encoding="utf-8") as out:
+            out.write(text)
+        return
+    real = Path(os.path.realpath(path))  # a link to a regular file: replace the file, keep the link
+    real.parent.mkdir(parents=True, exist_ok=True)
+    tmp = real.with_name(f".{real.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as out:
+            out.write(text)
+        os.replace(tmp, real)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _inspect(paths: list[Path], max_tokens: int, format: str) -> int:
@@ -91,6 +128,7 @@ def _inspect(paths: list[Path], max_tokens: int, format: str) -> int:
     import torch
 
     from . import Category, EventCodec, Status, VocabMap, build_tokenizer, decode_batch
+    from .tokens.codec import EventEncodeError
     from .events import read_recording
 
     vocab = VocabMap.from_tokenizer(build_tokenizer(format=format))
@@ -102,11 +140,19 @@ def _inspect(paths: list[Path], max_tokens: int, format: str) -> int:
         try:
             events = read_recording(path, format=format)
         except Exception as err:  # noqa: BLE001 - report any unreadable file in one line
-            print(f"owa-metrics: cannot read {path}: {err}", file=sys.stderr)
+            print(f"owa-metrics: cannot read {path}: {err}".splitlines()[0], file=sys.stderr)
             return 2
-        counts = collections.Counter(e.category for e in events)
-        round_trip = sum(codec.decode(codec.encode(e)).kind == e.kind for e in events)
-        sequences = vocab.encode_sequences(events, max_tokens, ignore_images=True)
+        try:
+            counts = collections.Counter(e.category for e in events)
+            round_trip = sum(codec.decode(codec.encode(e)).kind == e.kind for e in events)
+            sequences = vocab.encode_sequences(events, max_tokens, ignore_images=True)
+        except EventEncodeError as err:
+            print(f"owa-metrics inspect: {path}: a recorded event the {format} format cannot write ({err})",
+                  file=sys.stderr)
+            return 2
+        except ValueError as err:  # an event longer than the sequences
+            print(f"owa-metrics inspect: {path}: {err}: raise --max-tokens".splitlines()[0], file=sys.stderr)
+            return 2
         width = max((len(s) for s in sequences), default=1)
         target = torch.tensor([s + [-100] * (width - len(s)) for s in sequences] or [[-100]])
         begin = time.perf_counter()

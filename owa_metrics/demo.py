@@ -13,6 +13,7 @@ from typing import Optional
 import torch
 
 from .events import read_recording, simulate_session
+from .evaluate import InputError, check_mcap
 from .events.event import Event
 from .report import format_number
 from .tokens.vocab import VocabMap, build_tokenizer
@@ -44,13 +45,26 @@ class DemoConfig:
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> "DemoConfig":
+        """The settings of a YAML file; `InputError` naming the file when it cannot be read or is not a mapping
+        of known keys."""
         import yaml
 
-        data = yaml.safe_load(Path(path).read_text()) or {}
+        try:
+            data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        except OSError as err:
+            raise InputError(f"{path}: cannot read it ({err.strerror or err})") from None
+        except UnicodeDecodeError as err:
+            raise InputError(f"{path}: not UTF-8 text (byte offset {err.start}); expected a YAML file") from None
+        except yaml.YAMLError as err:
+            where = getattr(err, "problem_mark", None)
+            line = f" (line {where.line + 1})" if where is not None else ""
+            raise InputError(f"{path}: not valid YAML{line}: {getattr(err, 'problem', None) or err}") from None
+        if not isinstance(data, dict):
+            raise InputError(f"{path}: expected a mapping of settings, got a {type(data).__name__}")
         known = {f.name for f in fields(cls)}
         unknown = set(data) - known
         if unknown:
-            raise ValueError(f"{path}: unknown keys {sorted(unknown)}; known: {sorted(known)}")
+            raise InputError(f"{path}: unknown keys {sorted(unknown)}; known: {sorted(known)}")
         return cls(**data)
 
 
@@ -195,6 +209,8 @@ def main(config_path: Optional[str], epochs: Optional[int], logger: Optional[str
     for name, value in (("epochs", epochs), ("logger", logger), ("mcap", mcap), ("out", out), ("format", format)):
         if value:
             setattr(config, name, [str(p) for p in value] if name == "mcap" else value)
+    for path in config.mcap or ():
+        check_mcap(Path(path))
     result = run_demo(config)
     print(summary(result, config.logger))
     return 0

@@ -4,13 +4,14 @@ A file is an OWA MCAP recording (one sequence: the whole recording), or text / J
 event tokens per line (JSONL: a JSON string, or an object with a "text" field). The k-th predicted sequence
 is compared with the k-th true one, event by event (generation alignment; events paired by index, or by time
 with ``pairing="time"``). The token format is the target
-file's (`guess_format`) unless one is named.
+file's (`guess_format`; the prediction file's when the target's tokens cannot tell) unless one is named.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -18,7 +19,7 @@ import torch
 
 from .events.event import Event
 from .metrics.collection import OWAEventMetrics
-from .tokens.codec import EventCodec
+from .tokens.codec import EventCodec, EventEncodeError
 from .tokens.vocab import VocabMap, build_tokenizer
 
 
@@ -27,6 +28,10 @@ MCAP_MAGIC = b"\x89MCAP0\r\n"
 
 class InputError(ValueError):
     """A file the evaluator cannot read; the message names the file and says what is wrong with it."""
+
+
+class FormatGuessWarning(UserWarning):
+    """Neither file's tokens tell the token format (e.g. screens only): hierarchical is assumed."""
 
 
 def read_file(path: str | Path) -> list[str] | list[Event]:
@@ -45,10 +50,8 @@ def read_file(path: str | Path) -> list[str] | list[Event]:
         raise InputError(f"{path}: not UTF-8 text (byte 0x{data[err.start]:02x} at offset {err.start}); "
                          "expected one token sequence per line, or an OWA .mcap recording") from None
     texts = []
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        if path.suffix == ".jsonl":
+    for number, line in enumerate(_lines(text), 1):
+        if path.suffix == ".jsonl" and line.strip():
             try:
                 item = json.loads(line)
             except json.JSONDecodeError as err:
@@ -57,16 +60,35 @@ def read_file(path: str | Path) -> list[str] | list[Event]:
             if not isinstance(line, str):
                 raise InputError(f"{path}:{number}: expected a string or an object with a 'text' field")
         texts.append(line.strip())
-    if not texts:
+    if not any(texts):
         raise InputError(f"{path}: no sequences (the file is empty or blank)")
     return texts
 
 
-def _read_mcap(path: Path, data: bytes) -> list[Event]:
+def _lines(text: str) -> list[str]:
+    """The lines of ``text`` split at ``\\n`` and ``\\r\\n`` only (a form feed or U+2028 stays inside its line); a
+    blank line is a line (an empty sequence), the final line break ends the last line."""
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
+def check_mcap(path: Path, data: Optional[bytes] = None) -> None:
+    """Raise `InputError` naming ``path`` unless it reads and opens and closes with the MCAP magic bytes."""
+    if data is None:
+        try:
+            data = path.read_bytes()
+        except OSError as err:
+            raise InputError(f"{path}: cannot read it ({err.strerror or err})") from None
     if not data.startswith(MCAP_MAGIC):
         raise InputError(f"{path}: not an MCAP file (it does not start with the MCAP magic bytes)")
     if len(data) < 2 * len(MCAP_MAGIC) or not data.endswith(MCAP_MAGIC):
         raise InputError(f"{path}: MCAP file truncated at byte {len(data)} (no closing magic bytes)")
+
+
+def _read_mcap(path: Path, data: bytes) -> list[Event]:
+    check_mcap(path, data)
     from .events import read_recording
 
     try:
@@ -91,13 +113,24 @@ def evaluation_warnings(report: dict, pred_path, target_path) -> list[str]:
 
 _PIECES = re.compile(r"(<[^<>]*>)")
 _FACTORIZED_ONLY = re.compile(r"<SIGN_PLUS>|<SIGN_MINUS>|<VK_\d+>|<MB_\d+>")
+# a digit above 9, or a keyboard / mouse event without factorized-only tokens: only hierarchical writes these
+_HIERARCHICAL_ONLY = re.compile(r"<(?:[1-9]\d+)>|<KEYBOARD>|<MOUSE>")
 
 
-def guess_format(contents: list[str] | list[Event]) -> str:
-    """Texts holding a factorized-only token (``<SIGN_PLUS>``, ``<VK_n>``, ``<MB_h>`` ...) are factorized; the rest,
-    and recordings, hierarchical."""
-    texts = [c for c in contents if isinstance(c, str)]
-    return "factorized" if any(_FACTORIZED_ONLY.search(text) for text in texts) else "hierarchical"
+def guess_format(*contents: list[str] | list[Event]) -> Optional[str]:
+    """The format the first file whose tokens tell says: a factorized-only token (``<SIGN_PLUS>``, ``<VK_n>``,
+    ``<MB_h>`` ...) -> factorized; else a digit above 9 or a keyboard / mouse event -> hierarchical. None when
+    some text holds events but none tells (screens only: both formats write ``<SCREEN>`` + 3 digits < 10);
+    hierarchical when no file is text with events (recordings, or no event at all)."""
+    events = False
+    for content in contents:
+        texts = [c for c in content if isinstance(c, str)]
+        if any(_FACTORIZED_ONLY.search(text) for text in texts):
+            return "factorized"
+        if any(_HIERARCHICAL_ONLY.search(text) for text in texts):
+            return "hierarchical"
+        events = events or any("<EVENT_START>" in text for text in texts)
+    return None if events else "hierarchical"
 
 
 def tokenize(text: str, vocab: dict[str, int], unk_id: int) -> list[int]:
@@ -114,17 +147,33 @@ def to_ids(contents: list[str] | list[Event], tokenizer, vocab: VocabMap) -> lis
     return [tokenize(text, words, tokenizer.unk_token_id) for text in contents]
 
 
+def _ids(path, contents, tokenizer, vocab: VocabMap) -> list[list[int]]:
+    try:
+        return to_ids(contents, tokenizer, vocab)
+    except EventEncodeError as err:  # a recorded field out of the format's range (e.g. vk 300)
+        raise InputError(f"{path}: a recorded event the {vocab.config.format} format cannot write ({err})") from None
+
+
 def evaluate(pred_path, target_path, mode: str = "exact", batch_size: int = 16, progress: bool = True,
              format: Optional[str] = None, pairing: str = "index", tolerance_ms: float = 100.0) -> dict:
     """``OWAEventMetrics(alignment="generation", pairing=, tolerance_ms=)`` over the paired sequences of two files,
-    in ``format`` (guessed from the target file's tokens when None, see `guess_format`); under time pairing each
+    in ``format`` (guessed from the files' tokens when None, see `guess_format`; `FormatGuessWarning` when they
+    cannot tell); under time pairing each
     sequence's time origin is its first valid true event."""
     from tqdm.auto import tqdm
 
     pred_contents, target_contents = read_file(pred_path), read_file(target_path)
-    tokenizer = build_tokenizer(format=format or guess_format(target_contents))
+    if format is None:
+        format = guess_format(target_contents, pred_contents)
+        if format is None:
+            warnings.warn(f"{target_path}: its tokens do not tell the token format (screens only, every digit "
+                          "< 10): hierarchical assumed; pass format= (--format) to be sure, since the formats' timestamp "
+                          "windows differ (16 s vs 10 s)", FormatGuessWarning, stacklevel=2)
+            format = "hierarchical"
+    tokenizer = build_tokenizer(format=format)
     metric = OWAEventMetrics(tokenizer, alignment="generation", mode=mode, pairing=pairing, tolerance_ms=tolerance_ms)
-    preds, targets = to_ids(pred_contents, tokenizer, metric.vocab), to_ids(target_contents, tokenizer, metric.vocab)
+    preds, targets = (_ids(path, contents, tokenizer, metric.vocab)
+                      for path, contents in ((pred_path, pred_contents), (target_path, target_contents)))
     if len(preds) != len(targets):
         raise ValueError(f"{pred_path} has {len(preds)} sequences but {target_path} has {len(targets)}")
     for first in tqdm(range(0, len(targets), batch_size), desc="evaluate", unit="batch", disable=not progress):

@@ -5,7 +5,8 @@ ops: it finds the spans, checks each event slot by slot against its layout's rul
 the layout's place values, signs and moduli — the same tables (`_Tables`) and the same rules as the torch
 path, which stays the reference for the GPU and the definition the tests hold this kernel to. The first call
 in a fresh environment compiles (about 10 s; later processes load numba's cache in about 1 s). Without numba
-(or when it fails to load) the torch path runs, with one warning.
+(or when it fails to load, or under ``NUMBA_DISABLE_JIT=1``) the torch path runs, with one warning; where numba
+cannot write its cache the kernels compile uncached in each process, with one warning.
 """
 
 from __future__ import annotations
@@ -27,21 +28,47 @@ VALID, INVALID_FORMAT, MISSING_FIELDS, TRUNCATED, TYPE_MISMATCH, MISSING, INVALI
 MOUSE_KIND, SCREEN_KIND = 1, 2
 KEYBOARD_CAT, MOUSE_OP_CAT, MOUSE_NOP_CAT, SCREEN_CAT, INVALID_CAT = range(5)
 
-_warned = False
+_warned: set[str] = set()
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(f"owa_metrics: {message}", RuntimeWarning, stacklevel=4)
+
+
+def _jit_disabled() -> bool:
+    from numba import config
+
+    return bool(config.DISABLE_JIT)
 
 
 def available() -> bool:
-    """Whether the compiled kernel can run; warns once when it cannot."""
-    global _warned
-    if njit is None and not _warned:
-        warnings.warn(f"owa_metrics: numba is not available ({IMPORT_ERROR}); decoding on the CPU uses the slower "
-                      "torch path. pip install numba to get the compiled kernel.", RuntimeWarning, stacklevel=3)
-        _warned = True
-    return njit is not None
+    """Whether the compiled kernel can run; warns once when it cannot (numba missing, or ``NUMBA_DISABLE_JIT=1``,
+    under which the kernels would run as Python loops, ~30x slower than the torch path)."""
+    if njit is None:
+        _warn_once("import", f"numba is not available ({IMPORT_ERROR}); decoding on the CPU uses the slower torch "
+                             "path. pip install numba to get the compiled kernel.")
+        return False
+    if _jit_disabled():
+        _warn_once("disabled", "NUMBA_DISABLE_JIT is set: the numba kernels would run as Python loops, so the CPU "
+                               "uses the torch path instead. Unset NUMBA_DISABLE_JIT to get the compiled kernel.")
+        return False
+    return True
 
 
 def _jit(fn):
-    return njit(cache=True, nogil=True)(fn) if njit is not None else fn
+    """``njit(cache=True, nogil=True)``; where numba has nowhere to write its cache (a read-only install with no
+    writable ``NUMBA_CACHE_DIR`` or HOME), the same jit uncached: each process then compiles on first use (a few
+    seconds), with one warning."""
+    if njit is None:
+        return fn
+    try:
+        return njit(cache=True, nogil=True)(fn)
+    except RuntimeError as err:  # numba: "cannot cache function ...: no locator available"
+        _warn_once("cache", f"numba cannot cache the CPU kernels ({err}); they compile in each process on first use "
+                            "(a few seconds). Set NUMBA_CACHE_DIR to a directory only you can write to.")
+        return njit(nogil=True)(fn)
 
 
 @_jit
