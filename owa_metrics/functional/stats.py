@@ -176,8 +176,8 @@ def _percentile_interval(replicates: torch.Tensor, confidence: float) -> torch.T
 def _resample_iqms(values: torch.Tensor, counts: torch.Tensor, num_resamples: int, seed: int, tail_margin: float,
                    tied: Optional[torch.Tensor] = None,
                    profile: Optional[tuple[np.ndarray, np.ndarray]] = None) -> torch.Tensor:
-    """The IQMs (`_iqm_rows` with ``tied`` and the units' ``profile`` (x, g)) of ``num_resamples`` bootstrap resamples of ``(values, counts)`` (CPU,
-    ascending, counts > 0), drawn as in the module docstring: O(B x kept values) by value, O(B x kept samples)
+    """The IQMs (`_iqm_rows` with ``tied`` and a sketch's unit ``profile`` (x, g)) of ``num_resamples`` bootstrap
+    resamples of ``(values, counts)`` (CPU, ascending, counts > 0), drawn as in the module docstring: O(B x kept values) by value, O(B x kept samples)
     sample by sample, vectorized per chunk of resamples (the bookkeeping in numpy, whose generator draws)."""
     c = counts.numpy()
     n, k = int(c.sum()), c.size
@@ -372,7 +372,8 @@ def _sketch_units(values: torch.Tensor, counts: torch.Tensor, tied: torch.Tensor
     means = unit_sums / unit_counts
     # the profile G at each bucket's end: its unit + the unit's count so far over its count, and the means of the
     # units before + the unit's sum so far over its count
-    count_so_far, sum_so_far = (np.cumsum(w) - (np.cumsum(s) - s)[unit] for w, s in ((c, unit_counts), (c * v, unit_sums)))
+    count_so_far, sum_so_far = (np.cumsum(w) - (np.cumsum(total) - total)[unit]
+                                for w, total in ((c, unit_counts), (c * v, unit_sums)))
     x = np.concatenate([[0.0], unit + count_so_far / unit_counts[unit]])
     g = np.concatenate([[0.0], (np.cumsum(means) - means)[unit] + sum_so_far / unit_counts[unit]])
     return torch.from_numpy(means), torch.from_numpy(unit_counts), torch.from_numpy(unit_tied), (x, g)

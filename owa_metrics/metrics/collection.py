@@ -22,7 +22,7 @@ from ..functional.events import (
     EVENT_COUNTS, detection_report, event_type_report, keyboard_report, mouse_action_report, movement_r2_report, ratio,
 )
 from ..functional import kernel as fused
-from ..functional.stats import SketchSpec, distinct_by_group, sketch_counts
+from ..functional.stats import distinct_by_group, sketch_counts
 from ..functional.tokens import (
     TOKEN_FIELDS, EventTokenStats, event_token_stats, field_table, token_losses, token_report,
 )

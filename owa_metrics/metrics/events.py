@@ -45,8 +45,8 @@ class EventTokenMetrics(_SumMetric):
         super().__init__("token_sums", 2 * len(TOKEN_FIELDS) + 2 * (N_CAT + 1), **kwargs)
 
     def update(self, stats: EventTokenStats) -> None:
-        _check_type(self, stats, EventTokenStats, "owa_metrics.functional.tokens.event_token_stats(batch, preds, target, "
-                    "config, logits)")
+        _check_type(self, stats, EventTokenStats,
+                    "owa_metrics.functional.tokens.event_token_stats(batch, preds, target, config, logits)")
         fields, loss = token_sums(stats)
         self.token_sums += torch.cat([fields.reshape(-1), loss.reshape(-1)])
 
