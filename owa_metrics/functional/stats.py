@@ -178,7 +178,8 @@ def _resample_iqms(values: torch.Tensor, counts: torch.Tensor, num_resamples: in
                    profile: Optional[tuple[np.ndarray, np.ndarray]] = None) -> torch.Tensor:
     """The IQMs (`_iqm_rows` with ``tied`` and a sketch's unit ``profile`` (x, g)) of ``num_resamples`` bootstrap
     resamples of ``(values, counts)`` (CPU, ascending, counts > 0), drawn as in the module docstring: O(B x kept
-    values) by value, O(B x kept samples) sample by sample, vectorized per chunk of resamples (the bookkeeping in numpy, whose generator draws)."""
+    values) by value, O(B x kept samples) sample by sample, vectorized per chunk of resamples (the bookkeeping in
+    numpy, whose generator draws)."""
     c = counts.numpy()
     n, k = int(c.sum()), c.size
     cum = np.cumsum(c)
