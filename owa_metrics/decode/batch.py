@@ -149,6 +149,9 @@ def decode_batch(preds: torch.Tensor, target: torch.Tensor, vocab: VocabMap,
     instead of by index: see `owa_metrics.decode.matching`.
     """
     preds, target = _check_inputs(preds, target, alignment)
+    if not isinstance(vocab, VocabMap):
+        raise TypeError(f"decode_batch reads token ids with a VocabMap, got {type(vocab).__name__}: build it once "
+                        "with owa_metrics.VocabMap.from_tokenizer(tokenizer) and pass that")
     if backend not in ("auto", "torch", "kernel"):
         raise ValueError(f"backend must be 'auto', 'torch' or 'kernel', got {backend!r}")
     check_pairing(pairing, alignment)
@@ -234,7 +237,7 @@ def _decode_with_torch(preds, target, vocab: VocabMap, alignment: Alignment, L: 
     scans = _Scans(planes, W)
     seq, col = scans.marks[:B].nonzero().unbind(1)  # the target spans: the one host sync
     at, n, BW = torch.add(col, seq, alpha=W), seq.numel(), B * W
-    target_count, pred_count = scans.marks.sum(1).split(B)  # events per row of each side
+    target_count, pred_count = scans.marks.sum(1).split([B, B])  # events per row of each side (B = 0 too)
     if generation:  # the k-th target event of a row is paired with the k-th generated event of that row
         counts = torch.stack([target_count, pred_count])
         above, rank = (counts.cumsum(1) - counts).index_select(1, seq), torch.arange(n, device=at.device)

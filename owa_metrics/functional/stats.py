@@ -94,19 +94,33 @@ def _quantile_rows(values: torch.Tensor, cum: torch.Tensor, n: int, q: list[floa
     return _lerp(at[..., :len(q)], at[..., len(q):], t)
 
 
-def _iqm_rows(values: torch.Tensor, counts: torch.Tensor, tied: Optional[torch.Tensor] = None) -> torch.Tensor:
+def _iqm_rows(values: torch.Tensor, counts: torch.Tensor, tied: Optional[torch.Tensor] = None,
+              spread: Optional[tuple[np.ndarray, np.ndarray, np.ndarray]] = None) -> torch.Tensor:
     """IQM of each row of ``counts`` [..., K] (rows of one size n) over ``values`` [K]: the mean of the values in
     [Q25, Q75], a value counted whole when it is ``tied`` (None: all, numpy's inclusive IQM of exact values),
     else (a sketch bucket spread over a range) for the ranks it holds in [ceil(0.25 (n - 1)), floor(0.75 (n - 1))].
-    O(K) per row."""
+    ``spread`` (sketch resampling units, `_sketch_units`): ``(unit, x, g)``, each column's unit and the profile
+    G(u + f) (piecewise linear through the points ``(x, g)``) = the means of the units before u + the sum of the
+    first f of unit u's samples over its count: a unit holding the ranks [f m, f' m) of its m samples in the IQR
+    adds m (G(u + f') - G(u + f)), the values of its own buckets there, not m (f' - f) times its mean. O(K) per row."""
     cum = counts.cumsum(-1)
     n = int(cum.reshape(-1, cum.shape[-1])[0, -1])
     quartiles = _quantile_rows(values, cum, n, [0.25, 0.75])
     covered = torch.where((values >= quartiles[..., :1]) & (values <= quartiles[..., 1:]), counts, 0.0)
-    if tied is not None:
-        ranks = (cum - 1).clamp(max=math.floor(0.75 * (n - 1))) - (cum - counts).clamp(min=math.ceil(0.25 * (n - 1)))
-        covered = torch.where(tied, covered, (ranks + 1).clamp(min=0))
-    return (covered * values).sum(-1) / covered.sum(-1)
+    if tied is None:
+        return (covered * values).sum(-1) / covered.sum(-1)
+    before = cum - counts
+    low, high = before.clamp(min=math.ceil(0.25 * (n - 1))), cum.clamp(max=math.floor(0.75 * (n - 1)) + 1)
+    held = (high - low).clamp(min=0)  # the ranks [low, high) in the IQR
+    if spread is None:
+        held_sum = held * values
+    else:
+        unit, x, g = spread
+        m = counts.clamp(min=1)
+        ends = torch.stack([(low - before) / m, (low - before + held) / m]).clamp(0, 1) + torch.from_numpy(unit)
+        profile = torch.from_numpy(np.interp(ends.numpy(), x, g))
+        held_sum = counts * (profile[1] - profile[0])
+    return torch.where(tied, covered * values, held_sum).sum(-1) / torch.where(tied, covered, held).sum(-1)
 
 
 def quantile_of_counts(values: torch.Tensor, counts: torch.Tensor, q) -> torch.Tensor:
@@ -160,10 +174,12 @@ def _percentile_interval(replicates: torch.Tensor, confidence: float) -> torch.T
 
 
 def _resample_iqms(values: torch.Tensor, counts: torch.Tensor, num_resamples: int, seed: int, tail_margin: float,
-                   tied: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """The IQMs (`_iqm_rows` with ``tied``) of ``num_resamples`` bootstrap resamples of ``(values, counts)`` (CPU,
-    ascending, counts > 0), drawn as in the module docstring: O(B x kept values) by value, O(B x kept samples)
-    sample by sample, vectorized per chunk of resamples (the bookkeeping in numpy, whose generator draws)."""
+                   tied: Optional[torch.Tensor] = None,
+                   profile: Optional[tuple[np.ndarray, np.ndarray]] = None) -> torch.Tensor:
+    """The IQMs (`_iqm_rows` with ``tied`` and a sketch's unit ``profile`` (x, g)) of ``num_resamples`` bootstrap
+    resamples of ``(values, counts)`` (CPU, ascending, counts > 0), drawn as in the module docstring: O(B x kept
+    values) by value, O(B x kept samples) sample by sample, vectorized per chunk of resamples (the bookkeeping in
+    numpy, whose generator draws)."""
     c = counts.numpy()
     n, k = int(c.sum()), c.size
     cum = np.cumsum(c)
@@ -195,15 +211,19 @@ def _resample_iqms(values: torch.Tensor, counts: torch.Tensor, num_resamples: in
     # a merged tail reads as its value nearest the kept ones: outside [Q25, Q75] while the quartiles are kept values
     group = lambda v: torch.cat([v[a - 1:a] if a else v[:0], v[a:b], v[b:b + 1]])  # noqa: E731
     group_values, group_tied = group(values), None if tied is None else group(tied)
+    spread = group_spread = None
+    if profile is not None:
+        spread = (np.arange(k, dtype=np.float64), *profile)
+        group_spread = (group(torch.from_numpy(spread[0])).numpy(), *profile)
     rows, out = max(1, CHUNK_ELEMENTS // (b - a + 2)), []
     for first in range(0, num_resamples, rows):  # loop over chunks of resamples, each vectorized
         chunk = groups[first:first + rows]
         middle = kept_counts(chunk[:, 1])
         drawn = np.concatenate([chunk[:, :1][:, :int(a > 0)], middle, chunk[:, 2:][:, :int(b < k)]], axis=1)
-        iqms = _iqm_rows(group_values, torch.from_numpy(drawn).double(), group_tied)
+        iqms = _iqm_rows(group_values, torch.from_numpy(drawn).double(), group_tied, group_spread)
         for i in np.flatnonzero((chunk[:, 0] > r25) | (chunk[:, 2] >= n - r75)):  # a tail reaches a quartile: rare
             full = np.concatenate([split(int(chunk[i, 0]), c[:a]), middle[i], split(int(chunk[i, 2]), c[b:])])
-            iqms[i] = _iqm_rows(values, torch.from_numpy(full).double(), tied)
+            iqms[i] = _iqm_rows(values, torch.from_numpy(full).double(), tied, spread)
         out.append(iqms)
     return torch.cat(out)
 
@@ -318,14 +338,15 @@ def sketch_bootstrap_iqm_ci_of_counts(values: torch.Tensor, counts: torch.Tensor
     if counts.numel() == 0:
         return _nan((2,), counts.device)
     sample = _sketch_units(values.cpu(), counts.cpu(), tied.cpu(), tail_margin, units)
-    replicates = _resample_iqms(*sample[:2], num_resamples, seed, tail_margin, sample[2])
+    replicates = _resample_iqms(*sample[:2], num_resamples, seed, tail_margin, *sample[2:])
     return _percentile_interval(replicates, confidence).to(counts.device)
 
 
 def _sketch_units(values: torch.Tensor, counts: torch.Tensor, tied: torch.Tensor, tail_margin: float,
-                  units: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Consecutive buckets (CPU) merged into resampling units ``(values, counts, tied)``, a unit's value the
-    count-weighted mean of its buckets'.
+                  units: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple[np.ndarray, np.ndarray]]:
+    """Consecutive buckets (CPU) merged into resampling units ``(values, counts, tied, profile)``, a unit's value the
+    count-weighted mean of its buckets', ``profile`` the points (x, g) of G (`_iqm_rows`: the buckets of a unit
+    partly in the IQR are read in order).
 
     By a bucket's first rank: within w ranks of r25 or of r75 (w, r25, r75 as the module docstring), ``units``
     units of equal rank span each, and a tied bucket holding a quarter of a unit's ranks or more alone; between
@@ -347,7 +368,13 @@ def _sketch_units(values: torch.Tensor, counts: torch.Tensor, tied: torch.Tensor
     new = np.ones(v.size, dtype=bool)
     new[1:] = (zone[1:] != zone[:-1]) | (cell[1:] != cell[:-1]) | (sign[1:] != sign[:-1]) | alone[1:] | alone[:-1]
     unit = np.cumsum(new) - 1
-    unit_counts = np.bincount(unit, weights=c)
+    unit_counts, unit_sums = np.bincount(unit, weights=c), np.bincount(unit, weights=c * v)
     unit_tied = (np.bincount(unit) == 1) & (np.bincount(unit, weights=t) == 1)
-    return (torch.from_numpy(np.bincount(unit, weights=c * v) / unit_counts), torch.from_numpy(unit_counts),
-            torch.from_numpy(unit_tied))
+    means = unit_sums / unit_counts
+    # the profile G at each bucket's end: its unit + the unit's count so far over its count, and the means of the
+    # units before + the unit's sum so far over its count
+    count_so_far, sum_so_far = (np.cumsum(w) - (np.cumsum(total) - total)[unit]
+                                for w, total in ((c, unit_counts), (c * v, unit_sums)))
+    x = np.concatenate([[0.0], unit + count_so_far / unit_counts[unit]])
+    g = np.concatenate([[0.0], (np.cumsum(means) - means)[unit] + sum_so_far / unit_counts[unit]])
+    return torch.from_numpy(means), torch.from_numpy(unit_counts), torch.from_numpy(unit_tied), (x, g)

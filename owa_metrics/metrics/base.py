@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import functools
-from typing import Literal, Optional
+import numbers
+from typing import Any, Callable, Literal, Optional
 
 import torch
 from torchmetrics import Metric
@@ -92,7 +93,76 @@ def append_samples(state: list, samples: torch.Tensor) -> None:
         state[-k:] = [torch.cat(state[-k:])]
 
 
-class SampleMetric(Metric):
+def check_statistics(relative_accuracy: float, sketch_range: tuple[float, float], num_resamples: int,
+                     seed: int) -> SketchSpec:
+    """The sketch layout of the constructor arguments, each checked (a ValueError naming it)."""
+    if not isinstance(relative_accuracy, numbers.Real) or not 0 < relative_accuracy < 1:
+        raise ValueError(f"relative_accuracy must be a number in (0, 1), got {relative_accuracy!r}")
+    if (not isinstance(sketch_range, (tuple, list)) or len(sketch_range) != 2
+            or not all(isinstance(x, numbers.Real) for x in sketch_range) or not 0 < sketch_range[0] < sketch_range[1]):
+        raise ValueError(f"sketch_range must be (min, max) with 0 < min < max, got {sketch_range!r}")
+    if isinstance(num_resamples, bool) or not isinstance(num_resamples, numbers.Integral) or num_resamples < 1:
+        raise ValueError(f"num_resamples (bootstrap resamples per CI) must be a positive int, got {num_resamples!r}")
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+        raise ValueError(f"seed (of the bootstrap CIs) must be a non-negative int, got {seed!r}")
+    return SketchSpec(float(relative_accuracy), float(sketch_range[0]), float(sketch_range[1]))
+
+
+def check_same_shape(metric: Metric, **tensors: torch.Tensor) -> None:
+    """Raise unless the named tensors have one shape (a metric never broadcasts one input against another)."""
+    shapes = {name: tuple(x.shape) for name, x in tensors.items()}
+    if len(set(shapes.values())) > 1:
+        raise ValueError(f"{type(metric).__name__}.update needs inputs of one shape, got "
+                         + ", ".join(f"{name} {shape}" for name, shape in shapes.items()))
+
+
+def check_vectors(metric: Metric, preds: torch.Tensor, target: torch.Tensor) -> None:
+    """Raise unless ``preds`` and ``target`` are both movement vectors [N, 2]."""
+    check_same_shape(metric, preds=preds, target=target)
+    if preds.dim() != 2 or preds.shape[1] != 2:
+        raise ValueError(f"{type(metric).__name__}.update needs movement vectors [N, 2] (dx, dy), got preds "
+                         f"{tuple(preds.shape)} and target {tuple(target.shape)}")
+
+
+class Float64Metric(Metric):
+    """A metric whose states (counts, sums, samples) are float64 and stay so, with a cheap ``forward``.
+
+    - Module casts (``.to(torch.bfloat16)``, ``.half()``, Lightning's ``precision="bf16-true"``) move the states
+      to their device but keep them float64: a bfloat16 count stops at 256. Only `set_dtype` changes their dtype.
+    - ``forward`` (the batch's value, the batch added to the state) sets the state aside by reference, not by a
+      copy (`reset` gives the batch fresh states, which every update replaces or adds into), and appends the
+      batch's samples as ``update`` does (`append_samples`), not one tensor per call.
+    """
+
+    def _apply(self, fn: Callable, exclude_state: Any = "") -> "Float64Metric":
+        if self._dtype_convert:  # set_dtype
+            return super()._apply(fn, exclude_state)
+
+        def move(x: torch.Tensor) -> torch.Tensor:
+            to = fn(x.new_empty(0))  # where and as what fn puts a tensor like x
+            return fn(x) if to.dtype == x.dtype else x.to(to.device)
+
+        dtype = self._dtype
+        out = super()._apply(move, exclude_state)
+        out._dtype = dtype
+        return out
+
+    def _copy_state_dict(self) -> dict:
+        return {attr: list(value) if isinstance(value, list) else value
+                for attr, value in ((attr, getattr(self, attr)) for attr in self._defaults)}
+
+    def _reduce_states(self, incoming_state: dict) -> None:
+        super()._reduce_states(incoming_state)
+        for attr in self._defaults:  # a list state: the incoming pieces, then this one's, merged as update merges
+            pieces = getattr(self, attr)  # (pieces that already halve along the list are not copied again)
+            if isinstance(pieces, list) and len(pieces) > 1:
+                merged: list = []
+                for piece in pieces:
+                    append_samples(merged, piece)
+                setattr(self, attr, merged)
+
+
+class SampleMetric(Float64Metric):
     """Base of the quantile-based metrics: one switch between exact and constant-memory states.
 
     - ``mode="exact"`` (default): every sample kept (``cat`` states, float64, merged as they arrive into at
@@ -103,7 +173,9 @@ class SampleMetric(Metric):
       ``relative_accuracy`` of the mean magnitude of the middle values (plus the bootstrap's own noise).
       Magnitudes below ``sketch_range[0]`` count as 0, above ``sketch_range[1]`` as the top bucket.
 
-    Bootstrap CIs use ``num_resamples`` resamples seeded with ``seed``, computed on the synced state.
+    Bootstrap CIs use ``num_resamples`` resamples seeded with ``seed``, computed on the synced state. State names
+    say what they hold and differ between classes, so that a ``MetricCollection`` never merges two metrics'
+    states into one compute group.
     """
 
     full_state_update = False
@@ -116,7 +188,7 @@ class SampleMetric(Metric):
         if mode not in ("exact", "sketch"):
             raise ValueError(f"mode must be 'exact' or 'sketch', got {mode!r}")
         self.mode = mode
-        self.spec = SketchSpec(relative_accuracy, *sketch_range)
+        self.spec = check_statistics(relative_accuracy, sketch_range, num_resamples, seed)
         self.num_resamples, self.seed = num_resamples, seed
 
     def _add_sample_state(self, name: str) -> None:

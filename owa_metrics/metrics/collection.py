@@ -9,7 +9,6 @@ from typing import Optional, Union
 
 import numpy as np
 import torch
-from torchmetrics import Metric
 from torchmetrics.utilities import rank_zero_warn
 
 from ..decode import kernel as decode_kernel
@@ -23,13 +22,13 @@ from ..functional.events import (
     EVENT_COUNTS, detection_report, event_type_report, keyboard_report, mouse_action_report, movement_r2_report, ratio,
 )
 from ..functional import kernel as fused
-from ..functional.stats import SketchSpec, distinct_by_group, sketch_counts
+from ..functional.stats import distinct_by_group, sketch_counts
 from ..functional.tokens import (
     TOKEN_FIELDS, EventTokenStats, event_token_stats, field_table, token_losses, token_report,
 )
 from ..tokens.codec import CodecConfig
 from ..tokens.vocab import VocabMap
-from .base import Distribution, Mode, append_samples, cat_samples
+from .base import Distribution, Float64Metric, Mode, append_samples, cat_samples, check_statistics
 
 N_CAT = len(CATEGORY_NAMES)
 GROUPS = ("all", *CATEGORY_NAMES)  # timestamp metrics: over all comparable events, then per category
@@ -37,14 +36,15 @@ TIMESTAMP_COLUMNS = ("signed_error_ms", "percent_error", "category")
 MOUSE_COLUMNS = ("euclidean_pe", "signed_pe_x", "signed_pe_y", "direction_deg")
 
 
-class OWAEventMetrics(Metric):
+class OWAEventMetrics(Float64Metric):
     """Every event metric of an OWA model, as one torchmetrics ``Metric``.
 
-    ``OWAEventMetrics(tokenizer)`` takes any HF tokenizer that has the event tokens (or ``vocab=VocabMap``).
+    ``OWAEventMetrics(tokenizer)`` takes any HF tokenizer that has the event tokens (or a `VocabMap`, in either
+    argument).
     ``update(preds, target, logits=None)``: token ids [B, T] aligned position by position (teacher forcing:
     see `align_teacher_forcing`; generation: ``alignment="generation"``, ``preds`` the generated tokens), or an
-    already decoded `EventBatch` as ``preds``; ``logits`` [B, T, V] aligned with ``target`` add the per-category
-    token loss. ``compute()`` -> a flat dict of float64 scalars with ``/``-grouped keys and units in the names;
+    already decoded `EventBatch` as ``preds`` alone (every key but the token ones, which need the ids); ``logits``
+    [B, T, V] aligned with ``target`` (on its device) add the per-category token loss. ``compute()`` -> a flat dict of float64 scalars with ``/``-grouped keys and units in the names;
     keys without samples are left out (never NaN), counts are always there.
 
     The definitions are those of the single metrics (`TimestampError`, `IQMPE`, `DirectionError`,
@@ -76,19 +76,19 @@ class OWAEventMetrics(Metric):
                  tolerance_ms: float = 100.0, **kwargs):
         kwargs.setdefault("compute_with_cache", False)  # every compute() syncs, on every rank: no stale rank
         super().__init__(**kwargs)
-        if vocab is None:
-            if tokenizer is None:
-                raise ValueError("OWAEventMetrics needs the model's tokenizer (with the event tokens) or vocab=VocabMap")
-            vocab = VocabMap.from_tokenizer(tokenizer, config, format)
+        vocab = _vocab_map(vocab if vocab is not None else tokenizer, config, format)
         if alignment not in ("teacher_forcing", "generation"):
             raise ValueError(f"alignment must be 'teacher_forcing' or 'generation', got {alignment!r}")
         if mode not in ("exact", "sketch"):
             raise ValueError(f"mode must be 'exact' or 'sketch', got {mode!r}")
+        if backend not in ("auto", "kernel", "torch"):
+            raise ValueError(f"backend must be 'auto' (the CPU kernel for CPU tensors, else torch ops), 'kernel' or "
+                             f"'torch', got {backend!r}")
         check_pairing(pairing, alignment)
         tolerance_ns(tolerance_ms, vocab.config.timestamp_window_ns)  # raises saying what is allowed
         self.pairing, self.tolerance_ms = pairing, tolerance_ms
         self.vocab, self.alignment, self.mode, self.backend = vocab, alignment, mode, backend
-        self.spec = SketchSpec(relative_accuracy, *sketch_range)
+        self.spec = check_statistics(relative_accuracy, sketch_range, num_resamples, seed)
         self.num_resamples, self.seed = num_resamples, seed
         self.window_ns = vocab.config.timestamp_window_ns
         columns = vocab.config.token_format.digit_columns
@@ -133,6 +133,9 @@ class OWAEventMetrics(Metric):
         tokens = None  # teacher forcing on token ids: `event_token_stats`
         if isinstance(preds, EventBatch):
             batch = preds
+            if target is not None or logits is not None:
+                raise ValueError("update(EventBatch) takes the decoded batch alone: the token accuracy and loss need "
+                                 "the token ids, so pass update(preds_ids, target_ids, logits=...) instead")
             if (batch.time_matching is not None) != (self.pairing == "time"):
                 raise ValueError(f"this EventBatch was paired by {'time' if batch.time_matching else 'index'} but "
                                  f"the metric pairs by {self.pairing}: decode with decode_batch(..., "
@@ -140,12 +143,8 @@ class OWAEventMetrics(Metric):
         else:
             if target is None:
                 raise ValueError("update(preds, target): target token ids are missing")
-            if logits is not None and self.alignment != "teacher_forcing":
-                raise ValueError("logits give the token loss under teacher forcing only; with alignment='generation' "
-                                 "pass the generated ids and the target ids alone")
-            if logits is not None and tuple(logits.shape[:-1]) != tuple(getattr(target, "shape", ())):
-                raise ValueError(f"logits {tuple(logits.shape)} must be [B, T, V] aligned with target "
-                                 f"{tuple(getattr(target, 'shape', ()))}")
+            if logits is not None:
+                _check_logits(logits, target, self.alignment)
             preds, target = _check_inputs(preds, target, self.alignment)  # [B, T] int64
             if logits is not None and logits.dim() == 2:
                 logits = logits[None]
@@ -603,6 +602,29 @@ class _Plan:
     def take(self, sources: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Each state's increments, flat, from the `sources`."""
         return sources.index_select(0, self.index).split(self.sizes)
+
+
+def _vocab_map(vocab, config: Optional[CodecConfig], format: Optional[str]) -> VocabMap:
+    """A `VocabMap` as given, or one read from a tokenizer (`VocabMap.from_tokenizer`)."""
+    if vocab is None:
+        raise ValueError("OWAEventMetrics needs the model's tokenizer (with the event tokens) or vocab=VocabMap")
+    return vocab if isinstance(vocab, VocabMap) else VocabMap.from_tokenizer(vocab, config, format)
+
+
+def _check_logits(logits, target, alignment: Alignment) -> None:
+    """Raise unless ``logits`` are floating [B, T, V > 0] aligned with ``target`` on its device (teacher forcing)."""
+    if alignment != "teacher_forcing":
+        raise ValueError("logits give the token loss under teacher forcing only; with alignment='generation' "
+                         "pass the generated ids and the target ids alone")
+    if not isinstance(logits, torch.Tensor) or not logits.is_floating_point():
+        raise TypeError(f"logits must be a floating tensor [B, T, V], got "
+                        f"{getattr(logits, 'dtype', type(logits).__name__)}")
+    shape = tuple(getattr(target, "shape", ()))
+    if tuple(logits.shape[:-1]) != shape or logits.shape[-1] == 0:
+        raise ValueError(f"logits {tuple(logits.shape)} must be [B, T, V] (V > 0: the vocabulary) aligned with "
+                         f"target {shape}")
+    if isinstance(target, torch.Tensor) and logits.device != target.device:
+        raise ValueError(f"logits on {logits.device} and target on {target.device}: put the logits on the ids' device")
 
 
 def _rows(state, width: int, device) -> torch.Tensor:

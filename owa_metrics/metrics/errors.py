@@ -5,14 +5,13 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-from torchmetrics import Metric
 
 from ..functional.events import (
     direction_error_deg, euclidean_percent_error, movement_r2_report, movement_sums, percent_error,
     signed_percent_error, timestamp_errors,
 )
 from ..tokens.codec import CodecConfig
-from .base import SampleMetric
+from .base import Float64Metric, SampleMetric, check_same_shape, check_vectors
 
 class IQMPE(SampleMetric):
     """Interquartile mean percent error: ``IQM(|pred - gt| / |gt| * 100)`` over samples with gt != 0 (in %).
@@ -25,13 +24,14 @@ class IQMPE(SampleMetric):
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
-        self._add_sample_state("percent_errors")
+        self._add_sample_state("abs_percent_errors")
 
     def update(self, preds: torch.Tensor, target: torch.Tensor) -> None:
-        self._push("percent_errors", percent_error(preds, target))
+        check_same_shape(self, preds=preds, target=target)
+        self._push("abs_percent_errors", percent_error(preds, target))
 
     def compute(self) -> torch.Tensor:
-        return self._distribution("percent_errors").iqm()
+        return self._distribution("abs_percent_errors").iqm()
 
 class DirectionError(SampleMetric):
     """Angle between predicted and true (dx, dy), ``min(|dθ|, 360 - |dθ|)`` degrees via atan2; true zero
@@ -42,14 +42,15 @@ class DirectionError(SampleMetric):
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
-        self._add_sample_state("errors_deg")
+        self._add_sample_state("direction_errors_deg")
 
     def update(self, preds: torch.Tensor, target: torch.Tensor) -> None:
         """``preds``, ``target``: [N, 2] movement vectors (dx, dy)."""
-        self._push("errors_deg", direction_error_deg(preds, target))
+        check_vectors(self, preds, target)
+        self._push("direction_errors_deg", direction_error_deg(preds, target))
 
     def compute(self) -> dict[str, torch.Tensor]:
-        p50, p95 = self._distribution("errors_deg").quantile([0.5, 0.95])
+        p50, p95 = self._distribution("direction_errors_deg").quantile([0.5, 0.95])
         return {"p50_deg": p50, "p95_deg": p95}
 
 class TimestampError(SampleMetric):
@@ -68,20 +69,21 @@ class TimestampError(SampleMetric):
     def __init__(self, window_ns: Optional[int] = None, format: str = "hierarchical", **kwargs):
         super().__init__(**kwargs)
         self.window_ns = window_ns or CodecConfig.preset(format).timestamp_window_ns
-        self._add_sample_state("signed_errors_ms")
-        self._add_sample_state("percent_errors")
+        self._add_sample_state("timestamp_signed_errors_ms")
+        self._add_sample_state("timestamp_percent_errors")
 
     def update(self, preds_ns: torch.Tensor, target_ns: torch.Tensor) -> None:
+        check_same_shape(self, preds_ns=preds_ns, target_ns=target_ns)
         signed_ms, percent = timestamp_errors(preds_ns, target_ns, self.window_ns)
-        self._push("signed_errors_ms", signed_ms)
-        self._push("percent_errors", percent)
+        self._push("timestamp_signed_errors_ms", signed_ms)
+        self._push("timestamp_percent_errors", percent)
 
     def compute(self) -> dict[str, torch.Tensor]:
-        signed = self._distribution("signed_errors_ms")
+        signed = self._distribution("timestamp_signed_errors_ms")
         low, high = signed.iqm_ci(self.num_resamples, self.seed)
         return {"abs_error_p95_ms": signed.abs().quantile(0.95), "signed_error_iqm_ms": signed.iqm(),
                 "signed_error_ci_low_ms": low, "signed_error_ci_high_ms": high,
-                "iqmpe_pct": self._distribution("percent_errors").iqm()}
+                "iqmpe_pct": self._distribution("timestamp_percent_errors").iqm()}
 
 class SignedPercentError(SampleMetric):
     """IQM of the signed percent error ``(pred - gt) / gt * 100`` (gt != 0) with its bootstrap CI:
@@ -94,6 +96,7 @@ class SignedPercentError(SampleMetric):
         self._add_sample_state("signed_percent_errors")
 
     def update(self, preds: torch.Tensor, target: torch.Tensor) -> None:
+        check_same_shape(self, preds=preds, target=target)
         self._push("signed_percent_errors", signed_percent_error(preds, target))
 
     def compute(self) -> dict[str, torch.Tensor]:
@@ -109,17 +112,18 @@ class EuclideanPercentError(SampleMetric):
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
-        self._add_sample_state("percent_errors")
+        self._add_sample_state("euclidean_percent_errors")
 
     def update(self, preds: torch.Tensor, target: torch.Tensor) -> None:
         """``preds``, ``target``: [N, 2] movement vectors (dx, dy)."""
-        self._push("percent_errors", euclidean_percent_error(preds, target))
+        check_vectors(self, preds, target)
+        self._push("euclidean_percent_errors", euclidean_percent_error(preds, target))
 
     def compute(self) -> dict[str, torch.Tensor]:
-        dist = self._distribution("percent_errors")
+        dist = self._distribution("euclidean_percent_errors")
         return {"p95_pct": dist.quantile(0.95), "iqmpe_pct": dist.iqm()}
 
-class MovementR2(Metric):
+class MovementR2(Float64Metric):
     """R² of movement vectors: ``1 - sum ||p - g||² / sum ||g - mean(g)||²`` from running sums."""
 
     full_state_update = False
@@ -129,14 +133,15 @@ class MovementR2(Metric):
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
-        self.add_state("sums", default=torch.zeros(6, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("movement_sums", default=torch.zeros(6, dtype=torch.float64), dist_reduce_fx="sum")
 
     def update(self, preds: torch.Tensor, target: torch.Tensor) -> None:
         """``preds``, ``target``: [N, 2] movement vectors (dx, dy)."""
-        self.sums += movement_sums(preds, target)
+        check_vectors(self, preds, target)
+        self.movement_sums += movement_sums(preds, target)
 
     def compute(self) -> torch.Tensor:
-        return movement_r2_report(self.sums)
+        return movement_r2_report(self.movement_sums)
 
     def plot(self, val=None, ax=None):
         return self._plot(val, ax)

@@ -22,18 +22,19 @@ class EventTypeMetrics(_SumMetric):
     """
 
     def __init__(self, **kwargs):
-        super().__init__(N_CAT * (N_CAT + 1) + len(Status) + len(EVENT_COUNTS), **kwargs)
+        super().__init__("event_type_sums", N_CAT * (N_CAT + 1) + len(Status) + len(EVENT_COUNTS), **kwargs)
 
     def update(self, batch: EventBatch) -> None:
-        self.sums += torch.cat([part.reshape(-1) for part in event_type_sums(batch)])
+        _check_type(self, batch, EventBatch, "owa_metrics.decode_batch(preds, target, vocab)")
+        self.event_type_sums += torch.cat([part.reshape(-1) for part in event_type_sums(batch)])
 
     @property
     def confusion(self) -> torch.Tensor:
-        return self.sums[:N_CAT * (N_CAT + 1)].view(N_CAT, N_CAT + 1)
+        return self.event_type_sums[:N_CAT * (N_CAT + 1)].view(N_CAT, N_CAT + 1)
 
     def compute(self) -> dict[str, torch.Tensor]:
-        cut = N_CAT * (N_CAT + 1)
-        return event_type_report(self.confusion, self.sums[cut:cut + len(Status)], self.sums[cut + len(Status):])
+        cut, sums = N_CAT * (N_CAT + 1), self.event_type_sums
+        return event_type_report(self.confusion, sums[cut:cut + len(Status)], sums[cut + len(Status):])
 
 
 class EventTokenMetrics(_SumMetric):
@@ -41,12 +42,20 @@ class EventTokenMetrics(_SumMetric):
     accuracy, and the per-category token loss when logits were given. ``update(stats: EventTokenStats)``."""
 
     def __init__(self, **kwargs):
-        super().__init__(2 * len(TOKEN_FIELDS) + 2 * (N_CAT + 1), **kwargs)
+        super().__init__("token_sums", 2 * len(TOKEN_FIELDS) + 2 * (N_CAT + 1), **kwargs)
 
     def update(self, stats: EventTokenStats) -> None:
+        _check_type(self, stats, EventTokenStats,
+                    "owa_metrics.functional.tokens.event_token_stats(batch, preds, target, config, logits)")
         fields, loss = token_sums(stats)
-        self.sums += torch.cat([fields.reshape(-1), loss.reshape(-1)])
+        self.token_sums += torch.cat([fields.reshape(-1), loss.reshape(-1)])
 
     def compute(self) -> dict[str, torch.Tensor]:
         n = 2 * len(TOKEN_FIELDS)
-        return token_report(self.sums[:n].view(2, -1), self.sums[n:].view(2, -1))
+        return token_report(self.token_sums[:n].view(2, -1), self.token_sums[n:].view(2, -1))
+
+
+def _check_type(metric, value, expected: type, build: str) -> None:
+    if not isinstance(value, expected):
+        raise TypeError(f"{type(metric).__name__}.update takes one {expected.__name__}, built by {build}; got "
+                        f"{type(value).__name__}")

@@ -29,6 +29,11 @@ def compute_metrics_for_event(prediction: str, ground_truth: str, config: Option
     ``timestamp_metrics`` / ``mouse_metrics`` / ``keyboard_metrics`` / ``screen_metrics`` aggregated over
     comparable events. Loss fields are None (no logits here); statistics without samples are None.
     """
+    for name, text in (("prediction", prediction), ("ground_truth", ground_truth)):
+        if not isinstance(text, str):
+            raise TypeError(f"compute_metrics_for_event compares two token strings: {name} is a "
+                            f"{type(text).__name__}; decode ids first (tokenizer.decode(ids)) or, for id tensors, "
+                            "use OWAEventMetrics")
     codec = EventCodec(resolve_config(config, format))
     preds = list(codec.iter_decode(prediction))
     truths = list(codec.iter_decode(ground_truth))
