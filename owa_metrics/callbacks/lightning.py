@@ -24,7 +24,8 @@ HISTOGRAM_RANGE = ("Range, per epoch: P2..P98 of the values, narrowed to Tukey's
 SAMPLES_DESCRIPTION = ("One row per target event of the first sequences: the true and the predicted event in words "
                        "(the raw tokens of one that does not decode) and a comparable pair's errors.")
 NEEDS = ("validation_step must return a dict with 'logits' (or 'preds': argmax token ids) and 'labels', or an HF "
-         "ModelOutput with logits while the batch holds 'labels' (or 'input_ids'); -100 marks ignored labels")
+         "ModelOutput with logits while the batch holds 'labels' (or 'input_ids'); -100 marks ignored labels; "
+         "optionally 'token_loss': the per-token cross-entropy, [:, t] the loss of label t + 1 ([B, T - 1] or [B, T])")
 
 
 class OWAEventMetricsCallback(Callback):
@@ -91,12 +92,17 @@ class OWAEventMetricsCallback(Callback):
         if self.alignment == "generation":
             self._generate(pl_module, batch, batch_idx)
             return
-        logits, preds, labels = _find(outputs, batch)
+        logits, preds, labels, token_loss = _find(outputs, batch)
         with torch.no_grad():
             if preds is None:
                 preds = logits.argmax(-1)
             preds, target = preds[:, :-1], labels[:, 1:]
-            self.metric.update(preds, target, logits=logits[:, :-1] if logits is not None and self.log_loss else None)
+            loss = {}
+            if self.log_loss and token_loss is not None:  # token_loss[:, t]: label t + 1's, as logits[:, t]
+                loss = {"token_loss": token_loss[:, :target.shape[1]]}
+            elif self.log_loss and logits is not None:
+                loss = {"logits": logits[:, :-1]}
+            self.metric.update(preds, target, **loss)
             self._keep(preds, target)
 
     def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -181,10 +187,12 @@ def _check_outputs(outputs: Any, batch: Any, alignment: str) -> None:
 
 
 def _find(outputs: Any, batch: Any):
-    """``(logits, preds, labels)`` from validation_step's output or the batch; raises saying what is needed."""
-    logits = preds = labels = None
+    """``(logits, preds, labels, token_loss)`` from validation_step's output or the batch; raises saying what is
+    needed."""
+    logits = preds = labels = token_loss = None
     if isinstance(outputs, Mapping):
         logits, preds, labels = outputs.get("logits"), outputs.get("preds"), outputs.get("labels")
+        token_loss = outputs.get("token_loss")
     elif outputs is not None and hasattr(outputs, "logits"):
         logits = outputs.logits
     if labels is None and isinstance(batch, Mapping):
@@ -194,7 +202,7 @@ def _find(outputs: Any, batch: Any):
         keys = f" with keys {sorted(outputs)}" if isinstance(outputs, Mapping) else ""
         raise RuntimeError(f"OWAEventMetricsCallback cannot find predictions and labels (validation_step returned "
                            f"{got}{keys}): {NEEDS}")
-    return logits, preds, labels
+    return logits, preds, labels, token_loss
 
 
 def _stack(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
