@@ -50,8 +50,8 @@ def test_token_loss_equals_the_logits_path(tokenizer, vocab, data, backend):
     tolerance = {k: 1e-2 for k in by_loss if k.endswith("loss") or k.endswith("loss_sum")}  # bfloat16 loss
     assert all(close(by_loss[k], v, tolerance.get(k, 1e-9)) for k, v in by_logits.items())
     exact = OWAEventMetrics(tokenizer, backend=backend)  # float32 loss: equal to 1e-6
-    exact.update(preds, labels, token_loss=torch.nn.functional.cross_entropy(
-        logits.transpose(1, 2), labels.clamp(0, vocab.size - 1), reduction="none").masked_fill(labels >= vocab.size, torch.inf))
+    float32 = torch.nn.functional.cross_entropy(logits.transpose(1, 2), labels.clamp(0, vocab.size - 1), reduction="none")
+    exact.update(preds, labels, token_loss=float32.masked_fill(labels >= vocab.size, torch.inf))
     assert all(close(float(v), by_logits[k], 1e-6) for k, v in exact.compute().items())
     with pytest.raises(ValueError, match="not both"):
         metric.update(preds, labels, logits=logits, token_loss=token_loss)

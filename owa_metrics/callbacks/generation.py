@@ -125,8 +125,8 @@ def prompt_inputs(batch: Mapping, cut: torch.Tensor, image_token_id: Optional[in
     per_row = is_image.sum(1)
     total, in_prompt = int(per_row.sum()), (is_image[:len(cut)] & (torch.arange(ids.shape[1], device=ids.device)
                                                                    < cut[:, None])).sum(1)
-    per_entry = total // max(len(pixels), 1)
-    if not len(pixels) or total % len(pixels) or bool((in_prompt % max(per_entry, 1)).any()):
+    per_entry = max(total // max(len(pixels), 1), 1)  # image tokens per pixel_values entry
+    if not len(pixels) or total % len(pixels) or bool((torch.cat([per_row, in_prompt]) % per_entry).any()):
         raise PromptInputsError(
             f"OWAEventMetricsCallback (generation): {total} image tokens (id {image_token_id}) in the batch do not "
             f"split into one equal run per pixel_values entry ({len(pixels)}), or a prompt cuts an image: pass "
@@ -135,7 +135,8 @@ def prompt_inputs(batch: Mapping, cut: torch.Tensor, image_token_id: Optional[in
         return {}
     first = ((per_row.cumsum(0) - per_row)[:len(cut)] // per_entry).to(pixels.device)  # each row's first entry
     count = (in_prompt // per_entry).to(pixels.device)  # entries in its prompt
-    index = torch.arange(int(count.sum()), device=pixels.device) + torch.repeat_interleave(first - (count.cumsum(0) - count), count)
+    shift = torch.repeat_interleave(first - (count.cumsum(0) - count), count)  # a prompt's entries: first, first + 1..
+    index = torch.arange(len(shift), device=pixels.device) + shift
     return {"pixel_values": pixels.index_select(0, index)}
 
 

@@ -131,10 +131,12 @@ def per_token_loss(logits: torch.Tensor, target: torch.Tensor, block_logits: Opt
     ``target`` under ``logits`` [B, T, V], 0 at ignored ones, NaN for a label past the vocabulary (then counted as
     skipped); in blocks of ``block_logits`` logits (`dense_token_losses`)."""
     labels, rows = target.reshape(-1), logits.reshape(-1, logits.shape[-1])
+    if not labels.numel():
+        return torch.zeros(target.shape, device=target.device)
     vocab_size = rows.shape[-1]
     step, clamped = max(1, (block_logits or LOSS_BLOCK_LOGITS) // vocab_size), labels.clamp(0, vocab_size - 1)
     token_ce = torch.cat([torch.nn.functional.cross_entropy(block.float(), block_labels, reduction="none")
-                          for block, block_labels in zip(rows.split(step), clamped.split(step))] or [rows.new_zeros(0).float()])
+                          for block, block_labels in zip(rows.split(step), clamped.split(step))])
     token_ce = torch.where(labels < vocab_size, token_ce, float("nan"))
     return torch.where(labels < 0, 0.0, token_ce).view(target.shape)
 
