@@ -16,6 +16,7 @@ from .events import read_recording, simulate_session
 from .evaluate import InputError, check_mcap
 from .events.event import Event
 from .report import format_number
+from .tokens.data import collate, token_sequences
 from .tokens.vocab import VocabMap, build_tokenizer
 
 
@@ -89,18 +90,8 @@ def build_data(config: DemoConfig, vocab: VocabMap):
     splits = {"train": [], "val": []}
     for events in load_sessions(config):
         for name, part in zip(("train", "val"), split_by_time(events, config.val_fraction)):
-            ids = vocab.encode_sequences(part, config.seq_len)
-            labels = vocab.encode_sequences(part, config.seq_len, ignore_images=True)
-            splits[name] += [{"input_ids": torch.tensor(i), "labels": torch.tensor(lab)} for i, lab in zip(ids, labels)]
+            splits[name] += token_sequences(vocab, part, config.seq_len)
     return splits["train"], splits["val"]
-
-
-def collate(items, pad_id: int = 0) -> dict[str, torch.Tensor]:
-    width = max(len(x["input_ids"]) for x in items)
-    pad = lambda key, value: torch.stack(  # noqa: E731
-        [torch.nn.functional.pad(x[key], (0, width - len(x[key])), value=value) for x in items])
-    ids = pad("input_ids", pad_id)
-    return {"input_ids": ids, "labels": pad("labels", -100), "attention_mask": (ids != pad_id).long()}
 
 
 def demo_model(config: DemoConfig, vocab_size: int, pad_id: int, eos_id: int):

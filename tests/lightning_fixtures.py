@@ -5,7 +5,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from owa_metrics import VocabMap
-from owa_metrics.demo import collate  # noqa: F401 - the tests' collate is the demo's
+from owa_metrics.tokens import collate  # noqa: F401 - the tests' collate is the package's (the demo's, README's)
 from owa_metrics.events import simulate_session
 from conftest import SHARED_DATA, RECORDINGS
 

@@ -3,6 +3,7 @@ continue the prompt, and return what it generated next to the true continuation.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from typing import Any, Callable, Optional
 
@@ -14,7 +15,9 @@ from ..tokens.vocab import Role, VocabMap
 
 GENERATE_NEEDS = ("generate_fn(input_ids, attention_mask, max_new_tokens) must return the prompt followed by the "
                   "generated ids, as HF generate does: an integer tensor [batch, prompt_len + new] or a list of id "
-                  "lists (one per prompt row)")
+                  "lists (one per prompt row); give it keyword arguments batch= and cut= (or **kwargs) to receive the "
+                  "validation batch and each prompt's length in it")
+PROMPT_KEYS = ("input_ids", "attention_mask", "labels")  # what the prompt replaces: never passed to generate
 
 
 def check_batch(batch: Any) -> None:
@@ -33,12 +36,15 @@ def generate_batch(pl_module, batch: Any, batch_idx: int, tokenizer, vocab: Voca
     ids = batch["input_ids"]
     labels = batch.get("labels", ids)
     ids, labels = ids[:rows], labels[:rows]
-    prompt, mask, target = split_prompt(ids, labels, vocab, predict_events)
+    prompt, mask, target, cut = split_prompt(ids, labels, vocab, predict_events)
     generate = generate_fn or default_generate(pl_module, tokenizer)
     max_new = max_new_tokens or predict_events * 80
+    context = {name: value for name, value in (("batch", batch), ("cut", cut)) if name in _keywords(generate)}
     with torch.no_grad():
         try:
-            generated = as_ids(generate(prompt, mask, max_new), prompt.device)[:, prompt.shape[1]:]
+            generated = as_ids(generate(prompt, mask, max_new, **context), prompt.device)[:, prompt.shape[1]:]
+        except PromptInputsError:
+            raise
         except Exception as err:
             raise RuntimeError(f"OWAEventMetricsCallback: generate_fn failed at validation batch {batch_idx} "
                                f"({type(err).__name__}: {err}). {GENERATE_NEEDS}") from err
@@ -62,8 +68,9 @@ def as_ids(out: Any, device) -> torch.Tensor:
 
 
 def split_prompt(ids: torch.Tensor, labels: torch.Tensor, vocab, predict_events: int):
-    """Prompt = each row up to the start of its last ``predict_events`` events, keeping at least its first
-    event (left-padded, with a mask); target = the rest of the row's labels (left-aligned, -100 padded)."""
+    """``(prompt, mask, target, cut)``: prompt = each row up to the start of its last ``predict_events`` events,
+    keeping at least its first event (left-padded, with a mask), ``ids[b, :cut[b]]``; target = the rest of the
+    row's labels (left-aligned, -100 padded)."""
     B, T = ids.shape
     starts = (vocab.codes(ids) & 0xF) == int(Role.START)
     count = starts.sum(1)
@@ -77,7 +84,7 @@ def split_prompt(ids: torch.Tensor, labels: torch.Tensor, vocab, predict_events:
     prompt = torch.where(mask, ids.gather(1, pos.clamp(min=0)), 0)
     tail = torch.arange(T, device=ids.device) + cut[:, None]
     target = torch.where(tail < T, labels.gather(1, tail.clamp(max=T - 1)), -100)
-    return prompt, mask.long(), target
+    return prompt, mask.long(), target, cut
 
 
 def last_event_ns(prompt: torch.Tensor, mask: torch.Tensor, vocab) -> torch.Tensor:
@@ -93,13 +100,69 @@ def last_event_ns(prompt: torch.Tensor, mask: torch.Tensor, vocab) -> torch.Tens
     return torch.where(last >= 0, timestamp_ns, -1).to(ids.device)
 
 
+class PromptInputsError(RuntimeError):
+    """The batch holds model inputs that the default generation cannot cut to the prompts."""
+
+
+def prompt_inputs(batch: Mapping, cut: torch.Tensor, image_token_id: Optional[int]) -> dict[str, torch.Tensor]:
+    """The batch's model inputs besides the prompt ids, cut to the prompts ``batch["input_ids"][b, :cut[b]]`` of
+    its first ``len(cut)`` rows: ``pixel_values`` with one entry per block of ``image_token_id`` tokens, in order
+    over the rows (InternVL-hf, LLaVA: each image, or tile, is an equal run of image tokens), keeping the entries
+    whose tokens are in a prompt; none without image tokens in the prompts. Any other input (``image_sizes``,
+    ``image_grid_thw``, ...): a `PromptInputsError` naming it and pointing at ``generate_fn``."""
+    extra = [k for k, v in batch.items() if k not in PROMPT_KEYS and v is not None]
+    unknown = [k for k in extra if k != "pixel_values"]
+    if unknown or (extra and image_token_id is None):
+        raise PromptInputsError(
+            f"OWAEventMetricsCallback (generation) cannot tell which part of {unknown or extra} belongs to each "
+            "prompt (the default generation cuts pixel_values given one entry per image, for a model whose config "
+            "names its image_token_id): pass generate_fn(input_ids, attention_mask, max_new_tokens, *, batch, cut) "
+            "that builds the model's inputs for the prompts batch['input_ids'][b, :cut[b]], or leave these keys out")
+    if not extra:
+        return {}
+    ids, pixels = batch["input_ids"], batch["pixel_values"]
+    is_image = ids == image_token_id
+    per_row = is_image.sum(1)
+    total, in_prompt = int(per_row.sum()), (is_image[:len(cut)] & (torch.arange(ids.shape[1], device=ids.device)
+                                                                   < cut[:, None])).sum(1)
+    per_entry = max(total // max(len(pixels), 1), 1)  # image tokens per pixel_values entry
+    if not len(pixels) or total % len(pixels) or bool((torch.cat([per_row, in_prompt]) % per_entry).any()):
+        raise PromptInputsError(
+            f"OWAEventMetricsCallback (generation): {total} image tokens (id {image_token_id}) in the batch do not "
+            f"split into one equal run per pixel_values entry ({len(pixels)}), or a prompt cuts an image: pass "
+            "generate_fn(input_ids, attention_mask, max_new_tokens, *, batch, cut) to build the prompts' inputs")
+    if not bool(in_prompt.any()):
+        return {}
+    first = ((per_row.cumsum(0) - per_row)[:len(cut)] // per_entry).to(pixels.device)  # each row's first entry
+    count = (in_prompt // per_entry).to(pixels.device)  # entries in its prompt
+    shift = torch.repeat_interleave(first - (count.cumsum(0) - count), count)  # a prompt's entries: first, first + 1..
+    index = torch.arange(len(shift), device=pixels.device) + shift
+    return {"pixel_values": pixels.index_select(0, index)}
+
+
+def _keywords(fn: Callable) -> set[str]:
+    """Of ``batch`` and ``cut``, those ``fn`` accepts (by name or ``**kwargs``)."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a callable without a signature: the 3-argument form
+        return set()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return {"batch", "cut"}
+    return {"batch", "cut"} & params.keys()
+
+
 def default_generate(pl_module, tokenizer) -> Callable:
+    """Greedy ``pl_module.model.generate`` (or the module's) on the prompts, with the batch's other model inputs
+    cut to them (`prompt_inputs`; the image token from ``model.config.image_token_id``)."""
     model = getattr(pl_module, "model", pl_module)
     if not hasattr(model, "generate"):
         raise RuntimeError("generation mode needs pl_module.model.generate (an HF model) or generate_fn=")
+    config = getattr(model, "config", None)
+    image_token_id = getattr(config, "image_token_id", getattr(config, "image_token_index", None))
 
-    def generate(input_ids, attention_mask, max_new_tokens):
+    def generate(input_ids, attention_mask, max_new_tokens, *, batch, cut):
         return model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
-                              do_sample=False, pad_token_id=tokenizer.pad_token_id)
+                              do_sample=False, pad_token_id=tokenizer.pad_token_id,
+                              **prompt_inputs(batch, cut, image_token_id))
 
     return generate

@@ -20,7 +20,8 @@ from .artifacts import log_extras, report_json, save_reports
 from .generation import check_batch, generate_batch
 
 NEEDS = ("validation_step must return a dict with 'logits' (or 'preds': argmax token ids) and 'labels', or an HF "
-         "ModelOutput with logits while the batch holds 'labels' (or 'input_ids'); -100 marks ignored labels")
+         "ModelOutput with logits while the batch holds 'labels' (or 'input_ids'); -100 marks ignored labels; "
+         "optionally 'token_loss': the per-token cross-entropy, [:, t] the loss of label t + 1 ([B, T - 1] or [B, T])")
 
 
 @dataclass
@@ -150,12 +151,17 @@ class OWAEventMetricsCallback(Callback):
         if self.alignment == "generation":
             self._generate(trainer, pl_module, run, batch, batch_idx)
             return
-        logits, preds, labels = _find(outputs, batch)
+        logits, preds, labels, token_loss = _find(outputs, batch)
         with torch.no_grad():
             if preds is None:
                 preds = logits.argmax(-1)
             preds, target = preds[:, :-1], labels[:, 1:]
-            run.metric.update(preds, target, logits=logits[:, :-1] if logits is not None and self.log_loss else None)
+            loss = {}
+            if self.log_loss and token_loss is not None:  # token_loss[:, t]: label t + 1's, as logits[:, t]
+                loss = {"token_loss": token_loss[:, :target.shape[1]]}
+            elif self.log_loss and logits is not None:
+                loss = {"logits": logits[:, :-1]}
+            run.metric.update(preds, target, **loss)
             self._keep(run, preds, target)
 
     def _generate(self, trainer: Trainer, pl_module: LightningModule, run: _Run, batch: Any, batch_idx: int) -> None:
@@ -242,10 +248,12 @@ def _check_outputs(outputs: Any, batch: Any, alignment: str) -> None:
 
 
 def _find(outputs: Any, batch: Any):
-    """``(logits, preds, labels)`` from validation_step's output or the batch; raises saying what is needed."""
-    logits = preds = labels = None
+    """``(logits, preds, labels, token_loss)`` from validation_step's output or the batch; raises saying what is
+    needed."""
+    logits = preds = labels = token_loss = None
     if isinstance(outputs, Mapping):
         logits, preds, labels = outputs.get("logits"), outputs.get("preds"), outputs.get("labels")
+        token_loss = outputs.get("token_loss")
     elif outputs is not None and hasattr(outputs, "logits"):
         logits = outputs.logits
     if labels is None and isinstance(batch, Mapping):
@@ -255,7 +263,7 @@ def _find(outputs: Any, batch: Any):
         keys = f" with keys {sorted(outputs)}" if isinstance(outputs, Mapping) else ""
         raise RuntimeError(f"OWAEventMetricsCallback cannot find predictions and labels (validation_step returned "
                            f"{got}{keys}): {NEEDS}")
-    return logits, preds, labels
+    return logits, preds, labels, token_loss
 
 
 def _stack(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:

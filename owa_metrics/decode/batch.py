@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Literal, Optional, Union
 import numpy as np
 import torch
 
-from ..events.event import Category, Kind, Status
+from ..events.event import Category, Status
 from ..tokens.codec import CodecConfig
 from ..tokens.format import FIELDS, Role
 from ..tokens.vocab import IMAGE_BIT, ROLE_MASK, SKIP_BIT, STRUCT_BIT, VALUE_SHIFT, VocabMap

@@ -44,10 +44,11 @@ class EventTokenStats(NamedTuple):
 
 
 def event_token_stats(batch: EventBatch, preds: torch.Tensor, target: torch.Tensor, config: CodecConfig,
-                      logits: Optional[torch.Tensor] = None) -> EventTokenStats:
+                      logits: Optional[torch.Tensor] = None, token_loss: Optional[torch.Tensor] = None) -> EventTokenStats:
     """Teacher forcing: per field, the tokens predicted right among the valid target events' labelled field tokens
     (a [slot, event] window, as the decoder's), and, given ``logits`` [B, T, V] aligned with ``target``, each
-    event's summed token cross-entropy over its whole span (ignored labels excluded), by cumulative sums.
+    event's summed token cross-entropy over its whole span (ignored labels excluded), by cumulative sums; or from
+    ``token_loss`` [B, T], that cross-entropy given per position (`given_token_losses`).
     Every row at once, the invalid targets masked: no host sync (but `token_losses`' on the CPU).
 
     Each window token gets a code: its field + F x (predicted wrong), negative where it counts for no field (past
@@ -65,8 +66,8 @@ def event_token_stats(batch: EventBatch, preds: torch.Tensor, target: torch.Tens
     counts = (torch.where(pos <= last, code, -1) == codes).sum((2, 3), dtype=torch.float64)  # (right, wrong) [2, F]
     field_correct, field_total = counts.cumsum(0)
     loss_sum = skipped = None
-    if logits is not None:
-        token_loss, skipped = token_losses(logits, target)
+    if logits is not None or token_loss is not None:
+        token_loss, skipped = token_losses(logits, target) if logits is not None else given_token_losses(token_loss, target)
         cumulative = torch.nn.functional.pad(token_loss.cumsum(0), (1, 0))
         loss_sum = cumulative.index_select(0, last + 1) - cumulative.index_select(0, first)
     return EventTokenStats(category, loss_sum, field_correct, field_total, skipped)
@@ -114,6 +115,30 @@ def token_losses(logits: torch.Tensor, target: torch.Tensor, chunk_rows: Optiona
     token_loss = torch.zeros(B * T, dtype=torch.float64, device=target.device)
     token_loss.index_copy_(0, scored, torch.where(usable, token_ce, 0.0))
     return token_loss, (~usable).sum(dtype=torch.float64)
+
+
+def given_token_losses(token_loss: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`token_losses` from a per-token cross-entropy [B, T] aligned with ``target`` (a fused loss, or a loss with
+    ``reduction="none"``): kept at the labelled positions, a non-finite one 0 and counted in ``skipped``."""
+    labelled = target.reshape(-1) >= 0
+    loss = token_loss.reshape(-1).to(torch.float64)
+    usable = torch.isfinite(loss)
+    return torch.where(labelled & usable, loss, 0.0), (labelled & ~usable).sum(dtype=torch.float64)
+
+
+def per_token_loss(logits: torch.Tensor, target: torch.Tensor, block_logits: Optional[int] = None) -> torch.Tensor:
+    """[B, T] float32, what ``update(token_loss=)`` takes: ``logsumexp(z) - z[label]`` at each labelled position of
+    ``target`` under ``logits`` [B, T, V], 0 at ignored ones, NaN for a label past the vocabulary (then counted as
+    skipped); in blocks of ``block_logits`` logits (`dense_token_losses`)."""
+    labels, rows = target.reshape(-1), logits.reshape(-1, logits.shape[-1])
+    if not labels.numel():
+        return torch.zeros(target.shape, device=target.device)
+    vocab_size = rows.shape[-1]
+    step, clamped = max(1, (block_logits or LOSS_BLOCK_LOGITS) // vocab_size), labels.clamp(0, vocab_size - 1)
+    token_ce = torch.cat([torch.nn.functional.cross_entropy(block.float(), block_labels, reduction="none")
+                          for block, block_labels in zip(rows.split(step), clamped.split(step))])
+    token_ce = torch.where(labels < vocab_size, token_ce, float("nan"))
+    return torch.where(labels < 0, 0.0, token_ce).view(target.shape)
 
 
 LOSS_BLOCK_LOGITS = 2**27  # logits per block of `dense_token_losses`: float32 buffers of 512 MB at most

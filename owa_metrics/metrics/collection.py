@@ -24,7 +24,7 @@ from ..functional.events import (
 from ..functional import kernel as fused
 from ..functional.stats import distinct_by_group, sketch_counts
 from ..functional.tokens import (
-    TOKEN_FIELDS, EventTokenStats, event_token_stats, field_table, token_losses, token_report,
+    TOKEN_FIELDS, EventTokenStats, event_token_stats, field_table, given_token_losses, token_losses, token_report,
 )
 from ..tokens.codec import CodecConfig
 from ..tokens.vocab import VocabMap
@@ -44,7 +44,10 @@ class OWAEventMetrics(Float64Metric):
     ``update(preds, target, logits=None)``: token ids [B, T] aligned position by position (teacher forcing:
     see `align_teacher_forcing`; generation: ``alignment="generation"``, ``preds`` the generated tokens), or an
     already decoded `EventBatch` as ``preds`` alone (every key but the token ones, which need the ids); ``logits``
-    [B, T, V] aligned with ``target`` (on its device) add the per-category token loss. ``compute()`` -> a flat dict of float64 scalars with ``/``-grouped keys and units in the names;
+    [B, T, V] aligned with ``target`` (on its device) add the per-category token loss, or (not both) ``token_loss``
+    [B, T], the per-token cross-entropy aligned with ``target`` (a fused loss, or ``reduction="none"``; NaN / inf at
+    a labelled position counts in ``count/loss_skipped_tokens``). ``compute()`` -> a flat dict of float64 scalars
+    with ``/``-grouped keys and units in the names;
     keys without samples are left out (never NaN), counts are always there.
 
     The definitions are those of the single metrics (`TimestampError`, `IQMPE`, `DirectionError`,
@@ -126,14 +129,15 @@ class OWAEventMetrics(Float64Metric):
 
     # ------------------------------------------------------------------------------------------ update
     def update(self, preds: Union[torch.Tensor, EventBatch], target: Optional[torch.Tensor] = None,
-               logits: Optional[torch.Tensor] = None, origin_ns: Union[None, int, torch.Tensor] = None) -> None:
+               logits: Optional[torch.Tensor] = None, origin_ns: Union[None, int, torch.Tensor] = None,
+               token_loss: Optional[torch.Tensor] = None) -> None:
         if origin_ns is not None and self.pairing != "time":
             raise ValueError("origin_ns is the time origin of pairing='time': build OWAEventMetrics(..., "
                              "alignment='generation', pairing='time') to use it")
         tokens = None  # teacher forcing on token ids: `event_token_stats`
         if isinstance(preds, EventBatch):
             batch = preds
-            if target is not None or logits is not None:
+            if target is not None or logits is not None or token_loss is not None:
                 raise ValueError("update(EventBatch) takes the decoded batch alone: the token accuracy and loss need "
                                  "the token ids, so pass update(preds_ids, target_ids, logits=...) instead")
             if (batch.time_matching is not None) != (self.pairing == "time"):
@@ -143,18 +147,25 @@ class OWAEventMetrics(Float64Metric):
         else:
             if target is None:
                 raise ValueError("update(preds, target): target token ids are missing")
+            if logits is not None and token_loss is not None:
+                raise ValueError("pass logits= or token_loss= (the loss they give), not both")
             if logits is not None:
                 _check_logits(logits, target, self.alignment)
+            if token_loss is not None:
+                _check_token_loss(token_loss, target, self.alignment)
             preds, target = _check_inputs(preds, target, self.alignment)  # [B, T] int64
             if logits is not None and logits.dim() == 2:
                 logits = logits[None]
+            if token_loss is not None:
+                token_loss = torch.nn.functional.pad(token_loss.reshape(target.shape[0], -1).to(target.device),
+                                                     (0, target.shape[1] - token_loss.shape[-1]))  # [B, 0]: one column
             if self.pairing == "index" and self._compiled(target):
-                self._update_compiled(preds, target, logits)
+                self._update_compiled(preds, target, logits, token_loss)
                 return
             batch = decode_batch(preds, target, self.vocab, self.alignment, self.backend, self.pairing,
                                  self.tolerance_ms, origin_ns)
             if self.alignment == "teacher_forcing":
-                tokens = event_token_stats(batch, preds, target, self.vocab.config, logits)
+                tokens = event_token_stats(batch, preds, target, self.vocab.config, logits, token_loss)
         self._accumulate(batch, tokens)
         if batch.time_matching is not None:
             self._update_detection(batch.time_matching)
@@ -280,7 +291,8 @@ class OWAEventMetrics(Float64Metric):
             return False
         return self.backend == "kernel" or (target.device.type == "cpu" and decode_kernel.available())
 
-    def _update_compiled(self, preds: torch.Tensor, target: torch.Tensor, logits: Optional[torch.Tensor]) -> None:
+    def _update_compiled(self, preds: torch.Tensor, target: torch.Tensor, logits: Optional[torch.Tensor],
+                         token_loss: Optional[torch.Tensor] = None) -> None:
         """The same states as the torch ops, from two compiled loops: `kernel.decode_arrays` over the tokens, then
         `functional.kernel.accumulate` over the events (and `token_stats` under teacher forcing)."""
         out = kernel_arrays(preds, target, self.vocab, self.alignment, _Tables.get(self.vocab.config, target.device))
@@ -294,10 +306,12 @@ class OWAEventMetrics(Float64Metric):
             self.timestamp_digits.numpy(), self.mouse_digits.numpy(), self.keyboard.numpy(), self.mouse_action.numpy(),
             self.movement.numpy(), ts_rows, mouse_rows, angle_args)
         if self.alignment == "teacher_forcing":
-            token_loss, skipped = token_losses(logits, target) if logits is not None else (torch.zeros(1), 0)
+            with_loss = logits is not None or token_loss is not None
+            token_loss, skipped = (token_losses(logits, target) if logits is not None else
+                                   given_token_losses(token_loss, target) if token_loss is not None else (torch.zeros(1), 0))
             fused.token_stats(seq, t["status"], t["kind"], t["values"], t["start"], t["end"], t["start_cut"],
                               target.shape[1], target.numpy().reshape(-1), preds.numpy().reshape(-1),
-                              self._field_table, token_loss.numpy(), logits is not None, self.token_fields.numpy(),
+                              self._field_table, token_loss.numpy(), with_loss, self.token_fields.numpy(),
                               self.token_loss.numpy())
             self.token_loss[0, -1] += skipped
         mouse_rows = mouse_rows[:m_mouse]
@@ -625,6 +639,19 @@ def _check_logits(logits, target, alignment: Alignment) -> None:
                          f"target {shape}")
     if isinstance(target, torch.Tensor) and logits.device != target.device:
         raise ValueError(f"logits on {logits.device} and target on {target.device}: put the logits on the ids' device")
+
+
+def _check_token_loss(token_loss, target, alignment: Alignment) -> None:
+    """Raise unless ``token_loss`` is a floating [B, T] aligned with ``target`` on its device (teacher forcing)."""
+    if alignment != "teacher_forcing":
+        raise ValueError("token_loss gives the token loss under teacher forcing only; with alignment='generation' "
+                         "pass the generated ids and the target ids alone")
+    shape = tuple(getattr(target, "shape", ()))
+    if not isinstance(token_loss, torch.Tensor) or not token_loss.is_floating_point() or tuple(token_loss.shape) != shape:
+        raise ValueError(f"token_loss {tuple(getattr(token_loss, 'shape', ()))} / {getattr(token_loss, 'dtype', None)} "
+                         f"must be a float tensor [B, T] aligned with target {shape}")
+    if isinstance(target, torch.Tensor) and token_loss.device != target.device:
+        raise ValueError(f"token_loss on {token_loss.device} and target on {target.device}: put it on the ids' device")
 
 
 def _rows(state, width: int, device) -> torch.Tensor:

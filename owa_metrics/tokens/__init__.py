@@ -3,11 +3,12 @@
 from .codec import (
     CodecConfig, DecodedEvent, EventCodec, EventDecodeError, EventEncodeError, from_digits, split_tokens, to_digits,
 )
+from .data import collate, token_sequences
 from .format import FORMATS, Layout, Role, Slot, TokenFormat
 from .vocab import IMAGE_CONVENTIONS, VocabMap, build_tokenizer, detect_format
 
 __all__ = [
     "CodecConfig", "DecodedEvent", "EventCodec", "EventDecodeError", "EventEncodeError", "FORMATS",
     "IMAGE_CONVENTIONS", "Layout", "Role", "Slot", "TokenFormat", "VocabMap", "build_tokenizer", "detect_format",
-    "from_digits", "split_tokens", "to_digits",
+    "collate", "from_digits", "split_tokens", "to_digits", "token_sequences",
 ]
