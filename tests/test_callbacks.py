@@ -153,7 +153,7 @@ def test_csv_logger_gets_scalars_only_and_a_resumed_callback_keeps_its_own_setti
     with caplog.at_level("INFO"):
         restored.load_state_dict(callback.state_dict())
     assert (restored.mode, restored.prefix, restored.samples, restored.metric.mode) == ("exact", "val/owa/", 2, "exact")
-    said = [r.getMessage() for r in caplog.records if "checkpoint" in r.getMessage()]
+    said = [r.getMessage() for r in caplog.records if "checkpoint's" in r.getMessage()]
     assert len(said) == 1 and "mode='exact' (checkpoint: 'sketch')" in said[0] and "prefix='val/owa/'" in said[0]
 
 
@@ -509,3 +509,47 @@ def test_each_validation_dataloader_and_test_gets_its_own_report(tmp_path, token
     for key, value in by_hand.items():
         assert close(tested[0][f"test/owa/{key}"], value, 1e-6), key
     assert (tmp_path / "csv" / "version_0" / "owa_metrics" / "test" / "owa").is_dir()
+
+
+def test_teacher_forcing_and_generation_callbacks_checkpoint_and_resume_with_new_settings(tmp_path, tokenizer, vocab,
+                                                                                         warm_state, caplog):
+    """Both callbacks in one Trainer keep their states apart in the checkpoint and their reports apart; resumed with
+    a new prefix and mode, the new settings are used, each difference said once."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    def callbacks(prefix, mode):
+        return [OWAEventMetricsCallback(tokenizer, prefix=prefix, mode=mode),
+                OWAEventMetricsCallback(tokenizer, alignment="generation", prefix="val/owa_gen/", mode=mode,
+                                        max_sequences=2, predict_events=1, max_new_tokens=20)]
+
+    def fit(epochs, logger, prefix, mode, **kwargs):
+        cbs = callbacks(prefix, mode)
+        trainer = L.Trainer(max_epochs=epochs, accelerator="cpu", logger=CSVLogger(tmp_path, name=logger),
+                            callbacks=[*cbs, ModelCheckpoint(dirpath=tmp_path / "ckpt")], enable_progress_bar=False,
+                            enable_model_summary=False, default_root_dir=tmp_path, num_sanity_val_steps=0)
+        module = TinyLM(vocab.size)
+        module.load_state_dict(warm_state)
+        with caplog.at_level("INFO"):
+            trainer.fit(module, *_loaders(vocab), **kwargs)
+        return cbs, (tmp_path / logger / "version_0")
+
+    _, first = fit(1, "first", "val/owa/", "exact")
+    checkpoint = next((tmp_path / "ckpt").glob("*.ckpt"))
+    saved = torch.load(checkpoint, weights_only=False)["callbacks"]
+    states = [s for key, s in saved.items() if key.startswith("OWAEventMetricsCallback")]
+    assert sorted((s["alignment"], s["prefix"], s["mode"]) for s in states) == [
+        ("generation", "val/owa_gen/", "exact"), ("teacher_forcing", "val/owa/", "exact")]
+    for prefix in ("owa", "owa_gen"):
+        assert sorted(p.name for p in (first / "owa_metrics" / "val" / prefix).iterdir()) == [
+            "epoch_0_step_3.json", "epoch_0_step_3.md"]
+
+    caplog.clear()
+    resumed, second = fit(2, "second", "val/owa2/", "sketch", ckpt_path=checkpoint)
+    header = (second / "metrics.csv").read_text().splitlines()[0].split(",")
+    assert "val/owa2/comparable_rate" in header and "val/owa_gen/comparable_rate" in header
+    assert not any(key.startswith("val/owa/") for key in header)
+    assert [c.metric.mode for c in resumed] == ["sketch", "sketch"] and hasattr(resumed[0].metric, "timestamp_sketch")
+    said = [r.getMessage() for r in caplog.records if "checkpoint's" in r.getMessage()]
+    assert len(said) == 2 and all("mode='sketch' (checkpoint: 'exact')" in m for m in said), said
+    assert sum("prefix='val/owa2/' (checkpoint: 'val/owa/')" in m for m in said) == 1
+    assert json.loads((second / "owa_metrics" / "val" / "owa2" / "epoch_1_step_7.json").read_text())["epoch"] == 1

@@ -231,9 +231,21 @@ class OWAEventMetricsCallback(Callback):
         return {name: getattr(self, name) for name in self.SETTINGS}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """The constructor's settings win over a checkpoint's; a difference is said once."""
-        changed = [f"{name}={getattr(self, name)!r} (checkpoint: {state_dict[name]!r})" for name in self.SETTINGS
-                   if name in state_dict and state_dict[name] != getattr(self, name)]
+        """Restores no setting: the constructor's win over a checkpoint's; a difference is said once."""
+        self._say_changes(state_dict)
+
+    def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        """A new prefix gives a new state key: compare with the checkpoint's one callback of this alignment."""
+        states = checkpoint.get("callbacks", {})
+        if self.state_key not in states:
+            same = [state for key, state in states.items() if key.startswith(type(self).__qualname__ + "{")
+                    and isinstance(state, Mapping) and state.get("alignment") == self.alignment]
+            if len(same) == 1:
+                self._say_changes(same[0])
+
+    def _say_changes(self, saved: Mapping[str, Any]) -> None:
+        changed = [f"{name}={getattr(self, name)!r} (checkpoint: {saved[name]!r})" for name in self.SETTINGS
+                   if name in saved and saved[name] != getattr(self, name)]
         if changed:
             rank_zero_info(f"OWAEventMetricsCallback: resumed with settings other than the checkpoint's; using "
                            f"the new ones: {', '.join(changed)}")
