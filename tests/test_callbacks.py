@@ -553,3 +553,25 @@ def test_teacher_forcing_and_generation_callbacks_checkpoint_and_resume_with_new
     assert len(said) == 2 and all("mode='sketch' (checkpoint: 'exact')" in m for m in said), said
     assert sum("prefix='val/owa2/' (checkpoint: 'val/owa/')" in m for m in said) == 1
     assert json.loads((second / "owa_metrics" / "val" / "owa2" / "epoch_1_step_7.json").read_text())["epoch"] == 1
+
+
+def test_mlflow_gets_the_reports_as_the_runs_artifacts(tmp_path, tokenizer, vocab, warm_state, monkeypatch):
+    pytest.importorskip("mlflow", reason="MLflow is in the 'dev' extra (mlflow-skinny)")
+    from lightning.pytorch.loggers import MLFlowLogger
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 keeps the file store behind this switch
+    module = TinyLM(vocab.size)
+    module.load_state_dict(warm_state)
+    logger = MLFlowLogger(experiment_name="owa", tracking_uri=f"file:{tmp_path / 'mlruns'}")
+    trainer = L.Trainer(accelerator="cpu", logger=logger, callbacks=[OWAEventMetricsCallback(tokenizer)],
+                        enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
+    trainer.validate(module, _loaders(vocab)[1])
+    client, run = logger.experiment, logger.run_id
+    assert [a.path for a in client.list_artifacts(run, "owa_metrics/val/owa")] == [
+        "owa_metrics/val/owa/epoch_0_step_0.json", "owa_metrics/val/owa/epoch_0_step_0.md"]
+    report = json.loads(Path(client.download_artifacts(run, "owa_metrics/val/owa/epoch_0_step_0.json", str(tmp_path)))
+                        .read_text())
+    by_hand = _by_hand(tokenizer, module.recorded[0])
+    assert close(report["comparable_rate"], by_hand["comparable_rate"], 1e-9)
+    assert close(client.get_run(run).data.metrics["val/owa/comparable_rate"], by_hand["comparable_rate"], 1e-6)
+    assert not (Path.cwd() / "owa_metrics" / "val").exists()  # nothing beside the run
