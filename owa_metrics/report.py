@@ -91,7 +91,7 @@ def sample_rows(batch: EventBatch, preds: torch.Tensor, target: torch.Tensor, vo
     """One row per target event of ``sequences`` (at most ``max_events`` each), `SAMPLE_COLUMNS`: both events in
     words (``mouse_nop 1.23 s dx -3 dy +64``, ``keyboard 0.50 s key 65 (A) press``) or the raw tokens of one that
     does not decode (cut at its own ``<EVENT_END>``), and a comparable pair's errors (``Δt +20 ms, Δ (-2, -4) px,
-    dir 2.1°``). The rows of TensorBoard's text, the W&B table and ``epoch_E.md``; any token format.
+    dir 2.1°``). The rows of TensorBoard's text, the W&B table and ``epoch_{E}_step_{S}.md``; any token format.
 
     Inspection only: a short loop over the shown rows, never in ``update``.
     """
@@ -115,7 +115,7 @@ def sample_rows(batch: EventBatch, preds: torch.Tensor, target: torch.Tensor, vo
 
 
 def sample_table(rows: list[list[str]], columns: Sequence[str] = SAMPLE_COLUMNS, max_width: int = 48) -> str:
-    """The rows as a fenced block of aligned columns: markdown (TensorBoard's text, ``epoch_E.md``) shows it as it
+    """The rows as a fenced block of aligned columns: markdown (TensorBoard's text, ``epoch_{E}_step_{S}.md``) shows it as it
     is, in a monospace font that never wraps a cell; a cell wider than ``max_width`` continues on the next line
     (between tokens or words), so that the table stays about 150 characters wide."""
     cells = [[textwrap.wrap(c.replace("><", "> <"), max_width) or [c] for c in row] for row in rows]
