@@ -286,7 +286,9 @@ def _stack(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor
 
 def _scalar_step(trainer: Trainer) -> int:
     """The step Lightning logs this validation epoch's scalars at (fit: the batches stepped so far, one less than
-    ``global_step`` at the end of a training epoch; validate: 0), so that every artifact of the epoch shares it."""
+    ``global_step`` at the end of a training epoch; validate: 0), so that every artifact of the epoch shares it.
+    Lightning's logger connector reads the private ``fit_loop.epoch_loop._batches_that_stepped``: no public
+    attribute holds it (``global_step`` counts optimizer steps), so this reads the same, else ``global_step``."""
     return int(getattr(trainer.fit_loop.epoch_loop, "_batches_that_stepped", trainer.global_step))
 
 
