@@ -71,3 +71,19 @@ def test_fast_tokenize_equals_the_built_tokenizer():
             text = "".join(rng.choice(pieces, size=int(rng.integers(0, 12))))
             want = tokenizer(text, add_special_tokens=False)["input_ids"]
             assert tokenize(text, tokenizer.get_vocab(), tokenizer.unk_token_id) == want, repr(text)
+
+
+def test_the_description_names_only_image_tokens_the_vocabulary_holds():
+    from owa_metrics import OWAEventMetrics
+
+    words = {"[PAD]": 0, "[UNK]": 1, "<|endoftext|>": 2}
+    backend = Tokenizer(models.WordLevel(words, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="[PAD]", unk_token="[UNK]")
+    tok.add_tokens(sorted(CodecConfig.preset("factorized").event_tokens))
+    text = repr(OWAEventMetrics(tok))
+    assert "factorized format" in text and "no image tokens" in text and "(-100)" in text
+    assert not any(t in text for t in ("<image>", "<global-img>", "<fake_token_around_image>", "<IMG_CONTEXT>"))
+    smol = _user_tokenizer(True)  # holds SmolVLM's three image tokens
+    assert VocabMap.from_tokenizer(smol).describe() == ("hierarchical format, screens as <fake_token_around_image> "
+                                                        "<global-img> <image> x 64 <fake_token_around_image>")

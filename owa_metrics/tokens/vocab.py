@@ -141,8 +141,16 @@ class VocabMap:
         return cls(vocab, resolve_config(config, format), size=len(tokenizer))
 
     def describe(self) -> str:
-        """``factorized format, screens as <img> <IMG_CONTEXT> x 256 </img>``: what this map decodes."""
-        return f"{self.config.format} format, screens as {self.config.image_description}"
+        """``factorized format, screens as <img> <IMG_CONTEXT> x 256 </img>``: what this map decodes, naming only
+        image tokens the vocabulary holds."""
+        c = self.config
+        images = (*c.image_prefix, c.image_token, *c.image_suffix)
+        if all(t in self.ids for t in images):
+            return f"{c.format} format, screens as {c.image_description}"
+        held = [t for t in (c.screen_placeholder, *images) if t in self.ids]
+        return (f"{c.format} format, no image tokens of a known VLM in the vocabulary: a screen event's image is "
+                + (f"{' or '.join(held)}, or " if held else "") + "ignored labels (-100) between its "
+                "timestamp and <EVENT_END>; pass a CodecConfig naming your model's image tokens if it has some")
 
     def codes(self, ids: torch.Tensor) -> torch.Tensor:
         """Packed per-token codes shaped like ``ids``, on its device: role, flag bits and token value (see `_pack`)."""
