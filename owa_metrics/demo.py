@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Optional
@@ -164,7 +165,8 @@ def _logger(kind: str, out: Path):
     if kind == "csv":
         return loggers.CSVLogger(out, name="csv")
     if kind == "wandb":
-        return loggers.WandbLogger(save_dir=str(out), project="owa-metrics-demo", offline=True)
+        # offline unless WANDB_MODE says otherwise (the demo needs no account; WANDB_MODE=online logs to the server)
+        return loggers.WandbLogger(save_dir=str(out), project="owa-metrics-demo", offline="WANDB_MODE" not in os.environ)
     raise ValueError(f"--logger must be tensorboard, csv or wandb, got {kind!r}")
 
 

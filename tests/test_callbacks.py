@@ -257,6 +257,23 @@ def test_callback_holds_no_logits_across_batches(tmp_path, tokenizer, vocab):
     assert math.isclose(sizes[0][-1], sizes[0][-1])
 
 
+def test_the_demo_logs_to_wandb_as_wandb_mode_says(tmp_path, monkeypatch):
+    pytest.importorskip("wandb", reason="W&B is the optional 'wandb' extra")
+    import wandb
+
+    from owa_metrics.demo import _logger
+
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    assert _logger("wandb", tmp_path / "a").experiment.settings.mode == "disabled"
+    wandb.finish()
+    wandb.teardown()  # W&B reads the environment once per process setup
+    monkeypatch.delenv("WANDB_MODE")
+    assert _logger("wandb", tmp_path / "b").experiment.settings.mode in ("offline", "dryrun")  # no account needed
+    wandb.finish()
+    wandb.teardown()
+
+
 def _wandb_history(run_dir):
     """History rows of an offline W&B run, read from its .wandb file (LevelDB-style log of protobuf records)."""
     import struct
@@ -307,6 +324,8 @@ def test_fit_logs_to_wandb_offline(tmp_path, tokenizer, vocab, warm_state, monke
             "val/owa/samples/_type"} <= extras
     extra_steps = [r["trainer/global_step"] for r in rows if "val/owa/samples/_type" in r]
     assert [r["trainer/global_step"] for r in scalars] == extra_steps == [3, 7]  # one step per epoch's artifacts
+    table = json.loads(next((tmp_path / "wandb").glob("offline-run-*/files/media/table/**/*.table.json")).read_text())
+    assert table["columns"][:2] == ["seq", "event"] and table["data"][0][:2] == [0, 0]  # numbers, not text
     files = next((tmp_path / "wandb").glob("offline-run-*")) / "files" / "owa_metrics" / "val" / "owa"
     report = json.loads((files / "epoch_1_step_7.json").read_text())  # the reports are the run's files
     assert close(report["comparable_rate"], scalars[1]["val/owa/comparable_rate"], 1e-6)

@@ -145,5 +145,6 @@ def _wandb(run, prefix: str, suffix: str, histograms: dict, figure, rows: list, 
     if figure is not None:
         data[f"{prefix}category_confusion{suffix}"] = wandb.Image(figure)
     if rows:
-        data[f"{prefix}samples{suffix}"] = wandb.Table(columns=list(SAMPLE_COLUMNS), data=rows)
+        numbers = [[int(seq), int(event), *rest] for seq, event, *rest in rows]  # seq and event as numbers
+        data[f"{prefix}samples{suffix}"] = wandb.Table(columns=list(SAMPLE_COLUMNS), data=numbers)
     run.log({**data, "trainer/global_step": step})
