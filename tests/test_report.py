@@ -112,4 +112,6 @@ def test_the_confusion_figure_is_titled_rated_by_row_and_writes_counts_in_contra
     image = ax.get_images()[0].get_array()
     assert image[1, 4] == 1.0 and image[2, 2] == pytest.approx(1418 / 1500)  # coloured by the row's share
     width_px = figure.get_size_inches()[0] * figure.dpi
-    assert 300 <= width_px <= 500
+    assert 500 <= width_px <= 800  # legible at TensorBoard's card size
+    texts = [*ax.texts, *ax.get_xticklabels(), *ax.get_yticklabels(), ax.xaxis.label, ax.yaxis.label, ax.title]
+    assert min(t.get_fontsize() for t in texts) >= 10
