@@ -38,13 +38,12 @@ def log_extras(loggers: list[Logger], prefix: str, suffix: str, histograms: dict
         plt.close(figure)
 
 
-def save_reports(loggers: list[Logger], folder: Optional[Path], files: dict[str, str]) -> list[Path]:
+def save_reports(loggers: list[Logger], folder: Optional[Path], files: dict[str, str]) -> None:
     """Write ``files`` (relative path -> text) into the run of each logger that keeps files, and into ``folder``
     when given.
 
     TensorBoard / CSV: ``{log_dir}/owa_metrics/``; W&B: the run's files (``run.dir``, synced with the run); MLflow:
-    the run's artifacts under ``owa_metrics/``. Returns the local paths written."""
-    written = []
+    the run's artifacts under ``owa_metrics/``."""
     places = [Path(folder)] if folder is not None else []
     for logger in loggers:
         if isinstance(logger, (TensorBoardLogger, CSVLogger)):
@@ -60,8 +59,7 @@ def save_reports(loggers: list[Logger], folder: Optional[Path], files: dict[str,
             rank_zero_warn(f"OWAEventMetricsCallback: {type(logger).__name__} keeps no run folder known to "
                            "owa-metrics; the report files are not written there (pass artifacts_dir= to choose one)")
     for place in dict.fromkeys(places):
-        written += _write_all(place, files)
-    return written
+        _write_all(place, files)
 
 
 def _write_all(folder: Path, files: dict[str, str]) -> list[Path]:
