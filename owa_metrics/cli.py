@@ -145,9 +145,11 @@ def _cli_words(warning: Warning) -> str:
                 "(16 s vs 10 s)")
     if isinstance(warning, UndecodedTargetsWarning):
         other = next(name for name in FORMAT_NAMES if name != warning.format)
+        fix = f"; if the files are in the {other} format, pass --format {other}" if warning.reason == "invalid_format" \
+            else ""
         return (f"{warning.path}: {warning.count} of {warning.total} true events ({warning.count / warning.total:.0%}) "
                 f"do not decode in the {warning.format} format (most often: {warning.reason}) and are left out of "
-                f"every rate; if the files are in the {other} format, pass --format {other}")
+                f"every rate{fix}")
     return str(warning).splitlines()[0].removeprefix("owa_metrics: ")
 
 

@@ -48,8 +48,8 @@ class UndecodedTargetsWarning(UserWarning):
     def __init__(self, path, count: int, total: int, reason: str, format: str):
         self.path, self.count, self.total, self.reason, self.format = path, count, total, reason, format
         super().__init__(f"{path}: {count} of {total} true events ({count / total:.0%}) do not decode in the {format} "
-                         f"format (most often: {reason}); they are left out of every rate. Files in the other format: "
-                         "pass format=")
+                         f"format (most often: {reason}) and are left out of every rate; files in the other format: pass "
+                         "format='hierarchical' | 'factorized'")
 
 
 def read_file(path: str | Path) -> list[str] | list[Event]:
@@ -199,7 +199,7 @@ def evaluate(pred_path, target_path, mode: str = "exact", batch_size: int = 16, 
         warnings.simplefilter("always")
         report = {k: float(v) for k, v in metric.compute().items()}
     for caught_warning in caught:
-        if "of the target events do not decode" in str(caught_warning.message):
+        if "of the target events do not decode" in str(caught_warning.message):  # `_warn_invalid_targets`'
             failures = metric.target_statuses.clone()
             failures[int(Status.VALID)] = 0
             warnings.warn(UndecodedTargetsWarning(target_path, int(report["status/invalid_target"]),
