@@ -48,8 +48,8 @@ class UndecodedTargetsWarning(UserWarning):
     def __init__(self, path, count: int, total: int, reason: str, format: str):
         self.path, self.count, self.total, self.reason, self.format = path, count, total, reason, format
         super().__init__(f"{path}: {count} of {total} true events ({count / total:.0%}) do not decode in the {format} "
-                         f"format (most often: {reason}) and are left out of every rate; files in the other format: pass "
-                         "format='hierarchical' | 'factorized'")
+                         f"format (most often: {reason}) and are left out of every rate; files in the other format: "
+                         "pass format='hierarchical' | 'factorized'")
 
 
 def read_file(path: str | Path) -> list[str] | list[Event]:
