@@ -5,26 +5,35 @@ batch of events, vectorized) -> ``events`` (the event model, real recordings) ->
 over ``functional`` twins) -> ``callbacks``.
 """
 
+import importlib
 from importlib.metadata import PackageNotFoundError, version
-
-from .decode import EventBatch, EventFields, align_teacher_forcing, decode_batch, reference_decode
-from .events import CATEGORY_NAMES, Category, Event, Kind, Status
-from .metrics import (
-    IQMPE, DigitPrecisionAccuracy, DirectionError, EuclideanPercentError, KeyboardAccuracy, MouseActionAccuracy,
-    MovementR2, OWAEventMetrics, SignedPercentError, TimestampError, compute_metrics_for_event,
-)
-from .tokens import CodecConfig, EventCodec, EventDecodeError, EventEncodeError, Role, VocabMap, build_tokenizer
 
 try:
     __version__ = version("owa-metrics")
 except PackageNotFoundError:  # running from a source tree that is not installed
     __version__ = "0.0.0"
 
-__all__ = [
-    "IQMPE", "DigitPrecisionAccuracy", "DirectionError", "EuclideanPercentError", "KeyboardAccuracy",
-    "MouseActionAccuracy", "MovementR2", "OWAEventMetrics", "SignedPercentError", "TimestampError",
-    "compute_metrics_for_event", "CATEGORY_NAMES", "Category", "CodecConfig", "Event", "EventBatch", "EventCodec",
-    "EventDecodeError", "EventEncodeError",
-    "EventFields", "Kind", "Role", "Status", "VocabMap", "align_teacher_forcing", "build_tokenizer",
-    "decode_batch", "reference_decode", "__version__",
-]
+# name -> subpackage; imported on first use, so that `owa-metrics --help` starts without torch
+_EXPORTS = {
+    **dict.fromkeys(["EventBatch", "EventFields", "align_teacher_forcing", "decode_batch", "reference_decode"],
+                    "decode"),
+    **dict.fromkeys(["CATEGORY_NAMES", "Category", "Event", "Kind", "Status"], "events"),
+    **dict.fromkeys(["IQMPE", "DigitPrecisionAccuracy", "DirectionError", "EuclideanPercentError",
+                     "KeyboardAccuracy", "MouseActionAccuracy", "MovementR2", "OWAEventMetrics",
+                     "SignedPercentError", "TimestampError", "compute_metrics_for_event"], "metrics"),
+    **dict.fromkeys(["CodecConfig", "EventCodec", "EventDecodeError", "EventEncodeError", "Role", "VocabMap",
+                     "build_tokenizer"], "tokens"),
+}
+__all__ = [*_EXPORTS, "__version__"]
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value  # later look-ups find it without this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

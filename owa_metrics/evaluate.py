@@ -17,7 +17,7 @@ from typing import Optional
 
 import torch
 
-from .events.event import Event
+from .events.event import Event, Status
 from .metrics.collection import OWAEventMetrics
 from .tokens.codec import EventCodec, EventEncodeError
 from .tokens.vocab import VocabMap, build_tokenizer
@@ -31,7 +31,25 @@ class InputError(ValueError):
 
 
 class FormatGuessWarning(UserWarning):
-    """Neither file's tokens tell the token format (e.g. screens only): hierarchical is assumed."""
+    """Neither file's tokens tell the token format (e.g. screens only): hierarchical is assumed; ``path`` is the
+    target file's."""
+
+    def __init__(self, path):
+        self.path = path
+        super().__init__(f"{path}: its tokens do not tell the token format (screens only, every digit < 10): "
+                         "hierarchical assumed; pass format= to be sure, since the formats' timestamp windows differ "
+                         "(16 s vs 10 s)")
+
+
+class UndecodedTargetsWarning(UserWarning):
+    """`OWAEventMetrics`' warning that more than 5 % of the true events do not decode, with its numbers: the target
+    file ``path``, ``count`` of ``total`` events, their most frequent failure ``reason`` and the ``format`` read."""
+
+    def __init__(self, path, count: int, total: int, reason: str, format: str):
+        self.path, self.count, self.total, self.reason, self.format = path, count, total, reason, format
+        super().__init__(f"{path}: {count} of {total} true events ({count / total:.0%}) do not decode in the {format} "
+                         f"format (most often: {reason}) and are left out of every rate; files in the other format: "
+                         "pass format='hierarchical' | 'factorized'")
 
 
 def read_file(path: str | Path) -> list[str] | list[Event]:
@@ -100,12 +118,13 @@ def _read_mcap(path: Path, data: bytes) -> list[Event]:
 
 
 def evaluation_warnings(report: dict, pred_path, target_path) -> list[str]:
-    """What a person must know before trusting the numbers: a side of which no event decodes."""
+    """What a person must know before trusting the numbers, besides `evaluate`'s warnings: a target without events,
+    a prediction of which no event decodes."""
     out = []
     decoded = report.get("status/valid", 0) + report.get("status/type_mismatch", 0)
-    if report.get("count/valid_target_events", 0) == 0:
-        out.append(f"{target_path}: no true event decodes ({int(report.get('count/target_events', 0))} found)")
-    elif decoded == 0:
+    if report.get("count/target_events", 0) == 0:
+        out.append(f"{target_path}: no true event (no <EVENT_START> ... <EVENT_END> span)")
+    elif report.get("count/valid_target_events", 0) and decoded == 0:
         out.append(f"{pred_path}: no predicted event decodes ({int(report.get('count/pred_events', 0))} event spans "
                    "found): every true event counts as missing or invalid")
     return out
@@ -158,17 +177,15 @@ def evaluate(pred_path, target_path, mode: str = "exact", batch_size: int = 16, 
              format: Optional[str] = None, pairing: str = "index", tolerance_ms: float = 100.0) -> dict:
     """``OWAEventMetrics(alignment="generation", pairing=, tolerance_ms=)`` over the paired sequences of two files,
     in ``format`` (guessed from the files' tokens when None, see `guess_format`; `FormatGuessWarning` when they
-    cannot tell); under time pairing each
-    sequence's time origin is its first valid true event."""
+    cannot tell; the metric's undecodable-targets warning comes as `UndecodedTargetsWarning`); under time pairing
+    each sequence's time origin is its first valid true event."""
     from tqdm.auto import tqdm
 
     pred_contents, target_contents = read_file(pred_path), read_file(target_path)
     if format is None:
         format = guess_format(target_contents, pred_contents)
         if format is None:
-            warnings.warn(f"{target_path}: its tokens do not tell the token format (screens only, every digit "
-                          "< 10): hierarchical assumed; pass format= (--format) to be sure, since the formats' timestamp "
-                          "windows differ (16 s vs 10 s)", FormatGuessWarning, stacklevel=2)
+            warnings.warn(FormatGuessWarning(target_path), stacklevel=2)
             format = "hierarchical"
     tokenizer = build_tokenizer(format=format)
     metric = OWAEventMetrics(tokenizer, alignment="generation", mode=mode, pairing=pairing, tolerance_ms=tolerance_ms)
@@ -178,7 +195,20 @@ def evaluate(pred_path, target_path, mode: str = "exact", batch_size: int = 16, 
         raise ValueError(f"{pred_path} has {len(preds)} sequences but {target_path} has {len(targets)}")
     for first in tqdm(range(0, len(targets), batch_size), desc="evaluate", unit="batch", disable=not progress):
         metric.update(_pad(preds[first:first + batch_size]), _pad(targets[first:first + batch_size]))
-    return {k: float(v) for k, v in metric.compute().items()}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = {k: float(v) for k, v in metric.compute().items()}
+    for caught_warning in caught:
+        if "of the target events do not decode" in str(caught_warning.message):  # `_warn_invalid_targets`'
+            failures = metric.target_statuses.clone()
+            failures[int(Status.VALID)] = 0
+            warnings.warn(UndecodedTargetsWarning(target_path, int(report["status/invalid_target"]),
+                                                  int(report["count/target_events"]),
+                                                  Status(int(failures.argmax())).label, format), stacklevel=2)
+        else:
+            warnings.warn_explicit(caught_warning.message, caught_warning.category, caught_warning.filename,
+                                   caught_warning.lineno)
+    return report
 
 
 def _pad(rows: list[list[int]]) -> torch.Tensor:
