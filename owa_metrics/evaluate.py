@@ -17,8 +17,8 @@ from typing import Optional
 
 import torch
 
-from .events.event import Event, Status
-from .metrics.collection import OWAEventMetrics
+from .events.event import Event
+from .metrics.collection import InvalidTargetsWarning, OWAEventMetrics
 from .tokens.codec import EventCodec, EventEncodeError
 from .tokens.vocab import VocabMap, build_tokenizer
 
@@ -199,12 +199,10 @@ def evaluate(pred_path, target_path, mode: str = "exact", batch_size: int = 16, 
         warnings.simplefilter("always")
         report = {k: float(v) for k, v in metric.compute().items()}
     for caught_warning in caught:
-        if "of the target events do not decode" in str(caught_warning.message):  # `_warn_invalid_targets`'
-            failures = metric.target_statuses.clone()
-            failures[int(Status.VALID)] = 0
+        if isinstance(caught_warning.message, InvalidTargetsWarning):
             warnings.warn(UndecodedTargetsWarning(target_path, int(report["status/invalid_target"]),
-                                                  int(report["count/target_events"]),
-                                                  Status(int(failures.argmax())).label, format), stacklevel=2)
+                                                  int(report["count/target_events"]), caught_warning.message.reason,
+                                                  format), stacklevel=2)
         else:
             warnings.warn_explicit(caught_warning.message, caught_warning.category, caught_warning.filename,
                                    caught_warning.lineno)

@@ -36,6 +36,15 @@ TIMESTAMP_COLUMNS = ("signed_error_ms", "percent_error", "category")
 MOUSE_COLUMNS = ("euclidean_pe", "signed_pe_x", "signed_pe_y", "direction_deg")
 
 
+class InvalidTargetsWarning(UserWarning):
+    """More than 5 % of the target events do not decode: their share ``rate`` and most frequent failure ``reason``
+    (a `Status` label), for callers that say it in their own words (the CLI)."""
+
+    def __init__(self, rate: float, reason: str, message: str):
+        self.rate, self.reason = rate, reason
+        super().__init__(message)
+
+
 class OWAEventMetrics(Float64Metric):
     """Every event metric of an OWA model, as one torchmetrics ``Metric``.
 
@@ -407,12 +416,12 @@ class OWAEventMetrics(Float64Metric):
             failures = self.target_statuses.clone()
             failures[int(Status.VALID)] = 0
             reason = Status(int(failures.argmax())).label
-            rank_zero_warn(
+            rank_zero_warn(InvalidTargetsWarning(float(rate), reason, (
                 f"{float(rate):.0%} of the target events do not decode (most often: {reason}); they are left out of "
                 f"every rate. This metric reads the {self.vocab.describe()}: if the labels are in the other format, "
                 "pass format='hierarchical' | 'factorized'; if screens use other image tokens, pass a CodecConfig with "
                 "your image_prefix / image_token / image_suffix (or let the tokenizer's be detected by not passing "
-                "config). status/invalid_target_rate logs this rate.", category=UserWarning)
+                "config). status/invalid_target_rate logs this rate.")))
         return rate
 
     def extra_repr(self) -> str:
