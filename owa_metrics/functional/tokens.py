@@ -133,11 +133,8 @@ def per_token_loss(logits: torch.Tensor, target: torch.Tensor, block_logits: Opt
     labels, rows = target.reshape(-1), logits.reshape(-1, logits.shape[-1])
     if not labels.numel():
         return torch.zeros(target.shape, device=target.device)
-    vocab_size = rows.shape[-1]
-    step, clamped = max(1, (block_logits or LOSS_BLOCK_LOGITS) // vocab_size), labels.clamp(0, vocab_size - 1)
-    token_ce = torch.cat([torch.nn.functional.cross_entropy(block.float(), block_labels, reduction="none")
-                          for block, block_labels in zip(rows.split(step), clamped.split(step))])
-    token_ce = torch.where(labels < vocab_size, token_ce, float("nan"))
+    token_ce = torch.where(labels < rows.shape[-1], _blocked_cross_entropy(rows, labels, block_logits or
+                                                                            LOSS_BLOCK_LOGITS), float("nan"))
     return torch.where(labels < 0, 0.0, token_ce).view(target.shape)
 
 
@@ -154,13 +151,19 @@ def dense_token_losses(logits: torch.Tensor, target: torch.Tensor,
     if rows.shape[0] != labels.numel():  # no positions: the labels are `_check_inputs`' ignored padding column
         zeros = torch.zeros(labels.numel() + 1, dtype=torch.float64, device=target.device)
         return zeros[:-1], zeros[-1]
-    vocab_size = rows.shape[-1]
-    step, clamped = max(1, block_logits // vocab_size), labels.clamp(0, vocab_size - 1)
-    token_ce = torch.cat([torch.nn.functional.cross_entropy(block.float(), block_labels, reduction="none")
-                          for block, block_labels in zip(rows.split(step), clamped.split(step))])
-    usable = (labels < vocab_size) & torch.isfinite(token_ce)
+    token_ce = _blocked_cross_entropy(rows, labels, block_logits)
+    usable = (labels < rows.shape[-1]) & torch.isfinite(token_ce)
     labelled = labels >= 0
     return torch.where(usable & labelled, token_ce.double(), 0.0), (labelled & ~usable).sum(dtype=torch.float64)
+
+
+def _blocked_cross_entropy(rows: torch.Tensor, labels: torch.Tensor, block_logits: int) -> torch.Tensor:
+    """float32 [N]: the cross-entropy of every row of ``rows`` [N, V] at its label (clamped into the vocabulary:
+    the callers mask ignored and out-of-vocabulary labels), in blocks of ``max(1, block_logits // V)`` rows, each
+    copied to float32 alone."""
+    step, clamped = max(1, block_logits // rows.shape[-1]), labels.clamp(0, rows.shape[-1] - 1)
+    return torch.cat([torch.nn.functional.cross_entropy(block.float(), block_labels, reduction="none")
+                      for block, block_labels in zip(rows.split(step), clamped.split(step))])
 
 
 def token_sums(stats: EventTokenStats) -> tuple[torch.Tensor, torch.Tensor]:
