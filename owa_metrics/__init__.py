@@ -1,8 +1,9 @@
 """owa-metrics: event-level metrics for desktop agents trained on OWA event tokens.
 
-The flow, one folder a stage: ``tokens`` (the format and the tokenizer map) -> ``decode`` (token ids to a
-batch of events, vectorized) -> ``events`` (the event model, real recordings) -> ``metrics`` (torchmetrics,
-over ``functional`` twins) -> ``callbacks``.
+The stack, each layer importing only those below it: ``schema`` (the codes and the `Event` every stage shares)
+<- ``tokens`` (the formats and the tokenizer map) <- ``events`` (real recordings, the simulator) <- ``decode``
+(token ids to a batch of events, vectorized) <- ``functional`` (the metrics' functional twins) <- ``metrics``
+(torchmetrics) <- ``callbacks`` (Lightning, HF Trainer), ``evaluate`` <- ``cli``.
 """
 
 import importlib
@@ -17,7 +18,7 @@ except PackageNotFoundError:  # running from a source tree that is not installed
 _EXPORTS = {
     **dict.fromkeys(["EventBatch", "EventFields", "align_teacher_forcing", "decode_batch", "reference_decode"],
                     "decode"),
-    **dict.fromkeys(["CATEGORY_NAMES", "Category", "Event", "Kind", "Status"], "events"),
+    **dict.fromkeys(["CATEGORY_NAMES", "Category", "Event", "Kind", "Status"], "schema"),
     **dict.fromkeys(["IQMPE", "DigitPrecisionAccuracy", "DirectionError", "EuclideanPercentError",
                      "KeyboardAccuracy", "MouseActionAccuracy", "MovementR2", "OWAEventMetrics",
                      "SignedPercentError", "TimestampError", "compute_metrics_for_event"], "metrics"),

@@ -15,7 +15,7 @@ import torch
 
 from .events import read_recording, simulate_session
 from .evaluate import InputError, check_mcap
-from .events.event import Event
+from .schema import Event
 from .report import format_number
 from .tokens.data import collate, token_sequences
 from .tokens.vocab import VocabMap, build_tokenizer

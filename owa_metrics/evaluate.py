@@ -17,7 +17,7 @@ from typing import Optional
 
 import torch
 
-from .events.event import Event
+from .schema import Event
 from .metrics.collection import InvalidTargetsWarning, OWAEventMetrics
 from .tokens.codec import EventCodec, EventEncodeError
 from .tokens.vocab import VocabMap, build_tokenizer

@@ -9,8 +9,8 @@ from typing import Optional, Sequence
 
 import torch
 
-from .decode.batch import Alignment, EventBatch, EventFields
-from .events.event import CATEGORY_NAMES, Category, Status
+from .decode.event_batch import Alignment, EventBatch, EventFields
+from .schema import CATEGORY_NAMES, Category, Status
 from .functional.events import direction_error_deg, timestamp_errors
 from .tokens.codec import CodecConfig
 from .tokens.vocab import VocabMap

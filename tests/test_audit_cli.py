@@ -17,7 +17,7 @@ import pytest
 
 from owa_metrics import CodecConfig, EventCodec
 from owa_metrics.cli import main
-from owa_metrics.events.event import Event
+from owa_metrics.schema import Event
 
 ROOT = Path(__file__).resolve().parents[1]
 MS = 1_000_000

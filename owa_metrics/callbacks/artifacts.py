@@ -14,7 +14,7 @@ import numpy as np
 from lightning.pytorch.loggers import CSVLogger, Logger, MLFlowLogger, TensorBoardLogger, WandbLogger
 from lightning.pytorch.utilities import rank_zero_warn
 
-from ..events.event import CATEGORY_NAMES
+from ..schema import CATEGORY_NAMES
 from ..report import SAMPLE_COLUMNS
 
 HISTOGRAM_RANGE = ("Range, per epoch: P2..P98 of the values, narrowed to Tukey's fences (Q1 - 1.5 IQR, Q3 + 1.5 "

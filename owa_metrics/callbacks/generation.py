@@ -10,7 +10,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from ..decode.batch import decode_batch
-from ..events.event import Status
+from ..schema import Status
 from ..tokens.vocab import Role, VocabMap
 
 GENERATE_NEEDS = ("generate_fn(input_ids, attention_mask, max_new_tokens) must return the prompt followed by the "

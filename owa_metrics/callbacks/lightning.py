@@ -12,7 +12,8 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
 
-from ..decode.batch import Pairing, decode_batch
+from ..decode.batch import decode_batch
+from ..decode.event_batch import Pairing
 from ..metrics.base import Mode
 from ..metrics.collection import OWAEventMetrics
 from ..report import format_report, sample_rows, sample_table

@@ -21,105 +21,22 @@ from __future__ import annotations
 import functools
 import itertools
 import weakref
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Literal, Optional, Union
+from typing import Optional, Union
 
 import numpy as np
 import torch
 
-from ..events.event import Category, Status
+from ..schema import IMAGE_BIT, KIND_CATEGORY, ROLE_MASK, SKIP_BIT, STRUCT_BIT, VALUE_SHIFT, Category, Kind, Role, Status
 from ..tokens.codec import CodecConfig
-from ..tokens.format import FIELDS, Role
-from ..tokens.vocab import IMAGE_BIT, ROLE_MASK, SKIP_BIT, STRUCT_BIT, VALUE_SHIFT, VocabMap
+from ..tokens.format import FIELDS
+from ..tokens.vocab import VocabMap
 from . import kernel
+from .event_batch import Alignment, Backend, EventBatch, EventFields, Pairing
+from .matching import pair_by_time, tolerance_ns
 
-if TYPE_CHECKING:
-    from .matching import TimeMatching
-
-Alignment = Literal["teacher_forcing", "generation"]
-Backend = Literal["auto", "torch", "kernel"]
-Pairing = Literal["index", "time"]
 IGNORE_INDEX = -100
 _N_ROLES = ROLE_MASK + 2  # the roles and NO_ROLE: a span without a type token
-
-
-VALUE_COLUMNS = ("category", "timestamp_ns", "vk", "action", "dx", "dy", "button_flags", "button_data")
-
-
-@dataclass
-class EventFields:
-    """Decoded fields of one side (target or prediction), one row per target event.
-
-    ``values`` [N, 8] (int64) holds the `VALUE_COLUMNS` (also readable by name: ``fields.dx``; ``action`` 0
-    press, 1 release) and ``digits`` [N, n_ts + 2 n_delta] (int32) the timestamp, dx and dy digits (sign first).
-    They are meaningful where ``status == Status.VALID``; elsewhere numbers are 0, digits -1 and the
-    category is ``Category.INVALID``. ``kind`` is what the type token said (-1: none), valid or not.
-    ``start`` / ``end`` are the token span in the side's own sequence (inclusive; -1: no predicted event);
-    ``start_cut`` marks a span whose ``<EVENT_START>`` was cut off (it starts at its type token).
-    """
-
-    status: torch.Tensor
-    kind: torch.Tensor
-    values: torch.Tensor
-    digits: torch.Tensor
-    start: torch.Tensor
-    end: torch.Tensor
-    start_cut: torch.Tensor
-    n_timestamp_digits: int
-
-    def __getattr__(self, name: str) -> torch.Tensor:
-        if name in VALUE_COLUMNS:
-            return self.values[:, VALUE_COLUMNS.index(name)]
-        raise AttributeError(name)
-
-    @property
-    def timestamp_digits(self) -> torch.Tensor:
-        return self.digits[:, :self.n_timestamp_digits]
-
-    @property
-    def dx_digits(self) -> torch.Tensor:
-        n = (self.digits.shape[1] - self.n_timestamp_digits) // 2
-        return self.digits[:, self.n_timestamp_digits:self.n_timestamp_digits + n]
-
-    @property
-    def dy_digits(self) -> torch.Tensor:
-        n = (self.digits.shape[1] - self.n_timestamp_digits) // 2
-        return self.digits[:, self.n_timestamp_digits + n:]
-
-    def take(self, index: torch.Tensor) -> "EventFields":
-        return replace(self, **{name: getattr(self, name).index_select(0, index) for name in _ROW_TENSORS})
-
-
-_ROW_TENSORS = ("status", "kind", "values", "digits", "start", "end", "start_cut")
-
-
-@dataclass
-class EventBatch:
-    """One row per target event of a batch: where it is, both sides' fields and how they compare.
-
-    ``status`` is the comparison status: VALID (comparable: both decode, same kind), TYPE_MISMATCH (the predicted
-    type token names another kind: under teacher forcing whatever follows it, in generation the prediction
-    decodes), the prediction's own decode status (INVALID_FORMAT, MISSING_FIELDS, TRUNCATED, MISSING) or INVALID_TARGET.
-    ``target_count`` / ``pred_count`` [num_sequences] count events per sequence (equal under teacher forcing).
-    ``time_matching``: what generation by time found (`owa_metrics.decode.matching.TimeMatching`), else None.
-    """
-
-    seq_idx: torch.Tensor
-    status: torch.Tensor
-    target: EventFields
-    pred: EventFields
-    target_count: torch.Tensor
-    pred_count: torch.Tensor
-    num_sequences: int
-    alignment: Alignment
-    time_matching: Optional["TimeMatching"] = None  # pairing="time": detection counts, errors, extra events
-
-    def __len__(self) -> int:
-        return int(self.seq_idx.numel())
-
-    @property
-    def comparable(self) -> torch.Tensor:
-        return self.status == int(Status.VALID)
+KIND_CODES = len(Kind) + 1  # an event's kind code: kind + 1 (0: no type token)
 
 
 def align_teacher_forcing(preds_or_logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -155,11 +72,10 @@ def decode_batch(preds: torch.Tensor, target: torch.Tensor, vocab: VocabMap,
     if backend not in ("auto", "torch", "kernel"):
         raise ValueError(f"backend must be 'auto', 'torch' or 'kernel', got {backend!r}")
     check_pairing(pairing, alignment)
-    if pairing == "time":
-        from .matching import decode_by_time, tolerance_ns
-
-        return decode_by_time(preds, target, vocab, backend,
-                              tolerance_ns(tolerance_ms, vocab.config.timestamp_window_ns), origin_ns)
+    if pairing == "time":  # each side decoded on its own (its target side against itself), then matched
+        window_ns = vocab.config.timestamp_window_ns
+        true, generated = (decode_batch(ids, ids, vocab, "teacher_forcing", backend) for ids in (target, preds))
+        return pair_by_time(true, generated, window_ns, tolerance_ns(tolerance_ms, window_ns), origin_ns, backend)
     layouts = _Tables.get(vocab.config, target.device)
     if backend == "kernel" or (backend == "auto" and target.device.type == "cpu" and kernel.available()):
         return _decode_with_kernel(preds, target, vocab, alignment, layouts)
@@ -441,21 +357,20 @@ class _Tables:
         place_in_units = torch.stack([place[0] * units[:, None], place[1]])
         modulus_in_units = self.modulus.cpu() * units
         half = torch.where(modulus_in_units > 0, modulus_in_units // 2, 1 << 62).tolist()
-        kind_category = [int(Category.KEYBOARD), int(Category.MOUSE_NOP), int(Category.SCREEN)]
         # float32 reads every field exactly (values < 256)
         exact32 = float(place_in_units.abs().sum(-1).max()) * 256 < 2 ** 24
         columns = []
         for key in range(4 * _N_ROLES):
             role, variant, cut = key // 4, key // 2 % 2, key % 2
             kind = role - int(Role.KEYBOARD) if int(Role.KEYBOARD) <= role <= int(Role.SCREEN) else -1
-            lay = fmt.layout_index(("keyboard", "mouse", "screen")[max(kind, 0)])  # kind -1 reads as keyboard
+            lay = fmt.layout_index(Kind(max(kind, 0)).name.lower())  # kind -1 reads as keyboard
             if variant and self.variants and lay == self.variants[0][0]:
                 lay = self.variants[0][1]
             shifts = [2 * self.rule_values.index(rule) for rule in window_rules[lay]]
             shifts[0] = 2 * self.rule_values.index(anything) if cut else shifts[0]
             data_start = runs[lay] if runs[lay] >= 0 else checked[lay] - 1  # a run, or the <EVENT_END> slot
             slots = [s if s >= 0 else 1 for s in digit_slots[lay].tolist()]  # slot 1 of a valid event reads -1
-            columns.append(shifts + [checked[lay] - 1, data_start - 1, kind, kind_category[max(kind, 0)], lay * n_f,
+            columns.append(shifts + [checked[lay] - 1, data_start - 1, kind, int(KIND_CATEGORY[max(kind, 0)]), lay * n_f,
                                      kind + 1] + modulus_in_units[lay].tolist() + half[lay] + slots
                            + [0 if sign else 1 for sign in self.digit_sign[lay].tolist()])
         self.by_key = torch.tensor(columns, device=device)  # [keys, columns]: rows copied whole by index_select
@@ -475,9 +390,10 @@ class _Tables:
                                          for rejected in range(4 * self.window + 1) for short in (0, 1)
                                          for weight in range(3)], device=device)
         self.blank = torch.tensor([int(Category.INVALID)] + [0] * 7, device=device)[:, None]  # a row that does not decode
-        # an event's status and kind in one code, status x 4 + kind + 1; a pair's status by the codes of its two sides
-        self.n_codes = 4 * len(Status)
-        self.missing = torch.tensor([int(Status.MISSING), -1, -1, -1, 4 * int(Status.MISSING)],
+        # an event's status and kind in one code, status x K + kind + 1 (K = `KIND_CODES`); a pair's status by the
+        # codes of its two sides
+        self.n_codes = KIND_CODES * len(Status)
+        self.missing = torch.tensor([int(Status.MISSING), -1, -1, -1, KIND_CODES * int(Status.MISSING)],
                                     device=device)[:, None, None]  # status, kind, span, code
         self.pair_status = [torch.tensor(_pair_statuses(generation), device=device) for generation in (False, True)]
         self.target_side = torch.tensor([True, False], device=device)[:, None]
@@ -492,12 +408,12 @@ class _Tables:
 
 
 def _pair_statuses(generation: bool) -> list[int]:
-    """A pair's comparison status (`EventBatch.status`) by the codes ``(status x 4 + kind + 1)`` of its target and
-    predicted event, ``target code x 4 len(Status) + predicted code``: INVALID_TARGET where the target does not decode,
+    """A pair's comparison status (`EventBatch.status`) by the codes ``(status x K + kind + 1)`` of its target and
+    predicted event, ``target code x K len(Status) + predicted code``: INVALID_TARGET where the target does not decode,
     else TYPE_MISMATCH where the prediction's type token names another kind (in generation only if it decodes; under
     teacher forcing whatever the data tokens after it), else the prediction's own status."""
     out = []
-    for status_t, kind_t, status_p, kind_p in itertools.product(range(len(Status)), range(-1, 3), repeat=2):
+    for status_t, kind_t, status_p, kind_p in itertools.product(range(len(Status)), range(-1, len(Kind)), repeat=2):
         decided = status_p == Status.VALID if generation else kind_p >= 0
         out.append(Status.INVALID_TARGET if status_t != Status.VALID else
                    Status.TYPE_MISMATCH if decided and kind_p != kind_t else status_p)
@@ -509,7 +425,7 @@ def _decode_rows(planes: torch.Tensor, counts: torch.Tensor, slot0: torch.Tensor
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Check and read the events whose ``<EVENT_START>`` is at flat position ``slot0`` (virtual when ``cut`` off) and
     whose last token is at ``last``, in the token planes [P, R W] (`_token_planes`) and their running ``counts``:
-    ``(status, kind, code, values [8, N], digits [D, N])`` (code: status x 4 + kind + 1, see `_pair_statuses`),
+    ``(status, kind, code, values [8, N], digits [D, N])`` (code: status x K + kind + 1, see `_pair_statuses`),
     values and digits blank where the row does not decode or, in the last ``len(present)`` rows, is not ``present``.
 
     Works slot-major: the window planes are [width, N] (slot j of every event in row j).
@@ -550,4 +466,4 @@ def _decode_rows(planes: torch.Tensor, counts: torch.Tensor, slot0: torch.Tensor
     values = torch.where(ok, torch.cat([category[None], number]), L.blank)
     # a sign level reads as + when its field is 0 (<SIGN_MINUS><0>... is the number 0, written <SIGN_PLUS>...)
     digits = value.gather(0, slots).masked_fill_((magnitude.index_select(0, L.digit_field) + unsigned) == 0, 0)
-    return status, kind, torch.add(kind_code, status, alpha=4), values, torch.where(ok, digits, -1)
+    return status, kind, torch.add(kind_code, status, alpha=KIND_CODES), values, torch.where(ok, digits, -1)

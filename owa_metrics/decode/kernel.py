@@ -15,6 +15,8 @@ import warnings
 
 import numpy as np
 
+from ..schema import IMAGE_BIT, ROLE_MASK, SKIP_BIT, STRUCT_BIT, VALUE_SHIFT, Category, Kind, Role, Status
+
 try:
     from numba import njit
 except Exception as err:  # noqa: BLE001 - any failure to load means: use the torch path
@@ -22,11 +24,19 @@ except Exception as err:  # noqa: BLE001 - any failure to load means: use the to
 else:
     IMPORT_ERROR = None
 
-ROLE_MASK, STRUCT_BIT, SKIP_BIT, IMAGE_BIT, VALUE_SHIFT = 0xF, 1 << 4, 1 << 5, 1 << 6, 8
-START, END, KEYBOARD, SCREEN, IMAGE, IGNORED = 1, 2, 3, 5, 8, 10  # `Role` values
-VALID, INVALID_FORMAT, MISSING_FIELDS, TRUNCATED, TYPE_MISMATCH, MISSING, INVALID_TARGET = range(7)  # `Status`
-MOUSE_KIND, SCREEN_KIND = 1, 2
-KEYBOARD_CAT, MOUSE_OP_CAT, MOUSE_NOP_CAT, SCREEN_CAT, INVALID_CAT = range(5)
+# the schema's codes as plain ints: numba compiles them in as constants (`compiled_codes` says which it holds)
+START, END, KEYBOARD, SCREEN, IMAGE, IGNORED = map(int, (Role.START, Role.END, Role.KEYBOARD, Role.SCREEN, Role.IMAGE,
+                                                        Role.IGNORED))
+VALID, INVALID_FORMAT, MISSING_FIELDS, TRUNCATED, TYPE_MISMATCH, MISSING, INVALID_TARGET = map(int, (
+    Status.VALID, Status.INVALID_FORMAT, Status.MISSING_FIELDS, Status.TRUNCATED, Status.TYPE_MISMATCH, Status.MISSING,
+    Status.INVALID_TARGET))
+MOUSE_KIND, SCREEN_KIND = int(Kind.MOUSE), int(Kind.SCREEN)
+KEYBOARD_CAT, MOUSE_OP_CAT, MOUSE_NOP_CAT, SCREEN_CAT, INVALID_CAT = map(int, (
+    Category.KEYBOARD, Category.MOUSE_OP, Category.MOUSE_NOP, Category.SCREEN, Category.INVALID))
+CODE_NAMES = ("ROLE_MASK", "STRUCT_BIT", "SKIP_BIT", "IMAGE_BIT", "VALUE_SHIFT", "START", "END", "KEYBOARD", "SCREEN",
+              "IMAGE", "IGNORED", "VALID", "INVALID_FORMAT", "MISSING_FIELDS", "TRUNCATED", "TYPE_MISMATCH", "MISSING",
+              "INVALID_TARGET", "MOUSE_KIND", "SCREEN_KIND", "KEYBOARD_CAT", "MOUSE_OP_CAT", "MOUSE_NOP_CAT",
+              "SCREEN_CAT", "INVALID_CAT")
 
 _warned: set[str] = set()
 
@@ -69,6 +79,14 @@ def _jit(fn):
         _warn_once("cache", f"numba cannot cache the CPU kernels ({err}); they compile in each process on first use "
                             "(a few seconds). Set NUMBA_CACHE_DIR to a directory only you can write to.")
         return njit(nogil=True)(fn)
+
+
+@_jit
+def compiled_codes():
+    """`CODE_NAMES`' values as the compiled (possibly cached) kernels of this module hold them."""
+    return (ROLE_MASK, STRUCT_BIT, SKIP_BIT, IMAGE_BIT, VALUE_SHIFT, START, END, KEYBOARD, SCREEN, IMAGE, IGNORED, VALID,
+            INVALID_FORMAT, MISSING_FIELDS, TRUNCATED, TYPE_MISMATCH, MISSING, INVALID_TARGET, MOUSE_KIND, SCREEN_KIND,
+            KEYBOARD_CAT, MOUSE_OP_CAT, MOUSE_NOP_CAT, SCREEN_CAT, INVALID_CAT)
 
 
 @_jit

@@ -10,40 +10,19 @@ bounded loop over deferred-acceptance rounds elsewhere (`greedy_match`).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Optional, Union
 
 import numpy as np
 import torch
 
-from ..events.event import CATEGORY_NAMES, Category, Status
-from ..tokens.vocab import VocabMap
+from ..schema import CATEGORY_NAMES, Category, Status
 from . import kernel
-from .batch import Backend, EventBatch, EventFields, decode_batch
+from .event_batch import Backend, EventBatch, EventFields, TimeMatching
 
 N_CAT = len(CATEGORY_NAMES)
 STEP_BACK_NS = 1_000_000_000  # a step of more than W - 1 s is a step back (the generated time went backwards)
 _ROW_SHIFT, _CATEGORY_SHIFT = 2 ** 40, 2 ** 34  # match keys packed into one int64: row, category, detail
-
-
-@dataclass
-class TimeMatching:
-    """What ``pairing="time"`` found in a batch (target events in the `EventBatch`'s row order).
-
-    ``detection`` / ``paired`` [n_target_events]: index of the matched generated event (in (row, position)
-    order over every generated event span), -1 for none; ``paired`` holds the detection matches plus the
-    kind matches. ``detection_counts`` [3, N_CAT + 1] (float64): TP, FP, FN per category, the last column the
-    invalid generated events (FP of no category). ``detection_error_ms`` [detection matches]: |a_p - a_t|.
-    ``extra_events``: valid generated events paired with nothing; ``invalid_pred_events``: generated event
-    spans that do not decode.
-    """
-
-    detection: torch.Tensor
-    paired: torch.Tensor
-    detection_counts: torch.Tensor
-    detection_error_ms: torch.Tensor
-    extra_events: torch.Tensor
-    invalid_pred_events: torch.Tensor
 
 
 def tolerance_ns(tolerance_ms: float, window_ns: int) -> int:
@@ -224,23 +203,21 @@ def match_by_time(target: EventFields, target_seq: torch.Tensor, pred: EventFiel
                         extra_events=(p_ok & ~in_pair).sum(), invalid_pred_events=(~p_ok).sum())
 
 
-def decode_by_time(preds: torch.Tensor, target: torch.Tensor, vocab: VocabMap, backend: Backend, tolerance_ns: int,
-                   origin_ns: Union[None, int, torch.Tensor] = None) -> EventBatch:
-    """`decode_batch` with ``pairing="time"``: checked [B, T] inputs -> an `EventBatch` (one row per target event,
-    paired by `match_by_time`, its `TimeMatching` attached). Each side's events come from the public decoder:
-    the target side of a teacher-forced decode of the side against itself."""
-    B = target.shape[0]
-    true_batch = decode_batch(target, target, vocab, "teacher_forcing", backend)
-    gen_batch = decode_batch(preds, preds, vocab, "teacher_forcing", backend)
+def pair_by_time(true_batch: EventBatch, gen_batch: EventBatch, window_ns: int, tolerance_ns: int,
+                 origin_ns: Union[None, int, torch.Tensor] = None, backend: Backend = "auto") -> EventBatch:
+    """``pairing="time"``: the true and the generated events, each side decoded on its own (the target side of
+    ``decode_batch(ids, ids, vocab)``), -> an `EventBatch` (one row per target event, paired by `match_by_time`,
+    its `TimeMatching` attached)."""
+    B = true_batch.num_sequences
     true, gen = true_batch.target, gen_batch.target
     if origin_ns is not None:
-        origin_ns = torch.as_tensor(origin_ns, dtype=torch.long, device=target.device)
+        origin_ns = torch.as_tensor(origin_ns, dtype=torch.long, device=true_batch.seq_idx.device)
         if origin_ns.dim() > 1 or origin_ns.numel() not in (1, B):
             raise ValueError(f"origin_ns must be one timestamp (ns) or one per sequence [{B}], got shape "
                              f"{tuple(origin_ns.shape)}")
         origin_ns = origin_ns.reshape(-1).expand(B)
-    found = match_by_time(true, true_batch.seq_idx, gen, gen_batch.seq_idx, B, vocab.config.timestamp_window_ns,
-                          tolerance_ns, origin_ns, backend)
+    found = match_by_time(true, true_batch.seq_idx, gen, gen_batch.seq_idx, B, window_ns, tolerance_ns, origin_ns,
+                          backend)
     pred = _with_blank_row(gen).take(torch.where(found.paired >= 0, found.paired, len(gen.status)))
     status = torch.where(true.status != int(Status.VALID), int(Status.INVALID_TARGET),
                          torch.where((pred.status == int(Status.VALID)) & (pred.kind != true.kind),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from ..events.event import Category, Event, Kind, Status
+from ..schema import Category, Event, Kind, Status
 from ..tokens.codec import EventCodec, EventDecodeError
 from ..tokens.vocab import VocabMap
 

@@ -1,6 +1,7 @@
-"""Events: the decoded form every metric works on, from real recordings or the simulator."""
+"""Events: real recordings and the simulator, as `Event` lists (the `Event` and its codes live in `owa_metrics.schema`,
+re-exported here)."""
 
-from .event import CATEGORY_NAMES, Category, Event, Kind, Status
+from ..schema import CATEGORY_NAMES, Category, Event, Kind, Status
 from .recordings import read_recording
 from .simulate import simulate_session
 

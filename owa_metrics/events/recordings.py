@@ -11,7 +11,7 @@ import warnings
 from pathlib import Path
 from typing import Optional
 
-from .event import Event
+from ..schema import Event
 
 # RawMouseEvent.ButtonFlags of owa-msgs: (down, up) per button, and the wheels
 _BUTTON_FLAGS = {"left": (0x001, 0x002), "right": (0x004, 0x008), "middle": (0x010, 0x020),

@@ -10,7 +10,7 @@ from typing import Optional
 
 import numpy as np
 
-from .event import Event
+from ..schema import Event
 from .recordings import fit_to_format
 
 _MS = 1_000_000

@@ -12,12 +12,12 @@ from typing import Optional
 
 import torch
 
-from ..decode.batch import EventBatch
-from ..events.event import CATEGORY_NAMES, Category, Status
+from ..decode.event_batch import EventBatch
+from ..schema import CATEGORY_NAMES, KIND_CATEGORY, Category, Status
 from .stats import abs_of_counts, bootstrap_iqm_ci_of_counts, distinct, iqm, iqm_of_counts, quantile, quantile_of_counts
 
 N_CAT = len(CATEGORY_NAMES)
-KIND_CATEGORY = torch.tensor([int(Category.KEYBOARD), int(Category.MOUSE_NOP), int(Category.SCREEN)])  # by Kind
+_KIND_CATEGORY = torch.tensor(KIND_CATEGORY)
 EVENT_COUNTS = ("events", "sequences", "count_match", "pred_events", "extra", "missing", "seq_sum", "seq_count")
 
 
@@ -201,7 +201,7 @@ def event_type_sums(batch: EventBatch) -> tuple[torch.Tensor, torch.Tensor, torc
     """``(confusion [4, 5], status counts, EVENT_COUNTS)`` of one batch."""
     valid = batch.target.status == int(Status.VALID)
     # a type mismatch whose prediction does not decode (teacher forcing) counts in its type token's column
-    typed = KIND_CATEGORY.to(valid.device).index_select(0, batch.pred.kind.clamp(min=0))
+    typed = _KIND_CATEGORY.to(valid.device).index_select(0, batch.pred.kind.clamp(min=0))
     pred_category = torch.where((batch.status == int(Status.TYPE_MISMATCH)) & (batch.pred.category == int(Category.INVALID)),
                                 typed, batch.pred.category)
     cell = batch.target.category.clamp(max=N_CAT - 1) * (N_CAT + 1) + pred_category

@@ -18,10 +18,18 @@ import math
 import numpy as np
 import torch
 
-from ..decode.kernel import (INVALID_CAT, KEYBOARD_CAT, MOUSE_NOP_CAT, MOUSE_OP_CAT, TYPE_MISMATCH, VALID, _jit)
+from ..decode.kernel import INVALID_CAT, KEYBOARD_CAT, MOUSE_NOP_CAT, MOUSE_OP_CAT, TYPE_MISMATCH, VALID, _jit
+from ..schema import CATEGORY_NAMES, KIND_CATEGORY as _KIND_CATEGORY
 
-KIND_CATEGORY = np.array([KEYBOARD_CAT, MOUSE_NOP_CAT, 3], dtype=np.int64)  # by Kind: keyboard, mouse, screen
-N_CAT = 4
+KIND_CATEGORY = np.array(_KIND_CATEGORY, dtype=np.int64)
+N_CAT = len(CATEGORY_NAMES)
+CODE_NAMES = ("VALID", "TYPE_MISMATCH", "INVALID_CAT", "KEYBOARD_CAT", "MOUSE_OP_CAT", "MOUSE_NOP_CAT", "N_CAT")
+
+
+@_jit
+def compiled_codes():
+    """`CODE_NAMES`' values as the compiled (possibly cached) kernels of this module hold them."""
+    return VALID, TYPE_MISMATCH, INVALID_CAT, KEYBOARD_CAT, MOUSE_OP_CAT, MOUSE_NOP_CAT, N_CAT
 
 
 @_jit

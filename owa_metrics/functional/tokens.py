@@ -7,8 +7,8 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from ..decode.batch import EventBatch
-from ..events.event import CATEGORY_NAMES, Kind
+from ..decode.event_batch import EventBatch
+from ..schema import CATEGORY_NAMES, Kind
 from ..tokens.codec import CodecConfig
 from .events import ratio
 

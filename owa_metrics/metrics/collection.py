@@ -12,12 +12,10 @@ import torch
 from torchmetrics.utilities import rank_zero_warn
 
 from ..decode import kernel as decode_kernel
-from ..decode.batch import (
-    VALUE_COLUMNS, Alignment, Backend, EventBatch, Pairing, _check_inputs, _Tables, check_pairing, decode_batch,
-    kernel_arrays,
-)
-from ..decode.matching import TimeMatching, tolerance_ns
-from ..events.event import CATEGORY_NAMES, Category, Status
+from ..decode.batch import KIND_CODES, _check_inputs, _Tables, check_pairing, decode_batch, kernel_arrays
+from ..decode.event_batch import VALUE_COLUMNS, Alignment, Backend, EventBatch, Pairing, TimeMatching
+from ..decode.matching import tolerance_ns
+from ..schema import CATEGORY_NAMES, Category, Status
 from ..functional.events import (
     EVENT_COUNTS, detection_report, event_type_report, keyboard_report, mouse_action_report, movement_r2_report, ratio,
 )
@@ -508,7 +506,7 @@ class _Plan:
     def __init__(self, n_ts: int, n_delta: int, device, tokens: bool, loss: bool, time: bool):
         n_status = len(Status)
         one = 2 * n_status + N_CAT + 1
-        shape = (n_status, n_status, N_CAT + 1, 4, N_CAT + 1)
+        shape = (n_status, n_status, N_CAT + 1, KIND_CODES, N_CAT + 1)
         status, t_status, p_category, kind, category = np.indices(shape).reshape(5, -1)
         undecoded_mismatch = (status == int(Status.TYPE_MISMATCH)) & (p_category == int(Category.INVALID))
         column = np.where(undecoded_mismatch, fused.KIND_CATEGORY[np.maximum(kind - 1, 0)], p_category)
@@ -528,7 +526,8 @@ class _Plan:
             rows[at, offset + columns] = value
         self.rows = torch.from_numpy(rows).to(device)
         self.row_sizes = [one + 2, 12, 4, 2]
-        weights = [n_status * (N_CAT + 1) * 4 * (N_CAT + 1), (N_CAT + 1) * 4 * (N_CAT + 1), 4 * (N_CAT + 1), N_CAT + 1, 1]
+        k = KIND_CODES
+        weights = [n_status * (N_CAT + 1) * k * (N_CAT + 1), (N_CAT + 1) * k * (N_CAT + 1), k * (N_CAT + 1), N_CAT + 1, 1]
         self.key_weights = torch.tensor(weights, device=device)
         self.key_offsets = torch.tensor([0, 0, 0, N_CAT + 1, 0], device=device)  # kind -1: row 0
         n_groups = len(GROUPS)

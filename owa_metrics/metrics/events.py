@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ..decode.batch import EventBatch
-from ..events.event import CATEGORY_NAMES, Status
+from ..decode.event_batch import EventBatch
+from ..schema import CATEGORY_NAMES, Status
 from ..functional.events import EVENT_COUNTS, event_type_report, event_type_sums
 from ..functional.tokens import TOKEN_FIELDS, EventTokenStats, token_report, token_sums
 from .accuracy import _SumMetric

@@ -11,7 +11,7 @@ from typing import Optional
 
 import torch
 
-from ..events.event import Event, Status
+from ..schema import Event, Status
 from ..functional.stats import iqm
 from ..tokens.codec import CodecConfig, EventCodec
 from ..tokens.vocab import resolve_config

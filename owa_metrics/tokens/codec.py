@@ -24,8 +24,8 @@ from dataclasses import dataclass, fields, replace
 from functools import cached_property
 from typing import Iterator, NamedTuple, Optional, Sequence
 
-from ..events.event import Event, Status
-from .format import CLAMP, FORMATS, REFUSE, TYPE_ROLES, Role, TokenFormat
+from ..schema import TYPE_ROLES, Event, Role, Status
+from .format import CLAMP, FORMATS, REFUSE, TokenFormat
 
 _TOKEN_RE = re.compile(r"<[^<>]*>|[^<]+|<")
 

@@ -17,33 +17,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from enum import IntEnum
 from typing import Optional
 
+from ..schema import Kind, Role
+
 FIELDS = ("timestamp", "vk", "action", "dx", "dy", "button_flags", "scroll")
-KINDS = ("keyboard", "mouse", "screen")
-
-
-class Role(IntEnum):
-    """What a token means to the decoder: its family (a token's value is its place in the family)."""
-
-    OTHER = 0
-    START = 1
-    END = 2
-    KEYBOARD = 3
-    MOUSE = 4
-    SCREEN = 5
-    ACTION = 6  # <press> (value 0) / <release> (value 1)
-    DIGIT = 7  # <0> ... (value = the digit)
-    IMAGE = 8  # screen placeholder, image prefix / image / suffix tokens
-    EPISODE = 9  # <EPISODE_START> / <EPISODE_END>
-    IGNORED = 10  # a negative id (-100 labels)
-    SIGN = 11  # <SIGN_PLUS> (value 0) / <SIGN_MINUS> (value 1)
-    VK = 12  # <VK_n> (value n)
-    MB = 13  # <MB_h> (value h, a hex digit of button_flags)
-
-
-TYPE_ROLES = {"keyboard": Role.KEYBOARD, "mouse": Role.MOUSE, "screen": Role.SCREEN}
+KINDS = tuple(k.name.lower() for k in Kind)
 
 
 @dataclass(frozen=True)

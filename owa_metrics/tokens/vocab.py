@@ -7,11 +7,8 @@ from typing import Optional, Sequence
 
 import torch
 
+from ..schema import IMAGE_BIT, ROLE_MASK, SKIP_BIT, STRUCT_BIT, VALUE_SHIFT, Role
 from .codec import PRESETS, CodecConfig
-from .format import Role
-
-# A token's packed code: role in bits 0-3, flag bits, token value + 1 from bit 8 (0: no value).
-ROLE_MASK, STRUCT_BIT, SKIP_BIT, IMAGE_BIT, VALUE_SHIFT = 0xF, 1 << 4, 1 << 5, 1 << 6, 8
 
 # Image-token conventions of VLMs, recognised in a vocabulary: (prefix, image token, count, suffix)
 IMAGE_CONVENTIONS = {

@@ -1,4 +1,11 @@
-"""The event model shared by every stage: kinds, categories, decode statuses and one `Event`."""
+"""The codes every stage shares, in one place: event kinds and categories, decode statuses, token roles, the
+packed token code, and the `Event` itself.
+
+Every module reads these, the compiled kernels included (they copy them as constants when compiled; numba's
+cache does not see a change here, so ``tests/test_schema.py`` checks the compiled copies against this file).
+Nothing in the package is imported here: this is the bottom of the stack
+(schema <- tokens <- events <- decode <- functional <- metrics <- callbacks / cli).
+"""
 
 from __future__ import annotations
 
@@ -26,6 +33,9 @@ class Category(IntEnum):
 
 
 CATEGORY_NAMES = tuple(c.name.lower() for c in Category if c != Category.INVALID)
+# the category a type token implies before its fields are read, by Kind (a mouse event is mouse_nop until its
+# button flags say otherwise): where an undecodable prediction of a known kind counts
+KIND_CATEGORY = (Category.KEYBOARD, Category.MOUSE_NOP, Category.SCREEN)
 
 
 class Status(IntEnum):
@@ -46,6 +56,31 @@ class Status(IntEnum):
     def label(self) -> str:
         return self.name.lower()
 
+
+class Role(IntEnum):
+    """What a token means to the decoder: its family (a token's value is its place in the family)."""
+
+    OTHER = 0
+    START = 1
+    END = 2
+    KEYBOARD = 3  # the three type roles are consecutive, in `Kind` order: kind = role - KEYBOARD
+    MOUSE = 4
+    SCREEN = 5
+    ACTION = 6  # <press> (value 0) / <release> (value 1)
+    DIGIT = 7  # <0> ... (value = the digit)
+    IMAGE = 8  # screen placeholder, image prefix / image / suffix tokens
+    EPISODE = 9  # <EPISODE_START> / <EPISODE_END>
+    IGNORED = 10  # a negative id (-100 labels)
+    SIGN = 11  # <SIGN_PLUS> (value 0) / <SIGN_MINUS> (value 1)
+    VK = 12  # <VK_n> (value n)
+    MB = 13  # <MB_h> (value h, a hex digit of button_flags)
+
+
+TYPE_ROLES = {"keyboard": Role.KEYBOARD, "mouse": Role.MOUSE, "screen": Role.SCREEN}
+
+# A token's packed code (`VocabMap.codes`): role in bits 0-3, flag bits, token value + 1 from bit 8 (0: no value).
+# STRUCT: start / end; SKIP: ignored or episode (never opens a cut-off span); IMAGE: image or ignored.
+ROLE_MASK, STRUCT_BIT, SKIP_BIT, IMAGE_BIT, VALUE_SHIFT = 0xF, 1 << 4, 1 << 5, 1 << 6, 8
 
 EventKind = Literal["keyboard", "mouse", "screen"]
 
