@@ -1,14 +1,10 @@
-"""The compiled CPU twin of `OWAEventMetrics`' accumulation: every additive state from decoded events in one loop.
+"""The compiled CPU path of `OWAEventMetrics`' accumulation: the report's plan run in one loop over the rows.
 
-`accumulate` walks the rows of a decoded batch (`owa_metrics.decode.kernel.decode_arrays`) once and adds to the
-metric's states in place (numpy views of its float64 tensors) what `event_type_sums`, `keyboard_sums`,
-`mouse_action_sums`, `movement_sums`, `digit_precision_sums` and the timestamp digit groups add on the torch
-path, and writes the exact samples of the comparable rows (`TIMESTAMP_COLUMNS`, `MOUSE_COLUMNS`) into flat
-buffers. `token_stats` does what `event_token_stats` + `token_sums` do. The definitions are those functions';
-the tests hold both paths equal. Counts are exact; the per-sequence means (a sum of ratios) may differ from
-torch's vectorized sum in the last bit. The direction error needs ``atan2``: the kernel writes its arguments
-and `direction_deg` finishes with torch's ``atan2`` (numba's libm ``atan2`` differs from torch's in the last
-bit for ~3 % of the inputs).
+`accumulate` reads the tables that `owa_metrics.functional.plan` derives from the declarations (the key, the code
+values and groups by key, the matches, the number program, the cells each key adds to) and adds what the torch
+path's ``G^T X`` adds, row by row, without a per-metric line: a new declaration needs no change here. The tests
+hold both paths equal (counts exactly; sums of ratios and the direction error, whose ``atan2`` is numba's libm's,
+to the last bits). `token_stats` does what `event_token_stats` + `token_sums` do.
 """
 
 from __future__ import annotations
@@ -18,125 +14,152 @@ import math
 import numpy as np
 import torch
 
-from ..decode.kernel import INVALID_CAT, KEYBOARD_CAT, MOUSE_NOP_CAT, MOUSE_OP_CAT, TYPE_MISMATCH, VALID, _jit
-from ..schema import CATEGORY_NAMES, KIND_CATEGORY as _KIND_CATEGORY
+from ..decode.kernel import VALID, _jit
+from .plan import N_CAT, OPS, Plan, compiled_tables
+from .stats import SketchSpec, sketch_counts
 
-KIND_CATEGORY = np.array(_KIND_CATEGORY, dtype=np.int64)
-N_CAT = len(CATEGORY_NAMES)
-CODE_NAMES = ("VALID", "TYPE_MISMATCH", "INVALID_CAT", "KEYBOARD_CAT", "MOUSE_OP_CAT", "MOUSE_NOP_CAT", "N_CAT")
+NUMBER, ADD, SUB, MUL, ABS, SQRT, MS, WRAP, PCT, DIRECTION = (OPS.index(op) for op in OPS)
+CODE_NAMES = ("VALID",)
+OP_NAMES = ("NUMBER", "ADD", "SUB", "MUL", "ABS", "SQRT", "MS", "WRAP", "PCT", "DIRECTION")
 
 
 @_jit
 def compiled_codes():
     """`CODE_NAMES`' values as the compiled (possibly cached) kernels of this module hold them."""
-    return VALID, TYPE_MISMATCH, INVALID_CAT, KEYBOARD_CAT, MOUSE_OP_CAT, MOUSE_NOP_CAT, N_CAT
+    return (VALID,)
 
 
 @_jit
-def _prefix_matches(p_digits, t_digits, i, first, count, out_row, out):
-    """Add 1 to ``out[out_row, j]`` for every level j whose digits 1..j all match (digits ``first`` .. +count)."""
-    for j in range(count):
-        if p_digits[i, first + j] != t_digits[i, first + j]:
-            return
-        out[out_row, j] += 1
+def compiled_ops():
+    """`OP_NAMES`' values as the compiled (possibly cached) kernels of this module hold them."""
+    return NUMBER, ADD, SUB, MUL, ABS, SQRT, MS, WRAP, PCT, DIRECTION
 
 
 @_jit
-def accumulate(seq, status, t_status, t_kind, t_values, t_digits, p_kind, p_values, p_digits, t_counts, p_counts,
-               n_ts, n_delta, window_ns, kind_category, confusion, statuses, target_statuses, counts, ts_digits,
-               mouse_digits, keyboard, mouse_action, movement, ts_rows, mouse_rows, angle_args):
-    """Add one decoded batch to the states; returns ``(timestamp rows, mouse rows)`` written to the buffers.
-
-    ``ts_rows`` [N, 3]: (signed error ms, percent error, category) of each comparable row; ``mouse_rows`` [N, 4]:
-    (euclidean PE, signed PE x, signed PE y, NaN) of each comparable mouse row, ``angle_args`` [2, 2 N]: the
-    ``atan2`` arguments (y, x) of its predicted then true vector (see `direction_deg`).
-    """
-    n, B = seq.shape[0], t_counts.shape[0]
-    valid_per_seq, hits = np.zeros(B), np.zeros(B)
-    keys_per_seq, key_hits = np.zeros(B), np.zeros(B)
+def _run(code, v, window_ns, reg):
+    """The number program over one row ``v`` of V into ``reg``."""
     half = window_ns // 2
-    m_ts, m_mouse = 0, 0
-    for i in range(n):
-        s = status[i]
-        statuses[s] += 1
-        target_statuses[t_status[i]] += 1
-        if t_status[i] != VALID:
-            continue
-        b, cat = seq[i], min(t_values[i, 0], N_CAT - 1)
-        typed = p_values[i, 0]
-        if s == TYPE_MISMATCH and typed == INVALID_CAT:  # an undecodable mismatch counts in its type token's column
-            typed = kind_category[max(p_kind[i], 0)]
-        confusion[cat, typed] += 1
-        valid_per_seq[b] += 1
-        if s != VALID:
-            continue
-        hits[b] += 1
-        # timestamp: wrap-aware signed error ((p - t + W/2) mod W) - W/2, percent of the true timestamp
-        signed_ms = ((p_values[i, 1] - t_values[i, 1] + half) % window_ns - half) / 1e6
-        target_ms = t_values[i, 1] / 1e6
-        ts_rows[m_ts, 0] = signed_ms
-        ts_rows[m_ts, 1] = abs(signed_ms) / abs(target_ms) * 100 if target_ms != 0 else np.nan
-        ts_rows[m_ts, 2] = cat
-        m_ts += 1
-        _prefix_matches(p_digits, t_digits, i, 0, n_ts, 0, ts_digits)
-        _prefix_matches(p_digits, t_digits, i, 0, n_ts, 1 + cat, ts_digits)
-        ts_digits[0, n_ts] += 1
-        ts_digits[1 + cat, n_ts] += 1
-        if cat == KEYBOARD_CAT:
-            vk, action = p_values[i, 2] == t_values[i, 2], p_values[i, 3] == t_values[i, 3]
-            keyboard[0] += vk
-            keyboard[1] += action
-            keyboard[2] += vk and action
-            keyboard[3] += 1
-            keys_per_seq[b] += 1
-            key_hits[b] += vk and action
-        elif cat == MOUSE_OP_CAT or cat == MOUSE_NOP_CAT:
-            px, py, gx, gy = float(p_values[i, 4]), float(p_values[i, 5]), float(t_values[i, 4]), float(t_values[i, 5])
-            norm = math.sqrt(gx * gx + gy * gy)
-            ex, ey = px - gx, py - gy
-            mouse_rows[m_mouse, 0] = math.sqrt(ex * ex + ey * ey) / norm * 100 if norm != 0 else np.nan
-            mouse_rows[m_mouse, 1] = ex / gx * 100 if gx != 0 else np.nan
-            mouse_rows[m_mouse, 2] = ey / gy * 100 if gy != 0 else np.nan
-            angle_args[0, 2 * m_mouse], angle_args[1, 2 * m_mouse] = py, px
-            angle_args[0, 2 * m_mouse + 1], angle_args[1, 2 * m_mouse + 1] = gy, gx
-            m_mouse += 1
-            flags, data = t_values[i, 6], t_values[i, 7]
-            if flags != 0:
-                mouse_action[0] += p_values[i, 6] == flags
-                mouse_action[1] += 1
-            if data != 0:
-                mouse_action[2] += p_values[i, 7] == data
-                mouse_action[3] += 1
-            movement[0] += ex * ex + ey * ey
-            movement[1] += gx
-            movement[2] += gy
-            movement[3] += gx * gx
-            movement[4] += gy * gy
-            movement[5] += 1
-            _prefix_matches(p_digits, t_digits, i, n_ts, n_delta, 0, mouse_digits)
-            _prefix_matches(p_digits, t_digits, i, n_ts + n_delta, n_delta, 1, mouse_digits)
-            for j in range(n_delta):  # both components through level j
-                x, y = n_ts + j, n_ts + n_delta + j
-                if p_digits[i, x] != t_digits[i, x] or p_digits[i, y] != t_digits[i, y]:
+    for k in range(code.shape[0]):
+        op, dst, a, b, c, d = code[k, 0], code[k, 1], code[k, 2], code[k, 3], code[k, 4], code[k, 5]
+        if op == NUMBER:
+            reg[dst] = float(v[a])
+        elif op == ADD:
+            reg[dst] = reg[a] + reg[b]
+        elif op == SUB:
+            reg[dst] = reg[a] - reg[b]
+        elif op == MUL:
+            reg[dst] = reg[a] * reg[b]
+        elif op == ABS:
+            reg[dst] = abs(reg[a])
+        elif op == SQRT:
+            reg[dst] = math.sqrt(reg[a])
+        elif op == MS:
+            reg[dst] = reg[a] / 1e6
+        elif op == WRAP:
+            reg[dst] = (reg[a] + half) % window_ns - half
+        elif op == PCT:
+            reg[dst] = reg[a] / reg[b] * 100 if reg[b] != 0 else np.nan
+        elif op == DIRECTION:
+            if reg[c] != 0 or reg[d] != 0:
+                delta = abs(math.atan2(reg[b], reg[a]) - math.atan2(reg[d], reg[c]))
+                reg[dst] = min(delta, 2 * math.pi - delta) * (180 / math.pi)
+            else:
+                reg[dst] = np.nan
+
+
+@_jit
+def _accumulate(V, seq, t_counts, p_counts, window_ns, key_columns, key_weights, key_offsets, coded, groups, match_ptr,
+                match_column, match_sign, code, sum_regs, sample_regs, n_regs, cell_ptr, cell_flat, cell_x, seq_groups,
+                seq_values, sample_groups, sample_offsets, sums, seq_out, batch_out, sample_rows, sample_counts):
+    n_coded, n_match = coded.shape[1], match_ptr.shape[0] - 1
+    B, S = t_counts.shape[0], seq_groups.shape[0]
+    x = np.zeros(n_coded + n_match + sum_regs.shape[0])
+    reg = np.zeros(max(n_regs, 1))
+    seq_n, seq_x = np.zeros((B, S)), np.zeros((B, S))
+    for i in range(V.shape[0]):
+        v = V[i]
+        key = 0
+        for j in range(key_columns.shape[0]):
+            key += v[key_columns[j]] * key_weights[j] + key_offsets[j]
+        for j in range(n_coded):
+            x[j] = coded[key, j]
+        for j in range(n_match):
+            ok = 1.0
+            for e in range(match_ptr[j], match_ptr[j + 1]):
+                nonzero = v[match_column[e]] != 0
+                if nonzero == (match_sign[e] > 0):
+                    ok = 0.0
                     break
-                mouse_digits[2, j] += 1
-            mouse_digits[0, n_delta] += 1
-            mouse_digits[1, n_delta] += 1
-            mouse_digits[2, n_delta] += 1
-    counts[0] += n
-    counts[1] += B
+            x[n_coded + j] = ok
+        _run(code, v, window_ns, reg)
+        for j in range(sum_regs.shape[0]):
+            x[n_coded + n_match + j] = reg[sum_regs[j]]
+        for e in range(cell_ptr[key], cell_ptr[key + 1]):
+            sums[cell_flat[e]] += x[cell_x[e]]
+        b = seq[i]
+        for s in range(S):
+            if groups[key, seq_groups[s]] != 0:
+                seq_n[b, s] += 1
+                seq_x[b, s] += x[seq_values[s]]
+        for s in range(sample_groups.shape[0]):
+            if groups[key, sample_groups[s]] != 0:
+                m = sample_counts[s]
+                for j in range(sample_offsets[s], sample_offsets[s + 1]):
+                    sample_rows[m, j] = reg[sample_regs[j]]
+                sample_counts[s] = m + 1
+    for s in range(S):
+        for b in range(B):
+            if seq_n[b, s] > 0:
+                seq_out[s] += seq_x[b, s] / seq_n[b, s]
+                seq_out[S + s] += 1
     for b in range(B):
-        counts[2] += p_counts[b] == t_counts[b]
-        counts[3] += p_counts[b]
-        counts[4] += max(p_counts[b] - t_counts[b], 0)
-        counts[5] += max(t_counts[b] - p_counts[b], 0)
-        if valid_per_seq[b] > 0:
-            counts[6] += hits[b] / valid_per_seq[b]
-            counts[7] += 1
-        if keys_per_seq[b] > 0:
-            keyboard[4] += key_hits[b] / keys_per_seq[b]
-            keyboard[5] += 1
-    return m_ts, m_mouse
+        gap = p_counts[b] - t_counts[b]
+        batch_out[0] += 1
+        batch_out[1] += gap == 0
+        batch_out[2] += p_counts[b]
+        batch_out[3] += max(gap, 0)
+        batch_out[4] += max(-gap, 0)
+
+
+def accumulate(plan: Plan, out: dict, given: dict, sketch: bool, spec: SketchSpec) -> tuple[list, list]:
+    """One decoded batch (`owa_metrics.decode.kernel.decode_arrays`' arrays) in one compiled loop: ``(increments of
+    plan.sums_states, then in sketch mode of each `Samples` state, the exact rows of each `Samples` state)``."""
+    t, p = out["target"], out["pred"]
+    statuses = np.stack([out["status"], t["status"], p["kind"]], 1)
+    V = np.concatenate([p["values"] - t["values"], t["values"], p["values"],
+                        p["digits"].astype(np.int64) - t["digits"], statuses], 1)
+    k = compiled_tables(plan)
+    n_x = len(plan.x_columns)
+    sums = np.zeros(plan.n_groups * n_x)
+    seq_out, batch_out = np.zeros(2 * len(plan.seq_groups)), np.zeros(5)
+    sample_rows = np.empty((len(V), int(k["sample_offsets"][-1])))
+    counts = np.zeros(len(plan.samples), dtype=np.int64)
+    _accumulate(V, out["seq"], out["target_count"], out["pred_count"], plan.shape.window_ns, k["key_columns"],
+                k["key_weights"], k["key_offsets"], k["coded"], k["groups"], k["match_ptr"], k["match_column"],
+                k["match_sign"], k["code"], k["sum_regs"], k["sample_regs"], k["n_regs"], k["cell_ptr"],
+                k["cell_flat"], k["cell_x"], k["seq_groups"], k["seq_values"], k["sample_groups"],
+                k["sample_offsets"], sums, seq_out, batch_out, sample_rows, counts)
+    flat = np.concatenate([sums, seq_out, batch_out, *(given[n].numpy().reshape(-1) for n in plan.given)])
+    increments = list(torch.from_numpy(flat[k["index"]]).split(plan.sizes))
+    rows = [torch.from_numpy(sample_rows[:m, k["sample_offsets"][s]:k["sample_offsets"][s + 1]])
+            for s, m in enumerate(counts.tolist())]
+    if sketch:
+        increments += [_sketch(plan, s, r, spec) for s, r in zip(plan.samples.values(), rows)]
+    return increments, rows
+
+
+def _sketch(plan: Plan, state, rows: torch.Tensor, spec: SketchSpec) -> torch.Tensor:
+    """A `Samples` state's sketch counts [values, groups, size] (flat) from its rows: each value in the whole group's
+    row, and by true category in the category's."""
+    n_values = len(state.values)
+    values = rows[:, :n_values]
+    if not state.by_category:
+        group = torch.arange(n_values).expand(len(rows), -1)
+        return sketch_counts(values, spec, group, n_values).view(-1)
+    n_g = 1 + N_CAT
+    base = torch.arange(n_values) * n_g
+    group = torch.stack([base.expand(len(rows), -1), base + 1 + rows[:, n_values:].long()], 2)
+    return sketch_counts(values[:, :, None].expand(-1, -1, 2), spec, group, n_values * n_g).view(-1)
 
 
 @_jit
@@ -170,21 +193,3 @@ def token_stats(seq, t_status, t_kind, t_values, start, end, start_cut, T, label
             cat = t_values[i, 0]
             loss[0, cat] += cumulative[last + 1] - cumulative[first]
             loss[1, cat] += 1
-
-
-def direction_deg(angle_args: np.ndarray, m: int) -> np.ndarray:
-    """Direction error of the ``m`` mouse rows from `accumulate`'s ``atan2`` arguments:
-    ``min(|θp - θg|, 360 - |θp - θg|)`` in degrees (torch's ``atan2``, as `direction_error_deg`; NaN where g = 0)."""
-    args = torch.from_numpy(angle_args[:, :2 * m])
-    theta = torch.atan2(args[0], args[1]).numpy()
-    out = np.empty(m)
-    _direction(theta, angle_args, out)
-    return out
-
-
-@_jit
-def _direction(theta, angle_args, out):
-    for k in range(out.shape[0]):
-        delta = abs(theta[2 * k] - theta[2 * k + 1])
-        defined = angle_args[0, 2 * k + 1] != 0 or angle_args[1, 2 * k + 1] != 0
-        out[k] = min(delta, 2 * math.pi - delta) * (180 / math.pi) if defined else np.nan

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import math
 import warnings
 from typing import Optional, Union
 
@@ -12,26 +11,19 @@ import torch
 from torchmetrics.utilities import rank_zero_warn
 
 from ..decode import kernel as decode_kernel
-from ..decode.batch import KIND_CODES, _check_inputs, _Tables, check_pairing, decode_batch, kernel_arrays
-from ..decode.event_batch import VALUE_COLUMNS, Alignment, Backend, EventBatch, Pairing, TimeMatching
+from ..decode.batch import _check_inputs, _Tables, check_pairing, decode_batch, kernel_arrays
+from ..decode.event_batch import Alignment, Backend, EventBatch, Pairing
 from ..decode.matching import tolerance_ns
-from ..schema import CATEGORY_NAMES, Category, Status
-from ..functional.events import (
-    EVENT_COUNTS, detection_report, event_type_report, keyboard_report, mouse_action_report, movement_r2_report, ratio,
-)
-from ..functional import kernel as fused
-from ..functional.stats import distinct_by_group, sketch_counts
-from ..functional.tokens import (
-    TOKEN_FIELDS, EventTokenStats, event_token_stats, field_table, given_token_losses, token_losses, token_report,
-)
+from ..functional import kernel as compiled
+from ..functional.declare import BatchCounts, Given, GivenSamples, Samples, SequenceMean, Shape, Sums
+from ..functional.plan import Plan, accumulate
+from ..functional.report import REPORT
+from ..functional.stats import sketch_counts
+from ..functional.tokens import event_token_stats, field_table, given_token_losses, token_losses, token_sums
+from ..schema import Status
 from ..tokens.codec import CodecConfig
 from ..tokens.vocab import VocabMap
 from .base import Distribution, Float64Metric, Mode, append_samples, cat_samples, check_statistics
-
-N_CAT = len(CATEGORY_NAMES)
-GROUPS = ("all", *CATEGORY_NAMES)  # timestamp metrics: over all comparable events, then per category
-TIMESTAMP_COLUMNS = ("signed_error_ms", "percent_error", "category")
-MOUSE_COLUMNS = ("euclidean_pe", "signed_pe_x", "signed_pe_y", "direction_deg")
 
 
 class InvalidTargetsWarning(UserWarning):
@@ -102,37 +94,26 @@ class OWAEventMetrics(Float64Metric):
         self.num_resamples, self.seed = num_resamples, seed
         self.window_ns = vocab.config.timestamp_window_ns
         columns = vocab.config.token_format.digit_columns
-        self.n_ts, self.n_delta = columns.count("timestamp"), columns.count("dx")
+        self.shape = Shape(columns.count("timestamp"), columns.count("dx"), self.window_ns)
+        self.definitions = tuple(d for d in REPORT if d.applies(alignment, pairing))
         self._field_table = field_table(vocab.config).numpy()
-
-        def sums(name, *shape):
-            self.add_state(name, default=torch.zeros(shape, dtype=torch.float64), dist_reduce_fx="sum")
-
-        sums("confusion", N_CAT, N_CAT + 1)  # target category x predicted category + invalid
-        sums("statuses", len(Status))
-        sums("target_statuses", len(Status))  # each target event's own decode status
-        sums("event_counts", len(EVENT_COUNTS))
-        sums("timestamp_digits", len(GROUPS), self.n_ts + 1)  # digit-prefix matches, then the number of events
-        sums("mouse_digits", 3, self.n_delta + 1)  # dx, dy, both
-        sums("keyboard", 6)  # vk right, action right, both right, events, sum of sequence accuracies, sequences
-        sums("mouse_action", 4)  # flags right, events with flags, scroll right, events with scroll
-        sums("movement", 6)  # residual, sum gx, sum gy, sum gx², sum gy², events
-        sums("token_fields", 2, len(TOKEN_FIELDS))  # right, total
-        sums("token_loss", 2, N_CAT + 1)  # summed loss, events; then skipped tokens, 0
-        if mode == "exact":  # flat float64 rows of TIMESTAMP_COLUMNS / MOUSE_COLUMNS (NaN: not defined)
-            self.add_state("timestamp_samples", default=[], dist_reduce_fx="cat")
-            self.add_state("mouse_samples", default=[], dist_reduce_fx="cat")
-            self._dtype = torch.float64  # an empty list state syncs as an empty tensor of this dtype
-        else:
-            sums("timestamp_sketch", 2, len(GROUPS), self.spec.size)  # signed error, percent error
-            sums("mouse_sketch", len(MOUSE_COLUMNS), self.spec.size)
-        if pairing == "time":
-            sums("detection", 3, N_CAT + 1)  # TP, FP, FN per category; last column: invalid generated events
-            if mode == "exact":
-                self.add_state("detection_samples", default=[], dist_reduce_fx="cat")  # |a_p - a_t| ms
+        plan = Plan.get(self.definitions, self.shape, "cpu", self._given_names(tokens=True))
+        sketches = plan.sketch_layout(self.spec.size)
+        for name, state in plan.states.items():
+            if isinstance(state, (Samples, GivenSamples)) and mode == "exact":  # flat float64 rows (NaN: not defined)
+                self.add_state(name, default=[], dist_reduce_fx="cat")
             else:
-                sums("detection_sketch", self.spec.size)
+                shape = sketches[name] if isinstance(state, Samples) else (
+                    (self.spec.size,) if isinstance(state, GivenSamples) else plan.state_shapes[name])
+                self.add_state(name, default=torch.zeros(shape, dtype=torch.float64), dist_reduce_fx="sum")
+        self._dtype = torch.float64  # an empty list state syncs as an empty tensor of this dtype
         self.persistent(persistent)
+
+    def _given_names(self, tokens: bool) -> tuple[str, ...]:
+        """The `Given` states an update supplies: the token statistics (teacher forcing, with token ids), the
+        detection counts (time pairing)."""
+        return (("token_fields", "token_loss") if tokens and self.alignment == "teacher_forcing" else ()) + (
+            ("detection",) if self.pairing == "time" else ())
 
     # ------------------------------------------------------------------------------------------ update
     def update(self, preds: Union[torch.Tensor, EventBatch], target: Optional[torch.Tensor] = None,
@@ -166,7 +147,7 @@ class OWAEventMetrics(Float64Metric):
             if token_loss is not None:
                 token_loss = torch.nn.functional.pad(token_loss.reshape(target.shape[0], -1).to(target.device),
                                                      (0, target.shape[1] - token_loss.shape[-1]))  # [B, 0]: one column
-            if self.pairing == "index" and self._compiled(target):
+            if self._compiled(target):
                 self._update_compiled(preds, target, logits, token_loss)
                 return
             batch = decode_batch(preds, target, self.vocab, self.alignment, self.backend, self.pairing,
@@ -174,67 +155,44 @@ class OWAEventMetrics(Float64Metric):
             if self.alignment == "teacher_forcing":
                 tokens = event_token_stats(batch, preds, target, self.vocab.config, logits, token_loss)
         self._accumulate(batch, tokens)
+
+    def _accumulate(self, batch: EventBatch, tokens) -> None:
+        """Every state from a decoded batch with torch ops (`owa_metrics.functional.plan.accumulate`): the sums in one
+        ``_foreach_add_`` (with the sketch counts in sketch mode); exact mode reads the numbers of sampled rows in one
+        host sync, then selects them."""
+        given = {}
+        if tokens is not None:
+            given["token_fields"], given["token_loss"] = token_sums(tokens)
+            given["token_fields"] = torch.stack([tokens.field_correct, tokens.field_total])
         if batch.time_matching is not None:
-            self._update_detection(batch.time_matching)
-
-    def _accumulate(self, batch: EventBatch, tokens: Optional[EventTokenStats]) -> None:
-        """Every additive state and the samples of a decoded batch, all rows at once (the torch path).
-
-        Each row's contributions (one-hot statuses and categories from a lookup by key, prefix matches, movement
-        terms) form a matrix X [N, C], each row's groups (all, comparable, comparable per category, valid per
-        category, comparable mouse, valid) a matrix G [N, 12]: one product G^T X holds every count (integers: exact
-        in float64 whatever the order). The rows' integers V = (p - t values, t values, p values, p - t digits,
-        status, target status, predicted kind) give the key (`_Plan.key_columns`) and are compared to 0 once: the
-        prefix matches (digit prefixes, keyboard fields, button flags and scroll with their presence) are the columns
-        of ``(V != 0) @ plan.prefixes`` equal to ``plan.prefix_targets``. The movement terms and the samples
-        (`_sample_columns`) read the float64 columns ``plan.number_columns`` of V. The per-sequence means and the
-        token sums (as `token_sums`) are added to it, and `_Plan.take` scatters the lot into the states with one
-        ``_foreach_add_`` (with the sketch counts in sketch mode). Exact mode reads the numbers of comparable and of
-        mouse rows in one host sync, from their packed count in G^T X (`_append_samples`).
-        """
-        with_loss = tokens is not None and tokens.loss_sum is not None
-        plan = _Plan.get(self, batch.pred.values.device, tokens is not None, with_loss, batch.time_matching is not None)
-        t, p = batch.target, batch.pred
-        statuses = torch.stack([batch.status, t.status, p.kind], 1)
-        values = torch.cat([p.values - t.values, t.values, p.values, p.digits - t.digits, statuses], 1)  # V [N, 27 + D]
-        key = torch.addcmul(plan.key_offsets, values.index_select(1, plan.key_columns), plan.key_weights).sum(1)
-        onehots, groups, per_seq_terms, sampled = plan.rows.index_select(0, key).split(plan.row_sizes, 1)
-        # [N, P]: 1, 1, 1, keyboard right, then X's columns
-        prefixes = ((values != 0).float() @ plan.prefixes) == plan.prefix_targets
-        numbers = values.index_select(1, plan.number_columns).double()  # exact: |values| < 2^53
-        moves = numbers[:, 2:6]  # error x, true x, error y, true y
-        squares = moves * moves
-        norms_squared = squares.view(-1, 2, 2).sum(1)  # |error|², |true|²
-        x = torch.cat([onehots, prefixes, moves, squares, norms_squared], 1)
-        sums = groups.T @ x  # x is float64: the lookup's columns are
-        # per sequence: (valid, comparable keyboard events) and (comparable, those right) -> over the first two: the
-        # sequences with any (x / x) and the means of the ratios (0 for a sequence without events)
-        per_seq = torch.zeros((batch.num_sequences, 4), dtype=torch.float64, device=key.device).index_add_(
-            0, batch.seq_idx, per_seq_terms * prefixes[:, :4])
-        seen_means = (per_seq / per_seq[:, :2].clamp(min=1).repeat(1, 2)).sum(0)
-        gap = batch.pred_count - batch.target_count
-        # sequences, count matches, predicted events, extra and missing events (the clamp only cuts gap and -gap)
-        per_batch = torch.stack([gap == gap, gap == 0, batch.pred_count, gap, -gap]).clamp(min=0).sum(1)
-        extra = [per_batch, seen_means]  # `sources` casts per_batch to float64 (exact: small integers)
-        if batch.time_matching is not None:  # the generated events paired with nothing, the detection counts
-            extra += [batch.time_matching.extra_events.reshape(1), batch.time_matching.detection_counts.reshape(-1)]
-        if tokens is not None:  # as `token_sums`: the field counts, and with logits the token loss by category (its
-            # events are G^T X's valid per category; then the skipped tokens and a 0)
-            extra += [tokens.field_correct, tokens.field_total]
-            if with_loss:
-                loss = torch.zeros(N_CAT + 1, dtype=torch.float64, device=key.device).index_add_(
-                    0, tokens.category, tokens.loss_sum)  # in row order, as the kernel's
-                extra += [loss, tokens.loss_skipped.reshape(1), plan.zero]
-        flat = plan.sources(sums, extra)
-        states, increments = plan.states, plan.take(flat)
-        samples = self._sample_columns(numbers, moves, norms_squared)
-        if self.mode == "sketch":  # the sketch counts go with the other increments
-            states = [*states, "timestamp_sketch", "mouse_sketch"]
-            increments += self._sketch_increments(samples.index_select(1, plan.sketch_columns),
-                                                  plan.sketch_rows.index_select(0, key))
+            given["detection"] = batch.time_matching.detection_counts
+        plan = Plan.get(self.definitions, self.shape, batch.seq_idx.device, tuple(given))
+        increments, samples, sampled, key = accumulate(plan, batch, given)
+        states, increments, counts = list(plan.sums_states), increments[:-1], increments[-1]
+        if self.mode == "sketch" and plan.samples:
+            columns, rows, n_rows = plan.sketch_tables
+            flat = sketch_counts(samples.index_select(1, columns), self.spec, rows.index_select(0, key), n_rows + 1)
+            states += list(plan.samples)
+            increments += flat.view(-1)[:n_rows * self.spec.size].split(
+                [getattr(self, name).numel() for name in plan.samples])
         torch._foreach_add_(self._flat_states(states), increments)
+        if self.mode == "exact" and plan.samples:
+            self._append_rows(plan, samples, sampled, counts)
+        for name in plan.given_samples:
+            self._add_given_samples(name, plan.states[name].fn(batch, given))
+
+    def _append_rows(self, plan: Plan, samples: torch.Tensor, sampled: torch.Tensor, counts: torch.Tensor) -> None:
+        """Each `Samples` state's rows: the rows of its group (their numbers read in one host sync), its values."""
+        sizes = [int(n) for n in counts.tolist()]
+        rows = torch.nonzero_static(sampled.T, size=sum(sizes))[:, 1].split(sizes)
+        for name, chosen, values in zip(plan.samples, rows, samples.split(plan.sample_widths, 1)):
+            append_samples(getattr(self, name), values.index_select(0, chosen).reshape(-1))
+
+    def _add_given_samples(self, name: str, values: torch.Tensor) -> None:
         if self.mode == "exact":
-            self._append_samples(samples, sampled, flat[plan.SAMPLED])
+            append_samples(getattr(self, name), values.to(self.device).double())
+        else:
+            getattr(self, name).add_(sketch_counts(values.to(self.device), self.spec))
 
     def _flat_states(self, names: list[str]) -> list[torch.Tensor]:
         """Flat views of the named states, kept while the states are the same tensors (`reset` and syncs replace
@@ -248,111 +206,36 @@ class OWAEventMetrics(Float64Metric):
             out.append(views[name][1])
         return out
 
-    def _sample_columns(self, numbers: torch.Tensor, moves: torch.Tensor, norms_squared: torch.Tensor) -> torch.Tensor:
-        """[N, TIMESTAMP_COLUMNS + MOUSE_COLUMNS] of every row (the definitions of `timestamp_errors`,
-        `euclidean_percent_error`, `signed_percent_error` and `direction_error_deg`, four ratios in one), from the
-        rows' float64 ``numbers`` (`_Plan.NUMBERS`), ``moves`` (error x, true x, error y, true y) and their
-        |error|², |true|²."""
-        half = self.window_ns // 2
-        timestamp_error, true_timestamp, _, true_x, _, true_y, pred_x, pred_y, category = numbers.unbind(1)
-        # signed error, true timestamp: ms (the wrap in float64 is exact: fmod is, and the numbers are integers)
-        ms = torch.stack([torch.remainder(timestamp_error + half, self.window_ns) - half, true_timestamp], 1) / 1e6
-        # numerators (|signed ms|, euclidean error, error x, error y) over denominators (|true ms|, |g|, g x, g y)
-        numerators, denominators = torch.cat([ms.abs(), norms_squared.sqrt(), moves], 1).view(
-            -1, 4, 2).unbind(2)
-        defined = denominators != 0  # a zero ground truth: NaN
-        percent = torch.where(defined, numerators / denominators * 100, float("nan"))
-        # each row's two angles side by side (as the kernel's): a vectorized atan2 treats both alike, so equal
-        # directions give exactly 0
-        angle_p, angle_g = torch.atan2(torch.stack([pred_y, true_y], 1), torch.stack([pred_x, true_x], 1)).unbind(1)
-        delta = (angle_p - angle_g).abs()
-        direction = torch.where(defined[:, 1], torch.minimum(delta, 2 * math.pi - delta) * (180 / math.pi), float("nan"))
-        timestamp_pct, euclidean, x_pct, y_pct = percent.unbind(1)
-        return torch.stack([ms[:, 0], timestamp_pct, category, euclidean, x_pct, y_pct, direction], 1)
-
-    def _append_samples(self, samples: torch.Tensor, sampled: torch.Tensor, packed_count: torch.Tensor) -> None:
-        """The comparable rows' timestamp columns and the comparable mouse rows' mouse columns (``sampled`` [N, 2]:
-        1 where comparable, where comparable mouse) into the exact states. Their numbers are data: read in one host
-        sync from ``packed_count`` = comparable rows x 2^26 + comparable mouse rows (`_Plan.SAMPLE_SHIFT`; exact in
-        float64 below 2^26 rows each, far more than a batch holds), then sync-free selections."""
-        if len(samples) >= _Plan.SAMPLE_SHIFT:  # the packed count would no longer be exact
-            raise ValueError(f"{len(samples)} target events in one update: exact mode reads at most "
-                             f"{_Plan.SAMPLE_SHIFT - 1} per update; split the batch")
-        n_timestamp, n_mouse = divmod(int(packed_count), _Plan.SAMPLE_SHIFT)
-        rows = torch.nonzero_static(sampled.T, size=n_timestamp + n_mouse)[:, 1]  # the comparable, then the mouse
-        timestamp_rows, mouse_rows = rows.split([n_timestamp, n_mouse])
-        timestamps, mouse = samples.split([len(TIMESTAMP_COLUMNS), len(MOUSE_COLUMNS)], 1)
-        append_samples(self.timestamp_samples, timestamps.index_select(0, timestamp_rows).view(-1))
-        append_samples(self.mouse_samples, mouse.index_select(0, mouse_rows).view(-1))
-
-    def _update_detection(self, found: TimeMatching) -> None:
-        """The detection errors into their samples (the counts go with `_accumulate`'s)."""
-        if self.mode == "exact":
-            append_samples(self.detection_samples, found.detection_error_ms.to(self.device))
-        else:
-            self.detection_sketch += sketch_counts(found.detection_error_ms.to(self.device), self.spec)
-
     def _compiled(self, target: torch.Tensor) -> bool:
-        """Whether this update runs the compiled CPU kernel (decode and accumulate in numba, see `backend`)."""
-        if self.backend == "torch" or self.device.type != "cpu":
+        """Whether this update runs the compiled CPU kernels (decode, accumulate, token statistics)."""
+        if self.backend == "torch" or self.device.type != "cpu" or self.pairing == "time":
             return False
         return self.backend == "kernel" or (target.device.type == "cpu" and decode_kernel.available())
 
     def _update_compiled(self, preds: torch.Tensor, target: torch.Tensor, logits: Optional[torch.Tensor],
                          token_loss: Optional[torch.Tensor] = None) -> None:
-        """The same states as the torch ops, from two compiled loops: `kernel.decode_arrays` over the tokens, then
-        `functional.kernel.accumulate` over the events (and `token_stats` under teacher forcing)."""
+        """The same states as `_accumulate`, from compiled loops: `kernel.decode_arrays` over the tokens, then
+        `functional.kernel.accumulate` over the rows with the same plan (and `token_stats` under teacher forcing)."""
         out = kernel_arrays(preds, target, self.vocab, self.alignment, _Tables.get(self.vocab.config, target.device))
-        seq, t, p = out["seq"], out["target"], out["pred"]
-        n = seq.shape[0]
-        ts_rows, mouse_rows, angle_args = np.empty((n, 3)), np.empty((n, 4)), np.empty((2, 2 * n))
-        m_ts, m_mouse = fused.accumulate(
-            seq, out["status"], t["status"], t["kind"], t["values"], t["digits"], p["kind"], p["values"], p["digits"],
-            out["target_count"], out["pred_count"], self.n_ts, self.n_delta, self.window_ns, fused.KIND_CATEGORY,
-            self.confusion.numpy(), self.statuses.numpy(), self.target_statuses.numpy(), self.event_counts.numpy(),
-            self.timestamp_digits.numpy(), self.mouse_digits.numpy(), self.keyboard.numpy(), self.mouse_action.numpy(),
-            self.movement.numpy(), ts_rows, mouse_rows, angle_args)
+        given = {}
         if self.alignment == "teacher_forcing":
+            t = out["target"]
             with_loss = logits is not None or token_loss is not None
-            token_loss, skipped = (token_losses(logits, target) if logits is not None else
-                                   given_token_losses(token_loss, target) if token_loss is not None else (torch.zeros(1), 0))
-            fused.token_stats(seq, t["status"], t["kind"], t["values"], t["start"], t["end"], t["start_cut"],
-                              target.shape[1], target.numpy().reshape(-1), preds.numpy().reshape(-1),
-                              self._field_table, token_loss.numpy(), with_loss, self.token_fields.numpy(),
-                              self.token_loss.numpy())
-            self.token_loss[0, -1] += skipped
-        mouse_rows = mouse_rows[:m_mouse]
-        mouse_rows[:, 3] = fused.direction_deg(angle_args, m_mouse)
-        timestamps, mouse = torch.from_numpy(ts_rows[:m_ts]), torch.from_numpy(mouse_rows)
+            losses, skipped = (token_losses(logits, target) if logits is not None else
+                               given_token_losses(token_loss, target) if token_loss is not None else (torch.zeros(1), 0))
+            fields, loss = np.zeros((2, self._field_table.max() + 1)), np.zeros((2, self.token_loss.shape[1]))
+            compiled.token_stats(out["seq"], t["status"], t["kind"], t["values"], t["start"], t["end"], t["start_cut"],
+                                 target.shape[1], target.numpy().reshape(-1), preds.numpy().reshape(-1),
+                                 self._field_table, losses.numpy(), with_loss, fields, loss)
+            loss[0, -1] += skipped
+            given = {"token_fields": torch.from_numpy(fields), "token_loss": torch.from_numpy(loss)}
+        plan = Plan.get(self.definitions, self.shape, "cpu", tuple(given))
+        increments, samples = compiled.accumulate(plan, out, given, self.mode == "sketch", self.spec)
+        states = list(plan.sums_states) + (list(plan.samples) if self.mode == "sketch" else [])
+        torch._foreach_add_(self._flat_states(states), increments)
         if self.mode == "exact":
-            append_samples(self.timestamp_samples, timestamps.reshape(-1))
-            append_samples(self.mouse_samples, mouse.reshape(-1))
-        else:
-            self._add_sketches(timestamps, mouse)
-
-    def _sketch_increments(self, values: torch.Tensor, sketch_rows: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """The flat increments of ``timestamp_sketch`` and ``mouse_sketch`` (as `_add_sketches`) from the rows of
-        `_sample_columns`, all at once: each row's ``values`` [N, 8] (signed error, signed error, percent error,
-        percent error, mouse columns: `_Plan.sketch_columns`) into its ``sketch_rows`` [N, 8] (`_Plan.sketch_rows`:
-        those of its category, or a last, dropped row where the row is not comparable, or for the mouse columns not a
-        comparable mouse row)."""
-        n_rows = 2 * len(GROUPS) + len(MOUSE_COLUMNS)
-        counts = sketch_counts(values, self.spec, sketch_rows, n_rows + 1).view(-1)
-        return counts.split([self.timestamp_sketch.numel(), self.mouse_sketch.numel(), self.spec.size])[:2]
-
-    def _add_sketches(self, timestamps: torch.Tensor, mouse: torch.Tensor) -> None:
-        """Rows (signed error ms, percent error, category) and rows of `MOUSE_COLUMNS` (NaN: left out) into the
-        sketch states in one count: rows (quantity, group) with group 0 = all and 1 + c = category c, then the
-        mouse columns."""
-        n_groups = len(GROUPS)
-        base, step, mouse_rows = _sketch_rows(n_groups, timestamps.device)
-        category = timestamps[:, 2:].nan_to_num().long()
-        group = torch.cat([(base + category * step).reshape(-1), mouse_rows.expand(len(mouse), -1).reshape(-1)])
-        twice = timestamps[:, :2, None].expand(-1, 2, 2)  # each row's (signed, signed, percent, percent)
-        counts = sketch_counts(torch.cat([twice.reshape(-1), mouse.reshape(-1)]), self.spec,
-                               group, 2 * n_groups + len(MOUSE_COLUMNS))
-        self.timestamp_sketch += counts[:2 * n_groups].view(2, n_groups, -1)
-        self.mouse_sketch += counts[2 * n_groups:]
+            for name, values in zip(plan.samples, samples):
+                append_samples(getattr(self, name), values.reshape(-1))
 
     # ----------------------------------------------------------------------------------------- compute
     def _wrap_compute(self, compute):
@@ -369,49 +252,20 @@ class OWAEventMetrics(Float64Metric):
         return quiet
 
     def compute(self) -> dict[str, torch.Tensor]:
-        out = event_type_report(self.confusion, self.statuses, self.event_counts)
+        read = Read(self)
+        out = {}
+        for definition in self.definitions:
+            out.update(definition.compute(read))
         out["status/invalid_target_rate"] = self._warn_invalid_targets()
-        if self.alignment == "teacher_forcing":
-            out.update(token_report(self.token_fields, self.token_loss))
-        timestamp = self._timestamp_distributions()
-        for g, group in enumerate(GROUPS):
-            prefix = "timestamp" if group == "all" else f"{group}/timestamp"
-            signed, percent = timestamp[g]
-            low, high = signed.iqm_ci(self.num_resamples, self.seed)
-            out[f"{prefix}/abs_error_p95_ms"] = signed.abs().quantile(0.95)
-            out[f"{prefix}/signed_error_iqm_ms"] = signed.iqm()
-            out[f"{prefix}/signed_error_ci_low_ms"], out[f"{prefix}/signed_error_ci_high_ms"] = low, high
-            out[f"{prefix}/iqmpe_pct"] = percent.iqm()
-            out.update(_levels(f"{prefix}/precision", self.timestamp_digits[g]))
-        out.update({f"keyboard/{k}": v for k, v in keyboard_report(self.keyboard).items()})
-        out.update({f"mouse/{k}": v for k, v in mouse_action_report(self.mouse_action).items()})
-        euclidean, signed_x, signed_y, direction = self._mouse_distributions()
-        out["mouse/euclidean_pe_p95_pct"] = euclidean.quantile(0.95)
-        out["mouse/euclidean_iqmpe_pct"] = euclidean.iqm()
-        for axis, dist in (("x", signed_x), ("y", signed_y)):
-            low, high = dist.iqm_ci(self.num_resamples, self.seed)
-            out[f"mouse/signed_pe_{axis}_iqm_pct"] = dist.iqm()
-            out[f"mouse/signed_pe_{axis}_ci_low_pct"], out[f"mouse/signed_pe_{axis}_ci_high_pct"] = low, high
-            out[f"mouse/d{axis}_iqmpe_pct"] = dist.abs().iqm()
-        out["mouse/direction_error_p50_deg"], out["mouse/direction_error_p95_deg"] = direction.quantile([0.5, 0.95])
-        for i, name in enumerate(("dx", "dy", "euclidean")):
-            out.update(_levels(f"mouse/{name}_precision", self.mouse_digits[i]))
-        out["mouse/r2"] = movement_r2_report(self.movement)
-        if self.pairing == "time":
-            out.update(detection_report(self.detection))
-            out["count/invalid_pred_events"] = self.detection[1, N_CAT]
-            errors = (Distribution(counts=self.detection_sketch, spec=self.spec) if self.mode == "sketch"
-                      else Distribution.exact(cat_samples(self.detection_samples, self.device)))
-            out["detect/time_error_abs_p50_ms"] = errors.quantile(0.5)
         return {k: torch.as_tensor(v, dtype=torch.float64).to(self.device) for k, v in out.items()
                 if not bool(torch.isnan(torch.as_tensor(v)))}
 
     def _warn_invalid_targets(self, threshold: float = 0.05) -> torch.Tensor:
         """invalid targets / target events (0 without events); above ``threshold`` one warning on rank zero
         naming the most frequent decode failure and the likely fix."""
-        rate = self.statuses[int(Status.INVALID_TARGET)] / self.event_counts[0].clamp(min=1)
+        rate = self.statuses[0, int(Status.INVALID_TARGET)] / self.events[0, 0].clamp(min=1)
         if float(rate) > threshold:
-            failures = self.target_statuses.clone()
+            failures = self.target_statuses[0].clone()
             failures[int(Status.VALID)] = 0
             reason = Status(int(failures.argmax())).label
             rank_zero_warn(InvalidTargetsWarning(float(rate), reason, (
@@ -426,32 +280,16 @@ class OWAEventMetrics(Float64Metric):
         pairing = f", pairing={self.pairing}, tolerance_ms={self.tolerance_ms}" if self.pairing == "time" else ""
         return f"{self.vocab.describe()}, alignment={self.alignment}{pairing}, mode={self.mode}"
 
-    def _timestamp_distributions(self) -> list[tuple[Distribution, Distribution]]:
-        """(signed error, percent error) of each of GROUPS; exact mode: one sort per quantity for all groups."""
-        if self.mode == "sketch":
-            return [(Distribution(counts=self.timestamp_sketch[0, g], spec=self.spec),
-                     Distribution(counts=self.timestamp_sketch[1, g], spec=self.spec)) for g in range(len(GROUPS))]
-        rows = _rows(self.timestamp_samples, len(TIMESTAMP_COLUMNS), self.device)
-        category, defined = rows[:, 2].to(torch.uint8), ~torch.isnan(rows[:, 1])
-        signed = distinct_by_group(rows[:, 0], category, N_CAT)
-        percent = distinct_by_group(rows[defined, 1], category[defined], N_CAT)
-        return [(Distribution(*s), Distribution(*p)) for s, p in zip(signed, percent)]
-
-    def _mouse_distributions(self) -> list[Distribution]:
-        if self.mode == "sketch":
-            return [Distribution(counts=self.mouse_sketch[i], spec=self.spec) for i in range(len(MOUSE_COLUMNS))]
-        rows = _rows(self.mouse_samples, len(MOUSE_COLUMNS), self.device)
-        return [Distribution.exact(_finite(rows[:, i])) for i in range(len(MOUSE_COLUMNS))]
-
     def error_histograms(self, bins: int = 50) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """``{name: (counts, edges)}`` of the signed timestamp error (ms), the mouse signed percent errors and
         the direction error (deg) over all ranks (call on every rank). The range shows the bulk: P2..P98 of the
         values, narrowed to Tukey's fences (Q1 - 1.5 IQR, Q3 + 1.5 IQR); values outside it count in the edge bins."""
         with self.sync_context():
-            signed, _ = self._timestamp_distributions()[0]
-            _, signed_x, signed_y, direction = self._mouse_distributions()
-            named = {"timestamp/signed_error_ms": signed, "mouse/signed_pe_x_pct": signed_x,
-                     "mouse/signed_pe_y_pct": signed_y, "mouse/direction_error_deg": direction}
+            read = Read(self)
+            named = {"timestamp/signed_error_ms": read.samples("timestamp", "signed_error_ms"),
+                     "mouse/signed_pe_x_pct": read.samples("mouse", "signed_pe_x"),
+                     "mouse/signed_pe_y_pct": read.samples("mouse", "signed_pe_y"),
+                     "mouse/direction_error_deg": read.samples("mouse", "direction_deg")}
             out = {}
             for name, dist in named.items():
                 if dist.count == 0:
@@ -471,159 +309,50 @@ class OWAEventMetrics(Float64Metric):
             return self.confusion.clone()
 
 
-@functools.lru_cache(maxsize=None)
-def _sketch_rows(n_groups: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Sketch rows of `_add_sketches`: (signed, all), (signed, category), (percent, all), (percent, category) as
-    base + category x step; then the mouse columns'. Cached by device: a copy to a GPU would wait for it."""
-    return (torch.tensor([0, 1, n_groups, n_groups + 1], device=device), torch.tensor([0, 1, 0, 1], device=device),
-            torch.arange(2 * n_groups, 2 * n_groups + len(MOUSE_COLUMNS), device=device))
+class Named:
+    """A state read by the names of its values: ``named.events`` (over the state's groups; one group: a scalar)."""
+
+    def __init__(self, raw: torch.Tensor, names: tuple[str, ...] = ()):
+        self.raw, self.names = raw, names
+
+    def __getattr__(self, name: str) -> torch.Tensor:
+        if name not in self.names:
+            raise AttributeError(f"no value {name!r}: this state has {self.names}")
+        column = self.raw[:, self.names.index(name)]
+        return column[0] if len(column) == 1 else column
 
 
-class _Plan:
-    """The lookups of `OWAEventMetrics._accumulate` and where each state's increments are in its sources, for one
-    format, device and kind of update (token stats, token loss, time pairing).
+class Read:
+    """What a `Definition`'s compute reads: the (synced) states of an `OWAEventMetrics` by name."""
 
-    ``rows`` [key, C0 + 12 + 4 + 2]: by key = (((status x S + target status) x 5 + predicted category) x 4 +
-    predicted kind + 1) x 5 + target category (``key_weights`` . V's ``key_columns`` + ``key_offsets``' sum), the one-hot
-    status, target status and predicted category (an undecoded type mismatch in its type token's column, as
-    `event_type_sums`), 1 and the packed sample count (comparable x 2^26 + comparable mouse; C0 columns: X's
-    first), then the row's groups (G), its per-sequence terms (valid, comparable keyboard, comparable, comparable
-    keyboard) and its sampled columns (comparable, comparable mouse). ``sketch_rows`` [key, 8]: the sketch rows of
-    its eight sketched values (`_sketch_rows`; not sampled: the last, dropped row). ``prefixes`` [27 + D, P]: which
-    entries of V != 0 (V: p - t values, t values, p values, p - t digits, status, target status, predicted kind) each
-    prefix column of X counts (-1: a presence, counted as absence), and ``prefix_targets`` their sums when all
-    match. ``number_columns``: the columns of V read as numbers (`NUMBERS`). The sources: the counts [12, C]
-    (groups x columns of X), then the extras of `_accumulate` in their order (``zero``: a 0 among them).
-    """
+    def __init__(self, metric: OWAEventMetrics):
+        self.metric = metric
+        self.plan = Plan.get(metric.definitions, metric.shape, "cpu", metric._given_names(tokens=True))
+        self.num_resamples, self.seed = metric.num_resamples, metric.seed
 
-    _cache: dict = {}
-    ALL, COMPARABLE, COMPARABLE_CATEGORY, VALID_CATEGORY, MOUSE, VALID = 0, 1, 2, 6, 10, 11
-    KEYBOARD = COMPARABLE_CATEGORY + int(Category.KEYBOARD)
-    NUMBERS = ("timestamp error", "true timestamp", "error x", "true x", "error y", "true y", "pred x", "pred y",
-               "category")
-    SAMPLE_SHIFT = 1 << 26  # the packed sample count: comparable rows x SAMPLE_SHIFT + comparable mouse rows
+    def __getitem__(self, name: str) -> Named:
+        state, value = self.plan.states[name], getattr(self.metric, name)
+        return Named(value, tuple(state.values)) if isinstance(state, Sums) else Named(value)
 
-    def __init__(self, n_ts: int, n_delta: int, device, tokens: bool, loss: bool, time: bool):
-        n_status = len(Status)
-        one = 2 * n_status + N_CAT + 1
-        shape = (n_status, n_status, N_CAT + 1, KIND_CODES, N_CAT + 1)
-        status, t_status, p_category, kind, category = np.indices(shape).reshape(5, -1)
-        undecoded_mismatch = (status == int(Status.TYPE_MISMATCH)) & (p_category == int(Category.INVALID))
-        column = np.where(undecoded_mismatch, fused.KIND_CATEGORY[np.maximum(kind - 1, 0)], p_category)
-        comparable, valid, in_range = status == int(Status.VALID), t_status == int(Status.VALID), category < N_CAT
-        mouse = comparable & ((category == int(Category.MOUSE_OP)) | (category == int(Category.MOUSE_NOP)))
-        keyboard = comparable & (category == int(Category.KEYBOARD))
-        rows = np.zeros((status.size, one + 2 + 12 + 4 + 2))
-        at, g, clamped = np.arange(status.size), one + 2, np.minimum(category, N_CAT - 1)
-        for offset, columns, value in [
-                (0, status, 1), (n_status, t_status, 1), (2 * n_status, column, 1), (one, 0, 1),
-                (one + 1, 0, comparable * self.SAMPLE_SHIFT + mouse), (g + self.ALL, 0, 1),
-                (g + self.COMPARABLE, 0, comparable), (g + self.MOUSE, 0, mouse),
-                (g + self.COMPARABLE_CATEGORY, clamped, comparable & in_range),
-                (g + self.VALID_CATEGORY, clamped, valid & in_range), (g + self.VALID, 0, valid),
-                (g + 12, 0, valid), (g + 13, 0, keyboard), (g + 14, 0, comparable), (g + 15, 0, keyboard),
-                (g + 16, 0, comparable), (g + 17, 0, mouse)]:
-            rows[at, offset + columns] = value
-        self.rows = torch.from_numpy(rows).to(device)
-        self.row_sizes = [one + 2, 12, 4, 2]
-        k = KIND_CODES
-        weights = [n_status * (N_CAT + 1) * k * (N_CAT + 1), (N_CAT + 1) * k * (N_CAT + 1), k * (N_CAT + 1), N_CAT + 1, 1]
-        self.key_weights = torch.tensor(weights, device=device)
-        self.key_offsets = torch.tensor([0, 0, 0, N_CAT + 1, 0], device=device)  # kind -1: row 0
-        n_groups = len(GROUPS)
-        base, step, mouse_rows = (r.numpy() for r in _sketch_rows(n_groups, "cpu"))
-        dropped = 2 * n_groups + len(MOUSE_COLUMNS)
-        sketch = np.concatenate([base + clamped[:, None] * step, np.broadcast_to(mouse_rows, (status.size, 4))], 1)
-        sketch[~comparable, :4], sketch[~mouse, 4:] = dropped, dropped
-        self.sketch_rows = torch.from_numpy(sketch).to(device)
-        self.sketch_columns = torch.tensor([0, 0, 1, 1, 3, 4, 5, 6], device=device)  # of `_sample_columns`
-        # V's columns: p - t values, t values, p values, p - t digits, status, target status, predicted kind
-        width, n_digits = len(VALUE_COLUMNS), n_ts + 2 * n_delta
-        error, true, pred = ((lambda c, k=k: k * width + VALUE_COLUMNS.index(c)) for k in range(3))
-        status_column = 3 * width + n_digits
-        self.key_columns = torch.tensor([status_column, status_column + 1, pred("category"), status_column + 2,
-                                         true("category")], device=device)
-        columns = {"timestamp error": error("timestamp_ns"), "true timestamp": true("timestamp_ns"),
-                   "error x": error("dx"), "true x": true("dx"), "error y": error("dy"), "true y": true("dy"),
-                   "pred x": pred("dx"), "pred y": pred("dy"), "category": true("category")}
-        self.number_columns = torch.tensor([columns[name] for name in self.NUMBERS], device=device)
-        # prefix columns: the (entry of V != 0, weight) each counts: the mismatches of values and digits (1), and
-        # the presence of button_flags and button_data (-1: counted as their absence, 1 - present)
-        digit = lambda j: (3 * width + j, 1)  # noqa: E731
-        dx, dy = (lambda j: digit(n_ts + j)), (lambda j: digit(n_ts + n_delta + j))  # noqa: E731
-        vk, action, flags, scroll = ((error(c), 1) for c in ("vk", "action", "button_flags", "button_data"))
-        has_flags, has_scroll = (true("button_flags"), -1), (true("button_data"), -1)
-        counted = [[], [], [], [vk, action]]  # 1 (the per-sequence terms' weights), then keyboard right
-        counted += [[digit(i) for i in range(j + 1)] for j in range(n_ts)]
-        counted += [[vk], [action], [flags, has_flags], [has_flags], [scroll, has_scroll], [has_scroll]]
-        counted += [[dx(i) for i in range(j + 1)] for j in range(n_delta)]
-        counted += [[dy(i) for i in range(j + 1)] for j in range(n_delta)]
-        counted += [[f(i) for f in (dx, dy) for i in range(j + 1)] for j in range(n_delta)]
-        prefixes = np.zeros((status_column + 3, len(counted)))
-        for j, entries in enumerate(counted):
-            for row, weight in entries:
-                prefixes[row, j] = weight
-        # float32: small integers, exact (half the bytes of float64); the targets: their sums when all match
-        self.prefixes = torch.from_numpy(prefixes).to(device, torch.float32)
-        self.prefix_targets = torch.from_numpy(np.minimum(prefixes, 0).sum(0)).to(device, torch.float32)
-        ts = one + 2 + 4
-        kb, both = ts + n_ts, one + 2 + 3
-        action, digits = kb + 2, kb + 6
-        movement = digits + 3 * n_delta  # X's last: moves (e x, g x, e y, g y), their squares, |e|², |g|²
-        width = movement + 10
+    def given(self, name: str) -> torch.Tensor:
+        return getattr(self.metric, name)
 
-        def cell(group, *columns):
-            return [group * width + c for c in columns]
+    def samples(self, name: str, value: str, category: Optional[int] = None) -> Distribution:
+        """The distribution of a `Samples` state's ``value`` (over its whole group, or the events of one true
+        ``category`` when the state is split by it); NaN (not defined) left out."""
+        state, m = self.plan.states[name], self.metric
+        j = list(state.values).index(value)
+        if m.mode == "sketch":
+            return Distribution(counts=getattr(m, name)[j, 0 if category is None else 1 + category], spec=m.spec)
+        rows = cat_samples(getattr(m, name), m.device).reshape(-1, len(state.values) + state.by_category)
+        x = rows[:, j] if category is None else rows[rows[:, -1] == category, j]
+        return Distribution.exact(x[~torch.isnan(x)])
 
-        sources = iter(range(12 * width, 12 * width + 64))  # the extras, in the order `_accumulate` lists them
-        take = lambda k: [next(sources) for _ in range(k)]  # noqa: E731
-        per_batch, seen, means = take(5), take(2), take(2)  # sequences, count match, pred events, extra, missing
-        extra_events, missing = per_batch[3], per_batch[4]
-        if time:  # the generated events paired with nothing, and the target events left unpaired
-            extra_events, missing = take(1)[0], cell(self.ALL, int(Status.MISSING))[0]
-        self.SAMPLED = cell(self.ALL, one + 1)[0]
-        residual, true_x, true_y, squares = movement + 8, movement + 1, movement + 3, movement + 4
-        plan = {
-            "confusion": [i for c in range(N_CAT)
-                          for i in cell(self.VALID_CATEGORY + c, *range(2 * n_status, 2 * n_status + N_CAT + 1))],
-            "statuses": cell(self.ALL, *range(n_status)),
-            "target_statuses": cell(self.ALL, *range(n_status, 2 * n_status)),
-            "event_counts": cell(self.ALL, one) + per_batch[:3] + [extra_events, missing, means[0], seen[0]],
-            "timestamp_digits": [i for g in range(1 + N_CAT) for i in cell(self.COMPARABLE + g, *range(ts, kb), one)],
-            "keyboard": cell(self.KEYBOARD, kb, kb + 1, both, one) + [means[1], seen[1]],
-            "mouse_action": cell(self.MOUSE, *range(action, action + 4)),
-            "movement": cell(self.MOUSE, residual, true_x, true_y, squares + 1, squares + 3, one),
-            "mouse_digits": [i for a in range(3)
-                             for i in cell(self.MOUSE, *range(digits + a * n_delta, digits + (a + 1) * n_delta), one)],
-        }
-        if time:
-            plan["detection"] = take(3 * (N_CAT + 1))
-        if tokens:
-            plan["token_fields"] = take(2 * len(TOKEN_FIELDS))
-            if loss:  # summed loss per category, skipped tokens; events per category, 0
-                by_category, skipped, zero = take(N_CAT + 1), take(1), take(1)
-                events = [cell(self.VALID_CATEGORY + c, one)[0] for c in range(N_CAT)]
-                plan["token_loss"] = by_category[:N_CAT] + skipped + events + zero
-        self.states = list(plan)
-        self.index = torch.tensor([i for cells in plan.values() for i in cells], device=device)
-        self.zero = torch.zeros(1, dtype=torch.float64, device=device)  # the token loss state's 0
-        self.sizes = [len(cells) for cells in plan.values()]
-
-    @classmethod
-    def get(cls, metric: "OWAEventMetrics", device, tokens: bool, loss: bool, time: bool) -> "_Plan":
-        key = (metric.n_ts, metric.n_delta, torch.device(device), tokens, loss, time)
-        if key not in cls._cache:
-            cls._cache[key] = cls(*key)
-        return cls._cache[key]
-
-    @staticmethod
-    def sources(sums: torch.Tensor, extra: list[torch.Tensor]) -> torch.Tensor:
-        """The counts ``sums`` and the ``extra`` sources, flat (float64)."""
-        return torch.cat([sums.reshape(-1), *extra])
-
-    def take(self, sources: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Each state's increments, flat, from the `sources`."""
-        return sources.index_select(0, self.index).split(self.sizes)
+    def given_samples(self, name: str) -> Distribution:
+        m = self.metric
+        if m.mode == "sketch":
+            return Distribution(counts=getattr(m, name), spec=m.spec)
+        return Distribution.exact(cat_samples(getattr(m, name), m.device))
 
 
 def _vocab_map(vocab, config: Optional[CodecConfig], format: Optional[str]) -> VocabMap:
@@ -660,16 +389,3 @@ def _check_token_loss(token_loss, target, alignment: Alignment) -> None:
                          f"must be a float tensor [B, T] aligned with target {shape}")
     if isinstance(target, torch.Tensor) and token_loss.device != target.device:
         raise ValueError(f"token_loss on {token_loss.device} and target on {target.device}: put it on the ids' device")
-
-
-def _rows(state, width: int, device) -> torch.Tensor:
-    return cat_samples(state, device).reshape(-1, width)
-
-
-def _finite(values: torch.Tensor) -> torch.Tensor:
-    return values[~torch.isnan(values)]
-
-
-def _levels(prefix: str, sums: torch.Tensor) -> dict[str, torch.Tensor]:
-    """``{prefix}_p1`` ... from `digit_precision_sums` (matches per level, then the number of samples)."""
-    return {f"{prefix}_p{j + 1}": ratio(v, sums[-1]) for j, v in enumerate(sums[:-1])}

@@ -1,0 +1,206 @@
+"""How a metric of the report is declared: its per-event values, the events it reads, how they reduce.
+
+A `Definition` names its states and says how ``compute`` turns them into keys. A state is one of
+
+- `Sums`: for each of its groups of events (`GROUPS`), the sum of each of its per-event values;
+- `SequenceMean`: over the sequences with an event of its group, the sum of each one's mean of a value, and their
+  number (a per-sequence macro average);
+- `BatchCounts`: counts per batch of sequences (`BATCH_COUNTS`);
+- `Samples`: per-event values of a group kept exactly (``mode="exact"``) or in a sketch, split by the true
+  category when asked;
+- `Given`: sums that a step beside the event rows gives (the token statistics, the time matching).
+
+A per-event value is a `Value`: an expression over one decoded row (`owa_metrics.decode.EventBatch`) whose
+leaves are the row's codes and fields (`one`, `code_is`, `same`, `present`, `true`, `pred`, `error`). The plan
+(`owa_metrics.functional.plan`) derives from the declarations every table that both the torch path and the
+compiled CPU path read: no metric is written twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Union
+
+from ..decode.event_batch import VALUE_COLUMNS
+from ..schema import CATEGORY_NAMES, Category, Status
+
+# the codes of a row that the groups and `code_is` read: comparison status, target decode status, predicted
+# category column (an undecoded type mismatch in its type token's column), predicted kind, true category
+CODES = ("status", "target_status", "pred_column", "pred_kind", "target_category")
+
+
+@dataclass(frozen=True)
+class Value:
+    """A per-event value: ``op`` over ``args`` (leaves or other values); NaN where it is not defined."""
+
+    op: str
+    args: tuple = ()
+
+    def __add__(self, other: "Value") -> "Value":
+        return Value("add", (self, other))
+
+    def __sub__(self, other: "Value") -> "Value":
+        return Value("sub", (self, other))
+
+    def __mul__(self, other: "Value") -> "Value":
+        return Value("mul", (self, other))
+
+    def __abs__(self) -> "Value":
+        return Value("abs", (self,))
+
+
+ONE = Value("one")
+
+
+def code_is(code: str, value: int) -> Value:
+    """1 where the row's code (`CODES`) equals ``value``."""
+    return Value("is", (code, int(value)))
+
+
+def same(*fields: str) -> Value:
+    """1 where the prediction equals the truth on every field (`VALUE_COLUMNS`) or digit (``timestamp_digit_0`` ...)."""
+    return Value("match", (tuple(f"error_{f}" for f in fields), ()))
+
+
+def present(field: str) -> Value:
+    """1 where the true field is not 0."""
+    return Value("match", ((), (f"true_{field}",)))
+
+
+def same_where_present(field: str) -> Value:
+    """1 where the true field is not 0 and the prediction equals it."""
+    return Value("match", ((f"error_{field}",), (f"true_{field}",)))
+
+
+def digit_prefix(field: str, level: int, *more: str) -> Value:
+    """1 where digits 0..level of ``field`` (and of each of ``more``) all match (the digit-precision levels)."""
+    return same(*(f"{f}_digit_{j}" for f in (field, *more) for j in range(level + 1)))
+
+
+def true(field: str) -> Value:
+    return Value("number", (f"true_{field}",))
+
+
+def pred(field: str) -> Value:
+    return Value("number", (f"pred_{field}",))
+
+
+def error(field: str) -> Value:
+    """prediction - truth."""
+    return Value("number", (f"error_{field}",))
+
+
+def wrapped_ms(value: Value) -> Value:
+    """A timestamp difference in ns -> the shortest signed difference in the format's window, in ms."""
+    return Value("ms", (Value("wrap", (value,)),))
+
+
+def ms(value: Value) -> Value:
+    return Value("ms", (value,))
+
+
+def sqrt(value: Value) -> Value:
+    return Value("sqrt", (value,))
+
+
+def percent(num: Value, den: Value) -> Value:
+    """``num / den * 100``, NaN where ``den`` is 0."""
+    return Value("pct", (num, den))
+
+
+def direction_deg(px: Value, py: Value, gx: Value, gy: Value) -> Value:
+    """Angle between (px, py) and (gx, gy): ``min(|dθ|, 360 - |dθ|)`` degrees by atan2; NaN where g = 0."""
+    return Value("direction", (px, py, gx, gy))
+
+
+def _groups() -> dict[str, Callable]:
+    """Named groups of events, each a predicate over the row's codes (numpy arrays, `CODES`)."""
+    comparable = lambda c: c["status"] == int(Status.VALID)  # noqa: E731
+    valid = lambda c: c["target_status"] == int(Status.VALID)  # noqa: E731
+    mouse = (int(Category.MOUSE_OP), int(Category.MOUSE_NOP))
+    out = {"all": lambda c: c["status"] >= 0, "valid": valid, "comparable": comparable,
+           "comparable_mouse": lambda c: comparable(c) & ((c["target_category"] == mouse[0])
+                                                         | (c["target_category"] == mouse[1]))}
+    for k, name in enumerate(CATEGORY_NAMES):
+        out[f"comparable_{name}"] = lambda c, k=k: comparable(c) & (c["target_category"] == k)
+        out[f"valid_{name}"] = lambda c, k=k: valid(c) & (c["target_category"] == k)
+    return out
+
+
+GROUPS = _groups()
+# per batch: sequences, sequences whose event counts match, predicted events, surplus generated and target events
+BATCH_COUNTS = ("sequences", "count_match", "pred_events", "extra", "missing")
+
+
+@dataclass(frozen=True)
+class Sums:
+    """[groups, values]: the sum over each group's events of each value."""
+
+    groups: tuple[str, ...]
+    values: dict[str, Value]
+
+
+@dataclass(frozen=True)
+class SequenceMean:
+    """[2]: the sum over the sequences with an event of ``group`` of the mean of ``value`` over them; their number."""
+
+    group: str
+    value: Value
+
+
+@dataclass(frozen=True)
+class BatchCounts:
+    """[len(BATCH_COUNTS)]: `BATCH_COUNTS` summed over batches."""
+
+
+@dataclass(frozen=True)
+class Samples:
+    """The ``values`` of each event of ``group``, kept (exact mode: rows of the values, then the true category when
+    ``by_category``) or counted in a sketch per value (and per true category, after the whole group)."""
+
+    group: str
+    values: dict[str, Value]
+    by_category: bool = False
+
+
+@dataclass(frozen=True)
+class Given:
+    """Sums of ``shape`` that ``fn(batch, extras)`` gives per update, beside the event rows."""
+
+    shape: tuple[int, ...]
+    fn: Callable
+
+
+@dataclass(frozen=True)
+class GivenSamples:
+    """Samples that ``fn(batch, extras)`` gives per update (one value each), beside the event rows."""
+
+    fn: Callable
+
+
+State = Union[Sums, SequenceMean, BatchCounts, Samples, Given, GivenSamples]
+
+
+@dataclass(frozen=True)
+class Definition:
+    """Keys of the report: the ``states`` they read (built for a format's `Shape`) and ``compute(read) -> keys``
+    (`owa_metrics.metrics.collection.Read`). ``alignment`` / ``pairing``: the only ones it applies to (None: all)."""
+
+    name: str
+    states: Callable[["Shape"], dict[str, State]]
+    compute: Callable
+    alignment: Optional[str] = None
+    pairing: Optional[str] = None
+
+    def applies(self, alignment: str, pairing: str) -> bool:
+        return self.alignment in (None, alignment) and self.pairing in (None, pairing)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What a format gives the declarations: the digits per field, the timestamp window."""
+
+    n_timestamp_digits: int
+    n_delta_digits: int
+    window_ns: int
+    value_columns: tuple[str, ...] = field(default=VALUE_COLUMNS)

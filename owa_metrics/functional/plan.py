@@ -1,0 +1,357 @@
+"""From the declarations to the tables both accumulation paths read, and the torch path itself.
+
+A decoded batch is a matrix of integers V [N, columns] (`row_columns`: p - t, t and p of every field, p - t of every
+digit, the statuses and the predicted kind). From the `Definition`s, a `Plan` derives
+
+- ``key``: each row's codes (`declare.CODES`) as one index into ``lookup`` [keys, ...]: per key, the values that
+  only read codes (`one`, `code_is`), the row's groups (G) and its sketch rows;
+- ``match`` [columns of V, matches]: which entries of V must be 0 (+1) or not (-1) for each `same` / `present`
+  value (one product: ``((V != 0) @ match) == match_target``);
+- ``numbers``: the other values, evaluated over V's columns (`evaluate`);
+- where each state's increments are: cells of G^T X (X = the values, G = the groups), then the per-sequence
+  means, the batch counts and the given sums, in one flat vector (``index``).
+
+`accumulate` runs it with torch ops (any device); `owa_metrics.functional.kernel.accumulate` runs the same plan in
+one compiled loop over the rows on the CPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Optional
+
+import numpy as np
+import torch
+
+from ..decode.event_batch import VALUE_COLUMNS, EventBatch
+from ..schema import CATEGORY_NAMES, KIND_CATEGORY, Category, Kind, Status
+from .declare import (
+    BATCH_COUNTS, CODES, GROUPS, ONE, BatchCounts, Definition, Given, GivenSamples, Samples, SequenceMean, Shape, Sums,
+    Value,
+)
+from .stats import SketchSpec, sketch_counts
+
+N_CAT = len(CATEGORY_NAMES)
+KIND_CODES = len(Kind) + 1
+# the key's axes: statuses, statuses, predicted category, predicted kind + 1, true category
+KEY_SIZES = (len(Status), len(Status), N_CAT + 1, KIND_CODES, N_CAT + 1)
+TRUE_CATEGORY = Value("number", ("true_category",))
+
+
+def row_columns(shape: Shape) -> list[str]:
+    """The names of V's columns."""
+    digits = [f"{f}_digit_{j}" for f, n in (("timestamp", shape.n_timestamp_digits), ("dx", shape.n_delta_digits),
+                                             ("dy", shape.n_delta_digits)) for j in range(n)]
+    return ([f"{side}_{c}" for side in ("error", "true", "pred") for c in VALUE_COLUMNS]
+            + [f"error_{d}" for d in digits] + ["status", "target_status", "pred_kind"])
+
+
+def key_codes() -> dict[str, np.ndarray]:
+    """Every key's codes (`declare.CODES`), in key order: the key is the mixed-radix number of (status, target
+    status, predicted category, predicted kind + 1, true category) (`KEY_SIZES`); the predicted column is the
+    predicted category, but for an undecoded type mismatch its type token's (`KIND_CATEGORY`)."""
+    status, t_status, p_category, kind_code, category = np.indices(KEY_SIZES).reshape(len(KEY_SIZES), -1)
+    undecoded_mismatch = (status == int(Status.TYPE_MISMATCH)) & (p_category == int(Category.INVALID))
+    column = np.where(undecoded_mismatch, np.array(KIND_CATEGORY)[np.maximum(kind_code - 1, 0)], p_category)
+    return dict(zip(CODES, (status, t_status, column, kind_code - 1, category)))
+
+
+def _code_value(codes: dict, value: Value) -> np.ndarray:
+    """A value that reads only codes, at every key."""
+    if value.op == "one":
+        return np.ones_like(codes["status"], dtype=np.float64)
+    code, k = value.args
+    return (codes[code] == k).astype(np.float64)
+
+
+class Plan:
+    """The tables of one report (definitions), format (`Shape`), device and kind of update."""
+
+    def __init__(self, definitions: list[Definition], shape: Shape, device, given: tuple[str, ...]):
+        self.shape, self.device = shape, torch.device(device)
+        self.states: dict[str, object] = {}
+        for d in definitions:
+            for name, state in d.states(shape).items():
+                if name in self.states:
+                    raise ValueError(f"state {name!r} of definition {d.name!r} is declared twice")
+                self.states[name] = state
+        columns = row_columns(shape)
+        self.column = {name: i for i, name in enumerate(columns)}
+        sums = {n: s for n, s in self.states.items() if isinstance(s, Sums)}
+        seqs = {n: s for n, s in self.states.items() if isinstance(s, SequenceMean)}
+        self.samples = {n: s for n, s in self.states.items() if isinstance(s, Samples)}
+        # X's columns: the values of the sums and the sequence means, code values first, then matches, then numbers
+        values = list(dict.fromkeys([v for s in sums.values() for v in s.values.values()]
+                                    + [s.value for s in seqs.values()] + [ONE]))
+        coded = [v for v in values if v.op in ("one", "is")]
+        self.matches = [v for v in values if v.op == "match"]
+        self.numbers = [v for v in values if v.op not in ("one", "is", "match")]
+        self.x_columns = coded + self.matches + self.numbers
+        x_index = {v: i for i, v in enumerate(self.x_columns)}
+        groups = list(dict.fromkeys([g for s in sums.values() for g in s.groups] + [s.group for s in seqs.values()]
+                                    + [s.group for s in self.samples.values()]))
+        unknown = set(groups) - set(GROUPS)
+        if unknown:
+            raise ValueError(f"unknown groups {sorted(unknown)}: the groups are {sorted(GROUPS)}")
+        g_index = {g: i for i, g in enumerate(groups)}
+        codes = key_codes()
+        # the lookup by key: code values, groups, then the sketch rows (sketch mode)
+        code_table = np.stack([_code_value(codes, v) for v in coded], 1)
+        group_table = np.stack([GROUPS[g](codes) for g in groups], 1).astype(np.float64)
+        self.n_coded, self.n_groups = len(coded), len(groups)
+        self.lookup = torch.from_numpy(np.concatenate([code_table, group_table], 1)).to(self.device)
+        self.key_weights = torch.tensor(np.cumprod((1,) + KEY_SIZES[:0:-1])[::-1].copy(), device=self.device)
+        self.key_offsets = torch.tensor([0, 0, 0, KEY_SIZES[-1], 0], device=self.device)  # kind -1 -> kind code 0
+        self.key_columns = torch.tensor([self.column[c] for c in ("status", "target_status", "pred_category",
+                                                                  "pred_kind", "true_category")], device=self.device)
+        # matches: (V != 0) @ match == target
+        match = np.zeros((len(columns), max(len(self.matches), 1)), dtype=np.float32)
+        for j, v in enumerate(self.matches):
+            zero, nonzero = v.args
+            for name in zero:
+                match[self.column[name], j] = 1
+            for name in nonzero:
+                match[self.column[name], j] = -1
+        self.match = torch.from_numpy(match).to(self.device)
+        self.match_target = torch.from_numpy(np.minimum(match, 0).sum(0)).to(self.device)
+        # each `Samples` state's values, then the true category when split by it
+        self.sample_values, self.sample_widths = [], []
+        for s in self.samples.values():
+            values = [*s.values.values(), *([TRUE_CATEGORY] if s.by_category else [])]
+            self.sample_values += values
+            self.sample_widths.append(len(values))
+        # the number leaves, read from V in one index_select
+        self.leaves = list(dict.fromkeys(_leaves(self.numbers + self.sample_values)))
+        self.leaf_columns = torch.tensor([self.column[n] for n in self.leaves] or [0], device=self.device)
+        # the flat sources: G^T X [groups, X], the sequence terms (sum of means, sequences) of each, the batch counts,
+        # the given sums; each state's increments are entries of it
+        width = len(self.x_columns)
+        self.seq_groups = torch.tensor([g_index[s.group] for s in seqs.values()], device=self.device)
+        self.seq_values = torch.tensor([x_index[s.value] for s in seqs.values()], device=self.device)
+        offset = self.n_groups * width
+        index, self.state_shapes = {}, {}
+        for name, s in sums.items():
+            index[name] = [g_index[g] * width + x_index[v] for g in s.groups for v in s.values.values()]
+            self.state_shapes[name] = (len(s.groups), len(s.values))
+        for k, name in enumerate(seqs):
+            index[name] = [offset + k, offset + len(seqs) + k]
+            self.state_shapes[name] = (2,)
+        offset += 2 * len(seqs)
+        for name, s in self.states.items():
+            if isinstance(s, BatchCounts):
+                index[name] = list(range(offset, offset + len(BATCH_COUNTS)))
+                self.state_shapes[name] = (len(BATCH_COUNTS),)
+        offset += len(BATCH_COUNTS)
+        self.given = [n for n, s in self.states.items() if isinstance(s, Given) and n in given]
+        for name in self.given:
+            size = math.prod(self.states[name].shape)
+            index[name] = list(range(offset, offset + size))
+            self.state_shapes[name] = self.states[name].shape
+            offset += size
+        self.sample_counts = [g_index[s.group] * width + x_index[ONE] for s in self.samples.values()]
+        self.sums_states = list(index)
+        self.index = torch.tensor([i for name in self.sums_states for i in index[name]], device=self.device)
+        self.sizes = [len(index[name]) for name in self.sums_states]
+        self.count_index = torch.tensor(self.sample_counts or [0], device=self.device)
+        self.sample_groups = torch.tensor([g_index[s.group] for s in self.samples.values()] or [0],
+                                          device=self.device)
+        self.given_samples = [n for n, s in self.states.items() if isinstance(s, GivenSamples)]
+
+    @classmethod
+    @functools.lru_cache(maxsize=None)
+    def get(cls, definitions: tuple[Definition, ...], shape: Shape, device, given: tuple[str, ...]) -> "Plan":
+        return cls(list(definitions), shape, device, given)
+
+    # ---------------------------------------------------------------------------------------- sketch rows
+    def sketch_layout(self, size: int) -> dict[str, tuple[int, ...]]:
+        """Each `Samples` state's sketch shape: [values, groups (1, or 1 + categories), size]."""
+        return {n: (len(s.values), 1 + N_CAT if s.by_category else 1, size) for n, s in self.samples.items()}
+
+    @functools.cached_property
+    def sketch_tables(self) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """``(columns, rows, n_rows)``: each sketched column's sample value (index into the sample values of
+        `sample_values`) and, per key, its sketch row (``n_rows``: dropped, the key is not in the state's group)."""
+        codes, g_table = key_codes(), self.lookup[:, self.n_coded:].cpu().numpy()
+        columns, rows, base, value_base = [], [], 0, 0
+        category = np.minimum(codes["target_category"], N_CAT - 1)
+        for k, s in enumerate(self.samples.values()):
+            in_group = g_table[:, int(self.sample_groups[k])] > 0
+            n_g = 1 + N_CAT if s.by_category else 1
+            for j in range(len(s.values)):
+                row = base + j * n_g
+                columns.append(value_base + j)
+                rows.append(row)
+                if s.by_category:
+                    columns.append(value_base + j)
+                    rows.append(row + 1 + category)
+            base += len(s.values) * n_g
+            value_base += len(s.values) + s.by_category
+        n_rows = base
+        table = np.stack([np.broadcast_to(r, category.shape) for r in rows], 1).copy()
+        member = np.concatenate([np.broadcast_to(g_table[:, [int(self.sample_groups[k])]] > 0,
+                                                 (len(category), (len(s.values) * (2 if s.by_category else 1))))
+                                 for k, s in enumerate(self.samples.values())], 1)
+        table[~member] = n_rows
+        return (torch.tensor(columns, device=self.device), torch.from_numpy(table).to(self.device), n_rows)
+
+
+def _leaves(values: list[Value]) -> list[str]:
+    out = []
+    for v in values:
+        if v.op == "number":
+            out.append(v.args[0])
+        elif v.op not in ("one", "is", "match"):
+            out += _leaves([a for a in v.args if isinstance(a, Value)])
+    return out
+
+
+# ------------------------------------------------------------------------------------------ the torch path
+def row_matrix(batch: EventBatch) -> torch.Tensor:
+    """V [N, columns] (`row_columns`) of a decoded batch."""
+    t, p = batch.target, batch.pred
+    statuses = torch.stack([batch.status, t.status, p.kind], 1)
+    return torch.cat([p.values - t.values, t.values, p.values, p.digits - t.digits, statuses], 1)
+
+
+def evaluate(values: list[Value], leaves: dict[str, torch.Tensor], window_ns: int) -> list[torch.Tensor]:
+    """Each number value over the rows, from its leaves (float64 columns of V): one op per node, shared nodes once."""
+    memo: dict[Value, torch.Tensor] = {}
+    half = window_ns // 2
+
+    def run(v: Value) -> torch.Tensor:
+        if v in memo:
+            return memo[v]
+        if v.op == "number":
+            out = leaves[v.args[0]]
+        else:
+            a = [run(x) for x in v.args]
+            if v.op == "add":
+                out = a[0] + a[1]
+            elif v.op == "sub":
+                out = a[0] - a[1]
+            elif v.op == "mul":
+                out = a[0] * a[1]
+            elif v.op == "abs":
+                out = a[0].abs()
+            elif v.op == "sqrt":
+                out = a[0].sqrt()
+            elif v.op == "ms":
+                out = a[0] / 1e6
+            elif v.op == "wrap":  # exact in float64: integers, and fmod is exact
+                out = torch.remainder(a[0] + half, window_ns) - half
+            elif v.op == "pct":
+                out = torch.where(a[1] != 0, a[0] / a[1] * 100, float("nan"))
+            elif v.op == "direction":
+                px, py, gx, gy = a
+                angles = torch.atan2(torch.stack([py, gy], 1), torch.stack([px, gx], 1))
+                delta = (angles[:, 0] - angles[:, 1]).abs()
+                defined = (gx != 0) | (gy != 0)
+                out = torch.where(defined, torch.minimum(delta, 2 * math.pi - delta) * (180 / math.pi), float("nan"))
+            else:
+                raise ValueError(f"unknown value op {v.op!r}")
+        memo[v] = out
+        return out
+
+    return [run(v) for v in values]
+
+
+def accumulate(plan: Plan, batch: EventBatch, given: dict[str, torch.Tensor]) -> tuple[list, torch.Tensor,
+                                                                                      torch.Tensor, torch.Tensor]:
+    """One batch with torch ops: ``(increments, samples, sampled, key)``: the increments of ``plan.sums_states``
+    then the sample counts of each `Samples` state (one flat vector split), every row's sample values [N, values of
+    every `Samples` state in order], whether each row is in each `Samples` state's group [N, states], and the keys."""
+    V = row_matrix(batch)
+    key = torch.addcmul(plan.key_offsets, V.index_select(1, plan.key_columns), plan.key_weights).sum(1)
+    coded, groups = plan.lookup.index_select(0, key).split([plan.n_coded, plan.n_groups], 1)
+    leaves = dict(zip(plan.leaves, V.index_select(1, plan.leaf_columns).double().unbind(1)))
+    evaluated = evaluate(plan.numbers + plan.sample_values, leaves, plan.shape.window_ns)
+    parts = [coded]
+    if plan.matches:
+        matched = ((V != 0).float() @ plan.match) == plan.match_target
+        parts.append(matched[:, :len(plan.matches)])
+    parts += [torch.stack(evaluated[:len(plan.numbers)], 1)] if plan.numbers else []
+    x = torch.cat(parts, 1).double()
+    sums = groups.T @ x
+    sources = [sums.reshape(-1)]
+    if len(plan.seq_groups):  # per sequence: events of the group and the value's sum -> means and sequences with any
+        g = groups.index_select(1, plan.seq_groups)
+        per_seq = torch.zeros((batch.num_sequences, 2 * len(plan.seq_groups)), dtype=torch.float64,
+                              device=key.device).index_add_(0, batch.seq_idx, torch.cat([g, g * x.index_select(
+                                  1, plan.seq_values)], 1))
+        n, s = per_seq.split(len(plan.seq_groups), 1)
+        sources.append(torch.cat([(s / n.clamp(min=1)).sum(0), (n / n.clamp(min=1)).sum(0)]))
+    gap = batch.pred_count - batch.target_count
+    # sequences, count matches, predicted events, extra and missing events (the clamp only cuts gap and -gap)
+    per_batch = torch.stack([gap == gap, gap == 0, batch.pred_count, gap, -gap]).clamp(min=0).sum(1).double()
+    if batch.time_matching is not None:  # the generated events paired with nothing, the target events unpaired
+        missing = (batch.status == int(Status.MISSING)).sum().double().reshape(1)
+        per_batch = torch.cat([per_batch[:3], batch.time_matching.extra_events.double().reshape(1), missing])
+    sources.append(per_batch)
+    sources += [given[name].reshape(-1).double() for name in plan.given]
+    flat = torch.cat(sources)
+    increments = flat.index_select(0, torch.cat([plan.index, plan.count_index])).split(
+        plan.sizes + [len(plan.sample_counts) or 1])
+    samples = torch.stack(evaluated[len(plan.numbers):], 1) if plan.sample_values else None
+    sampled = groups.index_select(1, plan.sample_groups)
+    return list(increments), samples, sampled, key
+
+
+# ------------------------------------------------------------------------------------------ the compiled path's tables
+OPS = ("number", "add", "sub", "mul", "abs", "sqrt", "ms", "wrap", "pct", "direction")
+
+
+def program(plan: Plan) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """The number values as instructions over registers, for the compiled loop: ``(code [n, 6]: op, destination,
+    up to four operands (a V column for ``number``), registers of the sum values, of the sample values, number of
+    registers)``; each shared node once."""
+    register: dict[Value, int] = {}
+    code = []
+
+    def emit(v: Value) -> int:
+        if v not in register:
+            if v.op == "number":
+                operands = [plan.column[v.args[0]]]
+            else:
+                operands = [emit(a) for a in v.args]
+            register[v] = len(register)
+            code.append([OPS.index(v.op), register[v], *operands, *[0] * (4 - len(operands))])
+        return register[v]
+
+    sums = [emit(v) for v in plan.numbers]
+    samples = [emit(v) for v in plan.sample_values]
+    return (np.array(code or [[0] * 6], dtype=np.int64), np.array(sums, dtype=np.int64),
+            np.array(samples, dtype=np.int64), len(register))
+
+
+def compiled_tables(plan: Plan) -> dict[str, np.ndarray]:
+    """What `owa_metrics.functional.kernel.accumulate` reads besides the rows: the key, the code values and groups by
+    key, the matches as lists of (column, sign), the program, per key the cells of G^T X it adds to, the sequence
+    means and the samples' groups."""
+    if "compiled" not in plan.__dict__:
+        lookup = plan.lookup.cpu().numpy()
+        width = len(plan.x_columns)
+        needed = sorted({int(i) for i in torch.cat([plan.index, plan.count_index]).tolist()
+                         if i < plan.n_groups * width})
+        cell_group, cell_x = np.divmod(np.array(needed, dtype=np.int64), width)
+        active = lookup[:, plan.n_coded + cell_group] != 0  # [keys, cells]
+        per_key = active.sum(1)
+        match = plan.match.cpu().numpy()[:, :len(plan.matches)]
+        columns, entries = np.nonzero(match.T)
+        code, sum_regs, sample_regs, n_regs = program(plan)
+        plan.__dict__["compiled"] = {
+            "key_columns": plan.key_columns.cpu().numpy(), "key_weights": plan.key_weights.cpu().numpy(),
+            "key_offsets": plan.key_offsets.cpu().numpy(), "coded": np.ascontiguousarray(lookup[:, :plan.n_coded]),
+            "groups": np.ascontiguousarray(lookup[:, plan.n_coded:]),
+            "match_ptr": np.concatenate([[0], np.cumsum(np.bincount(columns, minlength=len(plan.matches)))]),
+            "match_column": entries.astype(np.int64), "match_sign": match.T[columns, entries].astype(np.int64),
+            "code": code, "sum_regs": sum_regs, "sample_regs": sample_regs, "n_regs": np.int64(n_regs),
+            "cell_ptr": np.concatenate([[0], np.cumsum(per_key)]).astype(np.int64),
+            "cell_flat": np.array(needed, dtype=np.int64)[np.nonzero(active)[1]],
+            "cell_x": cell_x[np.nonzero(active)[1]],
+            "seq_groups": plan.seq_groups.cpu().numpy(), "seq_values": plan.seq_values.cpu().numpy(),
+            "sample_groups": plan.sample_groups.cpu().numpy()[:len(plan.samples)],
+            "sample_offsets": np.concatenate([[0], np.cumsum(plan.sample_widths)]).astype(np.int64),
+            "index": torch.cat([plan.index]).cpu().numpy(),
+        }
+    return plan.__dict__["compiled"]

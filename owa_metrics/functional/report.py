@@ -1,0 +1,178 @@
+"""The report's metrics, each declared once (`owa_metrics.functional.declare`): the states it reads, then its keys.
+
+``REPORT`` is what `OWAEventMetrics` computes, in order; `register` adds a definition to it (a key family of your
+own: see docs/ADDING_A_METRIC.md). Each ``compute`` reads its states by name from ``r`` (`Read`): ``r["name"]``
+(a `Sums` state's values by name, each over its groups), ``r.samples(name, value, category)`` (a `Distribution`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..schema import CATEGORY_NAMES, Status
+from .declare import (
+    ONE, BatchCounts, Definition, Given, GivenSamples, Samples, SequenceMean, Shape, Sums, code_is, digit_prefix,
+    direction_deg, error, ms, percent, pred, present, same, same_where_present, sqrt, true, wrapped_ms,
+)
+from .events import detection_report, event_type_report, keyboard_report, mouse_action_report, movement_r2_report, ratio
+from .tokens import TOKEN_FIELDS, token_report
+
+N_CAT = len(CATEGORY_NAMES)
+TIMESTAMP_GROUPS = ("comparable", *(f"comparable_{c}" for c in CATEGORY_NAMES))  # all, then each category
+
+
+# ------------------------------------------------------------------ comparability, categories, counts, statuses
+def _event_states(s: Shape) -> dict:
+    return {
+        "confusion": Sums(tuple(f"valid_{c}" for c in CATEGORY_NAMES),  # true category x predicted column (+ invalid)
+                          {f"pred_{k}": code_is("pred_column", k) for k in range(N_CAT + 1)}),
+        "statuses": Sums(("all",), {st.label: code_is("status", st) for st in Status}),
+        "target_statuses": Sums(("all",), {st.label: code_is("target_status", st) for st in Status}),
+        "events": Sums(("all",), {"events": ONE}),
+        "batch_counts": BatchCounts(),
+        "comparable_seq": SequenceMean("valid", code_is("status", Status.VALID)),
+    }
+
+
+def _event_keys(r) -> dict:
+    counts = torch.cat([r["events"].events.reshape(1), r["batch_counts"].raw, r["comparable_seq"].raw])
+    return event_type_report(r["confusion"].raw, r["statuses"].raw[0], counts)
+
+
+EVENTS = Definition("events", _event_states, _event_keys)
+
+
+# ------------------------------------------------------------------ timestamps
+def _timestamp_states(s: Shape) -> dict:
+    signed = wrapped_ms(error("timestamp_ns"))
+    return {
+        "timestamp_digits": Sums(TIMESTAMP_GROUPS, {**{f"p{j + 1}": digit_prefix("timestamp", j)
+                                                       for j in range(s.n_timestamp_digits)}, "events": ONE}),
+        "timestamp": Samples("comparable", {"signed_error_ms": signed,
+                                            "percent_error": percent(abs(signed), abs(ms(true("timestamp_ns"))))},
+                             by_category=True),
+    }
+
+
+def _timestamp_keys(r) -> dict:
+    out, digits = {}, r["timestamp_digits"]
+    for g, group in enumerate(("all", *CATEGORY_NAMES)):
+        prefix = "timestamp" if group == "all" else f"{group}/timestamp"
+        category = None if group == "all" else g - 1
+        signed = r.samples("timestamp", "signed_error_ms", category)
+        low, high = signed.iqm_ci(r.num_resamples, r.seed)
+        out[f"{prefix}/abs_error_p95_ms"] = signed.abs().quantile(0.95)
+        out[f"{prefix}/signed_error_iqm_ms"] = signed.iqm()
+        out[f"{prefix}/signed_error_ci_low_ms"], out[f"{prefix}/signed_error_ci_high_ms"] = low, high
+        out[f"{prefix}/iqmpe_pct"] = r.samples("timestamp", "percent_error", category).iqm()
+        out.update({f"{prefix}/precision_{name}": ratio(getattr(digits, name)[g], digits.events[g])
+                    for name in digits.names if name != "events"})
+    return out
+
+
+TIMESTAMP = Definition("timestamp", _timestamp_states, _timestamp_keys)
+
+
+# ------------------------------------------------------------------ keyboard
+def _keyboard_states(s: Shape) -> dict:
+    both = same("vk", "action")
+    return {"keyboard": Sums(("comparable_keyboard",), {"vk_right": same("vk"), "action_right": same("action"),
+                                                        "both_right": both, "events": ONE}),
+            "keyboard_seq": SequenceMean("comparable_keyboard", both)}
+
+
+def _keyboard_keys(r) -> dict:
+    k = r["keyboard"]
+    sums = torch.stack([k.vk_right, k.action_right, k.both_right, k.events, *r["keyboard_seq"].raw])
+    return {f"keyboard/{name}": v for name, v in keyboard_report(sums).items()}
+
+
+KEYBOARD = Definition("keyboard", _keyboard_states, _keyboard_keys)
+
+
+# ------------------------------------------------------------------ mouse
+def _mouse_states(s: Shape) -> dict:
+    ex, ey, gx, gy = error("dx"), error("dy"), true("dx"), true("dy")
+    digits = {f"{name}_p{j + 1}": digit_prefix(fields[0], j, *fields[1:]) for name, fields in (("dx", ("dx",)), ("dy", ("dy",)), ("euclidean", ("dx", "dy")))
+              for j in range(s.n_delta_digits)}
+    return {
+        "mouse_action": Sums(("comparable_mouse",), {
+            "flags_right": same_where_present("button_flags"), "with_flags": present("button_flags"),
+            "scroll_right": same_where_present("button_data"), "with_scroll": present("button_data")}),
+        "movement": Sums(("comparable_mouse",), {"residual": ex * ex + ey * ey, "gx": gx, "gy": gy, "gx2": gx * gx,
+                                                 "gy2": gy * gy, "events": ONE}),
+        "mouse_digits": Sums(("comparable_mouse",), {**digits, "events": ONE}),
+        "mouse": Samples("comparable_mouse", {
+            "euclidean_pe": percent(sqrt(ex * ex + ey * ey), sqrt(gx * gx + gy * gy)),
+            "signed_pe_x": percent(ex, gx), "signed_pe_y": percent(ey, gy),
+            "direction_deg": direction_deg(pred("dx"), pred("dy"), gx, gy)}),
+    }
+
+
+def _mouse_keys(r) -> dict:
+    a, m, d = r["mouse_action"], r["movement"], r["mouse_digits"]
+    out = {f"mouse/{k}": v for k, v in mouse_action_report(
+        torch.stack([a.flags_right, a.with_flags, a.scroll_right, a.with_scroll])).items()}
+    euclidean = r.samples("mouse", "euclidean_pe")
+    out["mouse/euclidean_pe_p95_pct"], out["mouse/euclidean_iqmpe_pct"] = euclidean.quantile(0.95), euclidean.iqm()
+    for axis in ("x", "y"):
+        dist = r.samples("mouse", f"signed_pe_{axis}")
+        low, high = dist.iqm_ci(r.num_resamples, r.seed)
+        out[f"mouse/signed_pe_{axis}_iqm_pct"] = dist.iqm()
+        out[f"mouse/signed_pe_{axis}_ci_low_pct"], out[f"mouse/signed_pe_{axis}_ci_high_pct"] = low, high
+        out[f"mouse/d{axis}_iqmpe_pct"] = dist.abs().iqm()
+    p50, p95 = r.samples("mouse", "direction_deg").quantile([0.5, 0.95])
+    out["mouse/direction_error_p50_deg"], out["mouse/direction_error_p95_deg"] = p50, p95
+    out.update({f"mouse/{name.replace('_p', '_precision_p')}": ratio(getattr(d, name), d.events)
+                for name in d.names if name != "events"})
+    out["mouse/r2"] = movement_r2_report(torch.stack([m.residual, m.gx, m.gy, m.gx2, m.gy2, m.events]))
+    return out
+
+
+MOUSE = Definition("mouse", _mouse_states, _mouse_keys)
+
+
+# ------------------------------------------------------------------ tokens (teacher forcing)
+def _token_states(s: Shape) -> dict:
+    # `token_sums`: per field right / total; summed loss and events per category, then the skipped tokens and 0
+    return {"token_fields": Given((2, len(TOKEN_FIELDS)), lambda batch, x: x["token_fields"]),
+            "token_loss": Given((2, N_CAT + 1), lambda batch, x: x["token_loss"])}
+
+
+def _token_keys(r) -> dict:
+    return token_report(r.given("token_fields"), r.given("token_loss"))
+
+
+TOKENS = Definition("tokens", _token_states, _token_keys, alignment="teacher_forcing")
+
+
+# ------------------------------------------------------------------ detection (generation, time pairing)
+def _detection_states(s: Shape) -> dict:
+    return {"detection": Given((3, N_CAT + 1), lambda batch, x: batch.time_matching.detection_counts),
+            "detection_errors": GivenSamples(lambda batch, x: batch.time_matching.detection_error_ms)}
+
+
+def _detection_keys(r) -> dict:
+    counts = r.given("detection")
+    out = detection_report(counts)
+    out["count/invalid_pred_events"] = counts[1, N_CAT]
+    out["detect/time_error_abs_p50_ms"] = r.given_samples("detection_errors").quantile(0.5)
+    return out
+
+
+DETECTION = Definition("detection", _detection_states, _detection_keys, alignment="generation", pairing="time")
+
+REPORT: list[Definition] = [EVENTS, TOKENS, TIMESTAMP, KEYBOARD, MOUSE, DETECTION]
+
+
+def register(definition: Definition) -> Definition:
+    """Add ``definition`` to the report of every `OWAEventMetrics` built after this (its state names must be new)."""
+    if any(d.name == definition.name for d in REPORT):
+        raise ValueError(f"a definition named {definition.name!r} is in the report already")
+    REPORT.append(definition)
+    return definition
+
+
+def unregister(name: str) -> None:
+    """Take the definition ``name`` out of the report (metrics built before keep it)."""
+    REPORT[:] = [d for d in REPORT if d.name != name]
