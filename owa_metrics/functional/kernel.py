@@ -36,10 +36,10 @@ def compiled_ops():
 
 
 @_jit
-def _run(code, v, window_ns, reg):
-    """The number program over one row ``v`` of V into ``reg``."""
+def _run(code, run, v, window_ns, reg):
+    """The instructions ``run`` of the number program over one row ``v`` of V into ``reg``."""
     half = window_ns // 2
-    for k in range(code.shape[0]):
+    for k in run:
         op, dst, a, b, c, d = code[k, 0], code[k, 1], code[k, 2], code[k, 3], code[k, 4], code[k, 5]
         if op == NUMBER:
             reg[dst] = float(v[a])
@@ -68,22 +68,30 @@ def _run(code, v, window_ns, reg):
 
 
 @_jit
-def _accumulate(V, seq, t_counts, p_counts, window_ns, key_columns, key_weights, key_offsets, coded, groups, match_ptr,
-                match_column, match_sign, code, sum_regs, sample_regs, n_regs, cell_ptr, cell_flat, cell_x, seq_groups,
-                seq_values, sample_groups, sample_offsets, sums, seq_out, batch_out, sample_rows, sample_counts):
+def _accumulate(status, t_status, t_values, t_digits, p_kind, p_values, p_digits, seq, t_counts, p_counts, window_ns,
+                key_columns, key_weights, key_offsets, coded, groups, match_ptr, match_column, match_sign, read_ptr,
+                read_match, run_ptr, run, code, sum_regs, sample_regs, n_regs, const_ptr, const_cell, const_value, cell_ptr,
+                cell_flat, cell_x, seq_groups, seq_values, sample_groups, sample_offsets, sums, seq_out, batch_out,
+                sample_rows, sample_counts):
+    """Each row's V (`plan.row_columns`), its key, values and cells, as `plan.accumulate` with torch ops."""
     n_coded, n_match = coded.shape[1], match_ptr.shape[0] - 1
     B, S = t_counts.shape[0], seq_groups.shape[0]
     x = np.zeros(n_coded + n_match + sum_regs.shape[0])
     reg = np.zeros(max(n_regs, 1))
     seq_n, seq_x = np.zeros((B, S)), np.zeros((B, S))
-    for i in range(V.shape[0]):
-        v = V[i]
+    n_values, n_digits = t_values.shape[1], t_digits.shape[1]
+    v = np.zeros(3 * n_values + n_digits + 3, np.int64)
+    for i in range(seq.shape[0]):
+        for j in range(n_values):
+            v[j], v[n_values + j], v[2 * n_values + j] = p_values[i, j] - t_values[i, j], t_values[i, j], p_values[i, j]
+        for j in range(n_digits):
+            v[3 * n_values + j] = p_digits[i, j] - t_digits[i, j]
+        v[-3], v[-2], v[-1] = status[i], t_status[i], p_kind[i]
         key = 0
         for j in range(key_columns.shape[0]):
             key += v[key_columns[j]] * key_weights[j] + key_offsets[j]
-        for j in range(n_coded):
-            x[j] = coded[key, j]
-        for j in range(n_match):
+        for r in range(read_ptr[key], read_ptr[key + 1]):  # the matches this key's cells read
+            j = read_match[r]
             ok = 1.0
             for e in range(match_ptr[j], match_ptr[j + 1]):
                 nonzero = v[match_column[e]] != 0
@@ -91,16 +99,20 @@ def _accumulate(V, seq, t_counts, p_counts, window_ns, key_columns, key_weights,
                     ok = 0.0
                     break
             x[n_coded + j] = ok
-        _run(code, v, window_ns, reg)
-        for j in range(sum_regs.shape[0]):
-            x[n_coded + n_match + j] = reg[sum_regs[j]]
+        if run_ptr[key + 1] > run_ptr[key]:
+            _run(code, run[run_ptr[key]:run_ptr[key + 1]], v, window_ns, reg)
+            for j in range(sum_regs.shape[0]):
+                x[n_coded + n_match + j] = reg[sum_regs[j]]
+        for e in range(const_ptr[key], const_ptr[key + 1]):
+            sums[const_cell[e]] += const_value[e]
         for e in range(cell_ptr[key], cell_ptr[key + 1]):
             sums[cell_flat[e]] += x[cell_x[e]]
         b = seq[i]
         for s in range(S):
             if groups[key, seq_groups[s]] != 0:
                 seq_n[b, s] += 1
-                seq_x[b, s] += x[seq_values[s]]
+                c = seq_values[s]
+                seq_x[b, s] += coded[key, c] if c < n_coded else x[c]
         for s in range(sample_groups.shape[0]):
             if groups[key, sample_groups[s]] != 0:
                 m = sample_counts[s]
@@ -125,18 +137,16 @@ def accumulate(plan: Plan, out: dict, given: dict, sketch: bool, spec: SketchSpe
     """One decoded batch (`owa_metrics.decode.kernel.decode_arrays`' arrays) in one compiled loop: ``(increments of
     plan.sums_states, then in sketch mode of each `Samples` state, the exact rows of each `Samples` state)``."""
     t, p = out["target"], out["pred"]
-    statuses = np.stack([out["status"], t["status"], p["kind"]], 1)
-    V = np.concatenate([p["values"] - t["values"], t["values"], p["values"],
-                        p["digits"].astype(np.int64) - t["digits"], statuses], 1)
     k = compiled_tables(plan)
     n_x = len(plan.x_columns)
     sums = np.zeros(plan.n_groups * n_x)
     seq_out, batch_out = np.zeros(2 * len(plan.seq_groups)), np.zeros(5)
-    sample_rows = np.empty((len(V), int(k["sample_offsets"][-1])))
+    sample_rows = np.empty((len(out["seq"]), int(k["sample_offsets"][-1])))
     counts = np.zeros(len(plan.samples), dtype=np.int64)
-    _accumulate(V, out["seq"], out["target_count"], out["pred_count"], plan.shape.window_ns, k["key_columns"],
+    _accumulate(out["status"], t["status"], t["values"], t["digits"], p["kind"], p["values"], p["digits"], out["seq"],
+                out["target_count"], out["pred_count"], plan.shape.window_ns, k["key_columns"],
                 k["key_weights"], k["key_offsets"], k["coded"], k["groups"], k["match_ptr"], k["match_column"],
-                k["match_sign"], k["code"], k["sum_regs"], k["sample_regs"], k["n_regs"], k["cell_ptr"],
+                k["match_sign"], k["read_ptr"], k["read_match"], k["run_ptr"], k["run"], k["code"], k["sum_regs"], k["sample_regs"], k["n_regs"], k["const_ptr"], k["const_cell"], k["const_value"], k["cell_ptr"],
                 k["cell_flat"], k["cell_x"], k["seq_groups"], k["seq_values"], k["sample_groups"],
                 k["sample_offsets"], sums, seq_out, batch_out, sample_rows, counts)
     flat = np.concatenate([sums, seq_out, batch_out, *(given[n].numpy().reshape(-1) for n in plan.given)])
