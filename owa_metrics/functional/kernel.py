@@ -121,9 +121,9 @@ def _accumulate(status, t_status, t_values, t_digits, p_kind, p_values, p_digits
                 sample_counts[s] = m + 1
     for s in range(S):
         for b in range(B):
-            if seq_n[b, s] > 0:
-                seq_out[s] += seq_x[b, s] / seq_n[b, s]
-                seq_out[S + s] += 1
+            if seq_n[b, s] > 0:  # the sequences with any, then the sum of the means (`plan.accumulate`'s order)
+                seq_out[s] += 1
+                seq_out[S + s] += seq_x[b, s] / seq_n[b, s]
     for b in range(B):
         gap = p_counts[b] - t_counts[b]
         batch_out[0] += 1
@@ -133,7 +133,7 @@ def _accumulate(status, t_status, t_values, t_digits, p_kind, p_values, p_digits
         batch_out[4] += max(-gap, 0)
 
 
-def accumulate(plan: Plan, out: dict, given: dict, sketch: bool, spec: SketchSpec) -> tuple[list, list]:
+def accumulate(plan: Plan, out: dict, sketch: bool, spec: SketchSpec) -> tuple[list, list]:
     """One decoded batch (`owa_metrics.decode.kernel.decode_arrays`' arrays) in one compiled loop: ``(increments of
     plan.sums_states, then in sketch mode of each `Samples` state, the exact rows of each `Samples` state)``."""
     t, p = out["target"], out["pred"]
@@ -149,8 +149,8 @@ def accumulate(plan: Plan, out: dict, given: dict, sketch: bool, spec: SketchSpe
                 k["match_sign"], k["read_ptr"], k["read_match"], k["run_ptr"], k["run"], k["code"], k["sum_regs"], k["sample_regs"], k["n_regs"], k["const_ptr"], k["const_cell"], k["const_value"], k["cell_ptr"],
                 k["cell_flat"], k["cell_x"], k["seq_groups"], k["seq_values"], k["sample_groups"],
                 k["sample_offsets"], sums, seq_out, batch_out, sample_rows, counts)
-    flat = np.concatenate([sums, seq_out, batch_out, *(given[n].numpy().reshape(-1) for n in plan.given)])
-    increments = list(torch.from_numpy(flat[k["index"]]).split(plan.sizes))
+    flat = np.concatenate([sums, seq_out, batch_out])
+    increments = list(torch.from_numpy(flat[k["index"]]).split(plan.sizes))[:-1]  # the loop counts the samples itself
     rows = [torch.from_numpy(sample_rows[:m, k["sample_offsets"][s]:k["sample_offsets"][s + 1]])
             for s, m in enumerate(counts.tolist())]
     if sketch:

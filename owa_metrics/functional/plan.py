@@ -37,6 +37,8 @@ KIND_CODES = len(Kind) + 1
 # the key's axes: statuses, statuses, predicted category, predicted kind + 1, true category
 KEY_SIZES = (len(Status), len(Status), N_CAT + 1, KIND_CODES, N_CAT + 1)
 TRUE_CATEGORY = Value("number", ("true_category",))
+PACKED = Value("packed")  # the sampled rows' count of each `Samples` state, packed: sum_s count_s x SAMPLE_SHIFT^s
+SAMPLE_SHIFT = 1 << 26
 
 
 def row_columns(shape: Shape) -> list[str]:
@@ -81,26 +83,33 @@ class Plan:
         sums = {n: s for n, s in self.states.items() if isinstance(s, Sums)}
         seqs = {n: s for n, s in self.states.items() if isinstance(s, SequenceMean)}
         self.samples = {n: s for n, s in self.states.items() if isinstance(s, Samples)}
-        # X's columns: the values of the sums and the sequence means, code values first, then matches, then numbers
+        # X's columns: the values of the sums and the sequence means, code values first, then matches, then numbers;
+        # with one or two `Samples` states, their rows' numbers packed into one value (one host read, exact)
+        self.packed = 0 < len(self.samples) <= 2
         values = list(dict.fromkeys([v for s in sums.values() for v in s.values.values()]
-                                    + [s.value for s in seqs.values()] + [ONE]))
-        coded = [v for v in values if v.op in ("one", "is")]
+                                    + [s.value for s in seqs.values()] + [ONE] + ([PACKED] if self.packed else [])))
+        coded = [v for v in values if v.op in ("one", "is", "packed")]
         self.matches = [v for v in values if v.op == "match"]
-        self.numbers = [v for v in values if v.op not in ("one", "is", "match")]
+        self.numbers = [v for v in values if v.op not in ("one", "is", "packed", "match")]
         self.x_columns = coded + self.matches + self.numbers
         x_index = {v: i for i, v in enumerate(self.x_columns)}
         groups = list(dict.fromkeys([g for s in sums.values() for g in s.groups] + [s.group for s in seqs.values()]
-                                    + [s.group for s in self.samples.values()]))
+                                    + [s.group for s in self.samples.values()] + ["all"]))
         unknown = set(groups) - set(GROUPS)
         if unknown:
             raise ValueError(f"unknown groups {sorted(unknown)}: the groups are {sorted(GROUPS)}")
         g_index = {g: i for i, g in enumerate(groups)}
         codes = key_codes()
-        # the lookup by key: code values, groups, then the sketch rows (sketch mode)
-        code_table = np.stack([_code_value(codes, v) for v in coded], 1)
+        # the lookup by key: code values, groups, then again the groups of the sequence means and of the samples
         group_table = np.stack([GROUPS[g](codes) for g in groups], 1).astype(np.float64)
+        sample_groups = [g_index[s.group] for s in self.samples.values()]
+        packed = (group_table[:, sample_groups] * (float(SAMPLE_SHIFT) ** np.arange(len(sample_groups)))).sum(1)
+        code_table = np.stack([packed if v == PACKED else _code_value(codes, v) for v in coded], 1)
+        seq_table = group_table[:, [g_index[s.group] for s in seqs.values()]]
         self.n_coded, self.n_groups = len(coded), len(groups)
-        self.lookup = torch.from_numpy(np.concatenate([code_table, group_table], 1)).to(self.device)
+        self.split_sizes = [len(coded), len(groups), len(seqs), len(sample_groups)]
+        self.lookup = torch.from_numpy(np.concatenate([code_table, group_table, seq_table, group_table[:, sample_groups]],
+                                                      1)).to(self.device)
         self.key_weights = torch.tensor(np.cumprod((1,) + KEY_SIZES[:0:-1])[::-1].copy(), device=self.device)
         self.key_offsets = torch.tensor([0, 0, 0, KEY_SIZES[-1], 0], device=self.device)  # kind -1 -> kind code 0
         self.key_columns = torch.tensor([self.column[c] for c in ("status", "target_status", "pred_category",
@@ -114,6 +123,7 @@ class Plan:
             for name in nonzero:
                 match[self.column[name], j] = -1
         self.match = torch.from_numpy(match).to(self.device)
+        self.match_cut = len(self.matches) < match.shape[1]  # no match: one empty column
         self.match_target = torch.from_numpy(np.minimum(match, 0).sum(0)).to(self.device)
         # each `Samples` state's values, then the true category when split by it
         self.sample_values, self.sample_widths = [], []
@@ -134,28 +144,27 @@ class Plan:
         for name, s in sums.items():
             index[name] = [g_index[g] * width + x_index[v] for g in s.groups for v in s.values.values()]
             self.state_shapes[name] = (len(s.groups), len(s.values))
-        for k, name in enumerate(seqs):
-            index[name] = [offset + k, offset + len(seqs) + k]
+        for k, name in enumerate(seqs):  # (sum of means, sequences): after the sequences with any of each
+            index[name] = [offset + len(seqs) + k, offset + k]
             self.state_shapes[name] = (2,)
         offset += 2 * len(seqs)
         for name, s in self.states.items():
             if isinstance(s, BatchCounts):
                 index[name] = list(range(offset, offset + len(BATCH_COUNTS)))
                 self.state_shapes[name] = (len(BATCH_COUNTS),)
-        offset += len(BATCH_COUNTS)
-        self.given = [n for n, s in self.states.items() if isinstance(s, Given) and n in given]
-        for name in self.given:
-            size = math.prod(self.states[name].shape)
-            index[name] = list(range(offset, offset + size))
-            self.state_shapes[name] = self.states[name].shape
-            offset += size
-        self.sample_counts = [g_index[s.group] * width + x_index[ONE] for s in self.samples.values()]
+        self.given = [n for n, s in self.states.items() if isinstance(s, Given) and n in given]  # added as given
+        for name, s in self.states.items():
+            if isinstance(s, Given):
+                self.state_shapes[name] = s.shape
+        # the sampled rows' numbers: the packed value's sum over all rows, or each group's count of events
+        all_ = g_index["all"] * width
+        self.sample_counts = ([all_ + x_index[PACKED]] if self.packed else
+                              [g_index[s.group] * width + x_index[ONE] for s in self.samples.values()])
         self.sums_states = list(index)
-        self.index = torch.tensor([i for name in self.sums_states for i in index[name]], device=self.device)
-        self.sizes = [len(index[name]) for name in self.sums_states]
-        self.count_index = torch.tensor(self.sample_counts or [0], device=self.device)
-        self.sample_groups = torch.tensor([g_index[s.group] for s in self.samples.values()] or [0],
-                                          device=self.device)
+        self.sizes = [len(index[name]) for name in self.sums_states] + [len(self.sample_counts)]
+        self.index = torch.tensor([i for name in self.sums_states for i in index[name]] + self.sample_counts,
+                                  device=self.device)
+        self.sample_groups = torch.tensor(sample_groups or [0], device=self.device)
         self.given_samples = [n for n, s in self.states.items() if isinstance(s, GivenSamples)]
 
     @classmethod
@@ -215,85 +224,98 @@ def row_matrix(batch: EventBatch) -> torch.Tensor:
 
 
 def evaluate(values: list[Value], leaves: dict[str, torch.Tensor], window_ns: int) -> list[torch.Tensor]:
-    """Each number value over the rows, from its leaves (float64 columns of V): one op per node, shared nodes once."""
+    """Each number value over the rows, from its leaves (float64 columns of V): one op per node, shared nodes once;
+    the percentages that nothing else reads, all in one ``where`` at the end."""
     memo: dict[Value, torch.Tensor] = {}
     half = window_ns // 2
+    squares = [v for v in dict.fromkeys(a for v in values for a in _nodes(v))
+               if v.op == "mul" and v.args[0] == v.args[1] and v.args[0].op == "number"]
+    if len(squares) > 1:  # the squares of leaves in one product
+        base = torch.stack([leaves[v.args[0].args[0]] for v in squares], 1)
+        memo.update(zip(squares, (base * base).unbind(1)))
+    operands = {a for v in values for a in _nodes(v) if a is not v}
+    last = [v for v in dict.fromkeys(values) if v.op == "pct" and v not in operands]
 
     def run(v: Value) -> torch.Tensor:
         if v in memo:
             return memo[v]
+        a = [run(x) for x in v.args] if v.op != "number" else []
         if v.op == "number":
             out = leaves[v.args[0]]
+        elif v.op == "add":
+            out = a[0] + a[1]
+        elif v.op == "sub":
+            out = a[0] - a[1]
+        elif v.op == "mul":
+            out = a[0] * a[1]
+        elif v.op == "abs":
+            out = a[0].abs()
+        elif v.op == "sqrt":
+            out = a[0].sqrt()
+        elif v.op == "ms":
+            out = a[0] / 1e6
+        elif v.op == "wrap":  # exact in float64: integers, and fmod is exact
+            out = torch.remainder(a[0] + half, window_ns) - half
+        elif v.op == "pct":
+            out = torch.where(a[1] != 0, a[0] / a[1] * 100, float("nan"))
+        elif v.op == "direction":
+            px, py, gx, gy = a
+            angles = torch.atan2(torch.stack([py, gy], 1), torch.stack([px, gx], 1))  # one atan2: equal angles exactly
+            delta = (angles[:, 0] - angles[:, 1]).abs()
+            gx2, gy2 = (Value("mul", (g, g)) for g in v.args[2:])  # g != 0: |g|² != 0 (the norm's, when computed)
+            out = torch.where(run(Value("add", (gx2, gy2))) != 0,
+                              torch.minimum(delta, 2 * math.pi - delta) * (180 / math.pi), float("nan"))
         else:
-            a = [run(x) for x in v.args]
-            if v.op == "add":
-                out = a[0] + a[1]
-            elif v.op == "sub":
-                out = a[0] - a[1]
-            elif v.op == "mul":
-                out = a[0] * a[1]
-            elif v.op == "abs":
-                out = a[0].abs()
-            elif v.op == "sqrt":
-                out = a[0].sqrt()
-            elif v.op == "ms":
-                out = a[0] / 1e6
-            elif v.op == "wrap":  # exact in float64: integers, and fmod is exact
-                out = torch.remainder(a[0] + half, window_ns) - half
-            elif v.op == "pct":
-                out = torch.where(a[1] != 0, a[0] / a[1] * 100, float("nan"))
-            elif v.op == "direction":
-                px, py, gx, gy = a
-                angles = torch.atan2(torch.stack([py, gy], 1), torch.stack([px, gx], 1))
-                delta = (angles[:, 0] - angles[:, 1]).abs()
-                defined = (gx != 0) | (gy != 0)
-                out = torch.where(defined, torch.minimum(delta, 2 * math.pi - delta) * (180 / math.pi), float("nan"))
-            else:
-                raise ValueError(f"unknown value op {v.op!r}")
+            raise ValueError(f"unknown value op {v.op!r}")
         memo[v] = out
         return out
 
+    if len(last) > 1:
+        num, den = (torch.stack([run(v.args[k]) for v in last], 1) for k in (0, 1))
+        memo.update(zip(last, torch.where(den != 0, num / den * 100, float("nan")).unbind(1)))
     return [run(v) for v in values]
 
 
-def accumulate(plan: Plan, batch: EventBatch, given: dict[str, torch.Tensor]) -> tuple[list, torch.Tensor,
-                                                                                      torch.Tensor, torch.Tensor]:
+def _nodes(v: Value):
+    yield v
+    if v.op != "number":
+        for a in v.args:
+            if isinstance(a, Value):
+                yield from _nodes(a)
+
+
+def accumulate(plan: Plan, batch: EventBatch) -> tuple[list, Optional[torch.Tensor], torch.Tensor, torch.Tensor]:
     """One batch with torch ops: ``(increments, samples, sampled, key)``: the increments of ``plan.sums_states``
-    then the sample counts of each `Samples` state (one flat vector split), every row's sample values [N, values of
-    every `Samples` state in order], whether each row is in each `Samples` state's group [N, states], and the keys."""
+    then the sampled rows' numbers (`Plan.sample_counts`), in one flat vector split; every row's sample values [N,
+    `Plan.sample_values`], whether each row is in each `Samples` state's group [N, states], and the keys."""
     V = row_matrix(batch)
     key = torch.addcmul(plan.key_offsets, V.index_select(1, plan.key_columns), plan.key_weights).sum(1)
-    coded, groups = plan.lookup.index_select(0, key).split([plan.n_coded, plan.n_groups], 1)
+    coded, groups, seq_groups, sampled = plan.lookup.index_select(0, key).split(plan.split_sizes, 1)
     leaves = dict(zip(plan.leaves, V.index_select(1, plan.leaf_columns).double().unbind(1)))
     evaluated = evaluate(plan.numbers + plan.sample_values, leaves, plan.shape.window_ns)
     parts = [coded]
     if plan.matches:
         matched = ((V != 0).float() @ plan.match) == plan.match_target
-        parts.append(matched[:, :len(plan.matches)])
+        parts.append(matched[:, :len(plan.matches)] if plan.match_cut else matched)
     parts += [torch.stack(evaluated[:len(plan.numbers)], 1)] if plan.numbers else []
-    x = torch.cat(parts, 1).double()
-    sums = groups.T @ x
-    sources = [sums.reshape(-1)]
-    if len(plan.seq_groups):  # per sequence: events of the group and the value's sum -> means and sequences with any
-        g = groups.index_select(1, plan.seq_groups)
-        per_seq = torch.zeros((batch.num_sequences, 2 * len(plan.seq_groups)), dtype=torch.float64,
-                              device=key.device).index_add_(0, batch.seq_idx, torch.cat([g, g * x.index_select(
-                                  1, plan.seq_values)], 1))
-        n, s = per_seq.split(len(plan.seq_groups), 1)
-        sources.append(torch.cat([(s / n.clamp(min=1)).sum(0), (n / n.clamp(min=1)).sum(0)]))
+    x = torch.cat(parts, 1)  # float64: the code values are
+    sources = [(groups.T @ x).view(-1)]
+    if plan.split_sizes[2]:  # per sequence: events of the group and the value's sum, over the events (one division):
+        # the sequences with any, and the sum of the means (0 for a sequence without events)
+        S = plan.split_sizes[2]
+        terms = torch.cat([seq_groups, seq_groups * x.index_select(1, plan.seq_values)], 1)
+        per_seq = torch.zeros((batch.num_sequences, 2 * S), dtype=torch.float64, device=key.device).index_add_(
+            0, batch.seq_idx, terms)
+        sources.append((per_seq / per_seq[:, :S].clamp(min=1).repeat(1, 2)).sum(0))
     gap = batch.pred_count - batch.target_count
     # sequences, count matches, predicted events, extra and missing events (the clamp only cuts gap and -gap)
-    per_batch = torch.stack([gap == gap, gap == 0, batch.pred_count, gap, -gap]).clamp(min=0).sum(1).double()
+    per_batch = torch.stack([gap == gap, gap == 0, batch.pred_count, gap, -gap]).clamp(min=0).sum(1)
     if batch.time_matching is not None:  # the generated events paired with nothing, the target events unpaired
-        missing = (batch.status == int(Status.MISSING)).sum().double().reshape(1)
-        per_batch = torch.cat([per_batch[:3], batch.time_matching.extra_events.double().reshape(1), missing])
+        missing = (batch.status == int(Status.MISSING)).sum().reshape(1)
+        per_batch = torch.cat([per_batch[:3], batch.time_matching.extra_events.reshape(1), missing])
     sources.append(per_batch)
-    sources += [given[name].reshape(-1).double() for name in plan.given]
-    flat = torch.cat(sources)
-    increments = flat.index_select(0, torch.cat([plan.index, plan.count_index])).split(
-        plan.sizes + [len(plan.sample_counts) or 1])
+    increments = torch.cat(sources).index_select(0, plan.index).split(plan.sizes)
     samples = torch.stack(evaluated[len(plan.numbers):], 1) if plan.sample_values else None
-    sampled = groups.index_select(1, plan.sample_groups)
     return list(increments), samples, sampled, key
 
 
@@ -335,8 +357,7 @@ def compiled_tables(plan: Plan) -> dict[str, np.ndarray]:
     if "compiled" not in plan.__dict__:
         lookup = plan.lookup.cpu().numpy()
         width = len(plan.x_columns)
-        needed = sorted({int(i) for i in torch.cat([plan.index, plan.count_index]).tolist()
-                         if i < plan.n_groups * width})
+        needed = sorted({int(i) for i in plan.index.tolist() if i < plan.n_groups * width})
         cell_group, cell_x = np.divmod(np.array(needed, dtype=np.int64), width)
         active = lookup[:, plan.n_coded + cell_group] != 0  # [keys, cells]
         cells = np.array(needed, dtype=np.int64)
@@ -383,6 +404,6 @@ def compiled_tables(plan: Plan) -> dict[str, np.ndarray]:
             "seq_groups": plan.seq_groups.cpu().numpy(), "seq_values": plan.seq_values.cpu().numpy(),
             "sample_groups": plan.sample_groups.cpu().numpy()[:len(plan.samples)],
             "sample_offsets": np.concatenate([[0], np.cumsum(plan.sample_widths)]).astype(np.int64),
-            "index": torch.cat([plan.index]).cpu().numpy(),
+            "index": plan.index.cpu().numpy(),
         }
     return plan.__dict__["compiled"]

@@ -49,7 +49,7 @@ def _timestamp_states(s: Shape) -> dict:
         "timestamp_digits": Sums(TIMESTAMP_GROUPS, {**{f"p{j + 1}": digit_prefix("timestamp", j)
                                                        for j in range(s.n_timestamp_digits)}, "events": ONE}),
         "timestamp": Samples("comparable", {"signed_error_ms": signed,
-                                            "percent_error": percent(abs(signed), abs(ms(true("timestamp_ns"))))},
+                                            "percent_error": percent(abs(signed), ms(true("timestamp_ns")))},
                              by_category=True),
     }
 

@@ -16,7 +16,7 @@ from ..decode.event_batch import Alignment, Backend, EventBatch, Pairing
 from ..decode.matching import tolerance_ns
 from ..functional import kernel as compiled
 from ..functional.declare import BatchCounts, Given, GivenSamples, Samples, SequenceMean, Shape, Sums
-from ..functional.plan import Plan, accumulate
+from ..functional.plan import SAMPLE_SHIFT, Plan, accumulate
 from ..functional.report import REPORT
 from ..functional.stats import sketch_counts
 from ..functional.tokens import event_token_stats, field_table, given_token_losses, token_losses, token_sums
@@ -98,16 +98,24 @@ class OWAEventMetrics(Float64Metric):
         self.definitions = tuple(d for d in REPORT if d.applies(alignment, pairing))
         self._field_table = field_table(vocab.config).numpy()
         plan = Plan.get(self.definitions, self.shape, "cpu", self._given_names(tokens=True))
+        self._sampled_names = {n for n, st in plan.states.items() if isinstance(st, (Samples, GivenSamples))}
         sketches = plan.sketch_layout(self.spec.size)
         for name, state in plan.states.items():
             if isinstance(state, (Samples, GivenSamples)) and mode == "exact":  # flat float64 rows (NaN: not defined)
-                self.add_state(name, default=[], dist_reduce_fx="cat")
+                self.add_state(self.kept(name), default=[], dist_reduce_fx="cat")
             else:
                 shape = sketches[name] if isinstance(state, Samples) else (
                     (self.spec.size,) if isinstance(state, GivenSamples) else plan.state_shapes[name])
-                self.add_state(name, default=torch.zeros(shape, dtype=torch.float64), dist_reduce_fx="sum")
+                self.add_state(self.kept(name), default=torch.zeros(shape, dtype=torch.float64), dist_reduce_fx="sum")
         self._dtype = torch.float64  # an empty list state syncs as an empty tensor of this dtype
         self.persistent(persistent)
+
+    def kept(self, name: str) -> str:
+        """The attribute of a declared state: a `Samples` / `GivenSamples` state's is ``{name}_samples`` (exact mode)
+        or ``{name}_sketch``; any other's its name."""
+        if name in self._sampled_names:
+            return f"{name}_{'samples' if self.mode == 'exact' else 'sketch'}"
+        return name
 
     def _given_names(self, tokens: bool) -> tuple[str, ...]:
         """The `Given` states an update supplies: the token statistics (teacher forcing, with token ids), the
@@ -157,42 +165,50 @@ class OWAEventMetrics(Float64Metric):
         self._accumulate(batch, tokens)
 
     def _accumulate(self, batch: EventBatch, tokens) -> None:
-        """Every state from a decoded batch with torch ops (`owa_metrics.functional.plan.accumulate`): the sums in one
-        ``_foreach_add_`` (with the sketch counts in sketch mode); exact mode reads the numbers of sampled rows in one
-        host sync, then selects them."""
+        """Every state from a decoded batch with torch ops (`owa_metrics.functional.plan.accumulate`), added in one
+        ``_foreach_add_`` (with the sketch counts in sketch mode, and the given sums); exact mode reads the numbers of
+        sampled rows in one host sync, then selects them."""
         given = {}
         if tokens is not None:
             given["token_fields"], given["token_loss"] = token_sums(tokens)
-            given["token_fields"] = torch.stack([tokens.field_correct, tokens.field_total])
         if batch.time_matching is not None:
             given["detection"] = batch.time_matching.detection_counts
         plan = Plan.get(self.definitions, self.shape, batch.seq_idx.device, tuple(given))
-        increments, samples, sampled, key = accumulate(plan, batch, given)
-        states, increments, counts = list(plan.sums_states), increments[:-1], increments[-1]
+        increments, samples, sampled, key = accumulate(plan, batch)
+        states, increments, counts = self._flat_states(plan.sums_states), increments[:-1], increments[-1]
         if self.mode == "sketch" and plan.samples:
             columns, rows, n_rows = plan.sketch_tables
             flat = sketch_counts(samples.index_select(1, columns), self.spec, rows.index_select(0, key), n_rows + 1)
-            states += list(plan.samples)
+            states += self._flat_states([self.kept(name) for name in plan.samples])
             increments += flat.view(-1)[:n_rows * self.spec.size].split(
-                [getattr(self, name).numel() for name in plan.samples])
-        torch._foreach_add_(self._flat_states(states), increments)
+                [getattr(self, self.kept(name)).numel() for name in plan.samples])
+        torch._foreach_add_(states + [getattr(self, name) for name in plan.given],
+                            increments + [given[name] for name in plan.given])
         if self.mode == "exact" and plan.samples:
             self._append_rows(plan, samples, sampled, counts)
         for name in plan.given_samples:
             self._add_given_samples(name, plan.states[name].fn(batch, given))
 
     def _append_rows(self, plan: Plan, samples: torch.Tensor, sampled: torch.Tensor, counts: torch.Tensor) -> None:
-        """Each `Samples` state's rows: the rows of its group (their numbers read in one host sync), its values."""
-        sizes = [int(n) for n in counts.tolist()]
+        """Each `Samples` state's rows: the rows of its group (their numbers read in one host sync: packed, see
+        `Plan.sample_counts`), its values."""
+        if plan.packed:
+            if len(samples) >= SAMPLE_SHIFT:  # the packed count would no longer be exact
+                raise ValueError(f"{len(samples)} target events in one update: exact mode reads at most "
+                                 f"{SAMPLE_SHIFT - 1} per update; split the batch")
+            packed = int(counts)
+            sizes = [packed // SAMPLE_SHIFT ** k % SAMPLE_SHIFT for k in range(len(plan.samples))]
+        else:
+            sizes = [int(n) for n in counts.tolist()]
         rows = torch.nonzero_static(sampled.T, size=sum(sizes))[:, 1].split(sizes)
         for name, chosen, values in zip(plan.samples, rows, samples.split(plan.sample_widths, 1)):
-            append_samples(getattr(self, name), values.index_select(0, chosen).reshape(-1))
+            append_samples(getattr(self, self.kept(name)), values.index_select(0, chosen).reshape(-1))
 
     def _add_given_samples(self, name: str, values: torch.Tensor) -> None:
         if self.mode == "exact":
-            append_samples(getattr(self, name), values.to(self.device).double())
+            append_samples(getattr(self, self.kept(name)), values.to(self.device).double())
         else:
-            getattr(self, name).add_(sketch_counts(values.to(self.device), self.spec))
+            getattr(self, self.kept(name)).add_(sketch_counts(values.to(self.device), self.spec))
 
     def _flat_states(self, names: list[str]) -> list[torch.Tensor]:
         """Flat views of the named states, kept while the states are the same tensors (`reset` and syncs replace
@@ -230,12 +246,13 @@ class OWAEventMetrics(Float64Metric):
             loss[0, -1] += skipped
             given = {"token_fields": torch.from_numpy(fields), "token_loss": torch.from_numpy(loss)}
         plan = Plan.get(self.definitions, self.shape, "cpu", tuple(given))
-        increments, samples = compiled.accumulate(plan, out, given, self.mode == "sketch", self.spec)
-        states = list(plan.sums_states) + (list(plan.samples) if self.mode == "sketch" else [])
-        torch._foreach_add_(self._flat_states(states), increments)
+        increments, samples = compiled.accumulate(plan, out, self.mode == "sketch", self.spec)
+        states = list(plan.sums_states) + ([self.kept(n) for n in plan.samples] if self.mode == "sketch" else [])
+        torch._foreach_add_(self._flat_states(states) + [getattr(self, name) for name in plan.given],
+                            increments + [given[name] for name in plan.given])
         if self.mode == "exact":
             for name, values in zip(plan.samples, samples):
-                append_samples(getattr(self, name), values.reshape(-1))
+                append_samples(getattr(self, self.kept(name)), values.reshape(-1))
 
     # ----------------------------------------------------------------------------------------- compute
     def _wrap_compute(self, compute):
@@ -343,16 +360,16 @@ class Read:
         state, m = self.plan.states[name], self.metric
         j = list(state.values).index(value)
         if m.mode == "sketch":
-            return Distribution(counts=getattr(m, name)[j, 0 if category is None else 1 + category], spec=m.spec)
-        rows = cat_samples(getattr(m, name), m.device).reshape(-1, len(state.values) + state.by_category)
+            return Distribution(counts=getattr(m, m.kept(name))[j, 0 if category is None else 1 + category], spec=m.spec)
+        rows = cat_samples(getattr(m, m.kept(name)), m.device).reshape(-1, len(state.values) + state.by_category)
         x = rows[:, j] if category is None else rows[rows[:, -1] == category, j]
         return Distribution.exact(x[~torch.isnan(x)])
 
     def given_samples(self, name: str) -> Distribution:
         m = self.metric
         if m.mode == "sketch":
-            return Distribution(counts=getattr(m, name), spec=m.spec)
-        return Distribution.exact(cat_samples(getattr(m, name), m.device))
+            return Distribution(counts=getattr(m, m.kept(name)), spec=m.spec)
+        return Distribution.exact(cat_samples(getattr(m, m.kept(name)), m.device))
 
 
 def _vocab_map(vocab, config: Optional[CodecConfig], format: Optional[str]) -> VocabMap:
