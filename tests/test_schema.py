@@ -1,7 +1,6 @@
 """One schema: every module reads the codes of `owa_metrics.schema`, and the compiled kernels hold the same values
 (numba compiles module constants in and its cache does not see a change in another file)."""
 
-import numpy as np
 import pytest
 
 from owa_metrics import schema
@@ -46,7 +45,16 @@ def test_the_relations_the_decoders_rely_on():
     assert all(b & (b - 1) == 0 and schema.ROLE_MASK < b < 1 << schema.VALUE_SHIFT for b in bits)
     assert len(set(bits)) == 3
     assert schema.CATEGORY_NAMES == ("keyboard", "mouse_op", "mouse_nop", "screen")
-    assert np.array_equal(accumulate_kernel.KIND_CATEGORY, [0, 2, 3])
+
+
+def test_the_compiled_program_reads_the_plan_s_op_codes():
+    """The compiled accumulation runs the number program by op code: its copies of the codes are the plan's."""
+    from owa_metrics.functional.plan import OPS
+
+    if not decode_kernel.available():
+        pytest.skip("numba is not available: no compiled kernel to check")
+    assert accumulate_kernel.compiled_ops() == tuple(range(len(OPS)))
+    assert [name.lower() for name in accumulate_kernel.OP_NAMES] == list(OPS)
 
 
 def test_no_module_copies_the_codes_as_literals():
