@@ -134,10 +134,12 @@ BATCH_COUNTS = ("sequences", "count_match", "pred_events", "extra", "missing")
 
 @dataclass(frozen=True)
 class Sums:
-    """[groups, values]: the sum over each group's events of each value."""
+    """[groups, values]: the sum over each group's events of each value (``when``: only in the updates that give
+    that `Given` state)."""
 
     groups: tuple[str, ...]
     values: dict[str, Value]
+    when: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -165,10 +167,12 @@ class Samples:
 
 @dataclass(frozen=True)
 class Given:
-    """Sums of ``shape`` that ``fn(batch, extras)`` gives per update, beside the event rows."""
+    """Sums of ``shape`` that a step beside the event rows gives: ``fn(batch, extras)`` -> one tensor per entry of
+    ``parts``, each added to ``state[part]`` (``extras``: the update's token statistics, ``extras["tokens"]``)."""
 
     shape: tuple[int, ...]
     fn: Callable
+    parts: tuple = ((),)
 
 
 @dataclass(frozen=True)

@@ -177,7 +177,7 @@ def token_stats(seq, t_status, t_kind, t_values, start, end, start_cut, T, label
                 has_loss, fields, loss):
     """Teacher forcing, per valid target event: each field token (``field_table`` [kind, slot], slot 0 =
     ``<EVENT_START>``) right or not into ``fields`` [2, F]; with ``has_loss`` the summed ``token_loss`` over the
-    event's span (prefix sums, as the torch path) and one event into ``loss`` [2, categories] by category."""
+    event's span (prefix sums, as the torch path) into ``loss`` [categories] by category."""
     n_slots = field_table.shape[1] - 1
     cumulative = np.zeros(1)
     if has_loss:
@@ -200,6 +200,4 @@ def token_stats(seq, t_status, t_kind, t_values, start, end, start_cut, T, label
                 fields[1, field] += 1
                 fields[0, field] += guesses[min(max(pos, 0), labels.shape[0] - 1)] == label
         if has_loss:
-            cat = t_values[i, 0]
-            loss[0, cat] += cumulative[last + 1] - cumulative[first]
-            loss[1, cat] += 1
+            loss[t_values[i, 0]] += cumulative[last + 1] - cumulative[first]

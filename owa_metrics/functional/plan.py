@@ -80,7 +80,8 @@ class Plan:
                 self.states[name] = state
         columns = row_columns(shape)
         self.column = {name: i for i, name in enumerate(columns)}
-        sums = {n: s for n, s in self.states.items() if isinstance(s, Sums)}
+        sums = {n: s for n, s in self.states.items() if isinstance(s, Sums) and s.when in (None, *given)}
+        self.state_shapes = {n: (len(s.groups), len(s.values)) for n, s in self.states.items() if isinstance(s, Sums)}
         seqs = {n: s for n, s in self.states.items() if isinstance(s, SequenceMean)}
         self.samples = {n: s for n, s in self.states.items() if isinstance(s, Samples)}
         # X's columns: the values of the sums and the sequence means, code values first, then matches, then numbers;
@@ -140,10 +141,9 @@ class Plan:
         self.seq_groups = torch.tensor([g_index[s.group] for s in seqs.values()], device=self.device)
         self.seq_values = torch.tensor([x_index[s.value] for s in seqs.values()], device=self.device)
         offset = self.n_groups * width
-        index, self.state_shapes = {}, {}
+        index = {}
         for name, s in sums.items():
             index[name] = [g_index[g] * width + x_index[v] for g in s.groups for v in s.values.values()]
-            self.state_shapes[name] = (len(s.groups), len(s.values))
         for k, name in enumerate(seqs):  # (sum of means, sequences): after the sequences with any of each
             index[name] = [offset + len(seqs) + k, offset + k]
             self.state_shapes[name] = (2,)

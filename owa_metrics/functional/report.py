@@ -133,14 +133,24 @@ MOUSE = Definition("mouse", _mouse_states, _mouse_keys)
 
 
 # ------------------------------------------------------------------ tokens (teacher forcing)
+def _token_pieces(batch, extras) -> tuple:
+    """The summed token loss per category (the undecoded targets' column left out), and the skipped tokens."""
+    stats = extras["tokens"]
+    by_category = torch.zeros(N_CAT + 1, dtype=torch.float64, device=stats.category.device).index_add_(
+        0, stats.category, stats.loss_sum)  # in row order
+    return by_category[:N_CAT], stats.loss_skipped
+
+
 def _token_states(s: Shape) -> dict:
-    # `token_sums`: per field right / total; summed loss and events per category, then the skipped tokens and 0
-    return {"token_fields": Given((2, len(TOKEN_FIELDS)), lambda batch, x: x["token_fields"]),
-            "token_loss": Given((2, N_CAT + 1), lambda batch, x: x["token_loss"])}
+    return {"token_fields": Given((2, len(TOKEN_FIELDS)),  # right, total per field
+                                  lambda batch, x: (x["tokens"].field_correct, x["tokens"].field_total), ((0,), (1,))),
+            "token_loss": Given((N_CAT + 1,), _token_pieces, ((slice(0, N_CAT),), (N_CAT,))),  # per category, skipped
+            "token_loss_events": Sums(tuple(f"valid_{c}" for c in CATEGORY_NAMES), {"events": ONE}, when="token_loss")}
 
 
 def _token_keys(r) -> dict:
-    return token_report(r.given("token_fields"), r.given("token_loss"))
+    events = torch.cat([r["token_loss_events"].events, torch.zeros(1, dtype=torch.float64)])
+    return token_report(r.given("token_fields"), torch.stack([r.given("token_loss"), events]))
 
 
 TOKENS = Definition("tokens", _token_states, _token_keys, alignment="teacher_forcing")
@@ -148,7 +158,7 @@ TOKENS = Definition("tokens", _token_states, _token_keys, alignment="teacher_for
 
 # ------------------------------------------------------------------ detection (generation, time pairing)
 def _detection_states(s: Shape) -> dict:
-    return {"detection": Given((3, N_CAT + 1), lambda batch, x: batch.time_matching.detection_counts),
+    return {"detection": Given((3, N_CAT + 1), lambda batch, x: (batch.time_matching.detection_counts,)),
             "detection_errors": GivenSamples(lambda batch, x: batch.time_matching.detection_error_ms)}
 
 

@@ -19,7 +19,7 @@ from ..functional.declare import BatchCounts, Given, GivenSamples, Samples, Sequ
 from ..functional.plan import SAMPLE_SHIFT, Plan, accumulate
 from ..functional.report import REPORT
 from ..functional.stats import sketch_counts
-from ..functional.tokens import event_token_stats, field_table, given_token_losses, token_losses, token_sums
+from ..functional.tokens import event_token_stats, field_table, given_token_losses, token_losses
 from ..schema import Status
 from ..tokens.codec import CodecConfig
 from ..tokens.vocab import VocabMap
@@ -117,11 +117,12 @@ class OWAEventMetrics(Float64Metric):
             return f"{name}_{'samples' if self.mode == 'exact' else 'sketch'}"
         return name
 
-    def _given_names(self, tokens: bool) -> tuple[str, ...]:
-        """The `Given` states an update supplies: the token statistics (teacher forcing, with token ids), the
-        detection counts (time pairing)."""
-        return (("token_fields", "token_loss") if tokens and self.alignment == "teacher_forcing" else ()) + (
-            ("detection",) if self.pairing == "time" else ())
+    def _given_names(self, tokens: bool, loss: bool = True) -> tuple[str, ...]:
+        """The `Given` states an update supplies: the token statistics (teacher forcing, with token ids; the loss with
+        logits or a token loss), the detection counts (time pairing)."""
+        names = ("token_fields",) + (("token_loss",) if loss else ()) if tokens and self.alignment == "teacher_forcing" \
+            else ()
+        return names + (("detection",) if self.pairing == "time" else ())
 
     # ------------------------------------------------------------------------------------------ update
     def update(self, preds: Union[torch.Tensor, EventBatch], target: Optional[torch.Tensor] = None,
@@ -168,12 +169,8 @@ class OWAEventMetrics(Float64Metric):
         """Every state from a decoded batch with torch ops (`owa_metrics.functional.plan.accumulate`), added in one
         ``_foreach_add_`` (with the sketch counts in sketch mode, and the given sums); exact mode reads the numbers of
         sampled rows in one host sync, then selects them."""
-        given = {}
-        if tokens is not None:
-            given["token_fields"], given["token_loss"] = token_sums(tokens)
-        if batch.time_matching is not None:
-            given["detection"] = batch.time_matching.detection_counts
-        plan = Plan.get(self.definitions, self.shape, batch.seq_idx.device, tuple(given))
+        names = self._given_names(tokens is not None, tokens is not None and tokens.loss_sum is not None)
+        plan = Plan.get(self.definitions, self.shape, batch.seq_idx.device, names)
         increments, samples, sampled, key = accumulate(plan, batch)
         states, increments, counts = self._flat_states(plan.sums_states), increments[:-1], increments[-1]
         if self.mode == "sketch" and plan.samples:
@@ -182,12 +179,13 @@ class OWAEventMetrics(Float64Metric):
             states += self._flat_states([self.kept(name) for name in plan.samples])
             increments += flat.view(-1)[:n_rows * self.spec.size].split(
                 [getattr(self, self.kept(name)).numel() for name in plan.samples])
-        torch._foreach_add_(states + [getattr(self, name) for name in plan.given],
-                            increments + [given[name] for name in plan.given])
+        extras = {"tokens": tokens}
+        given = [piece for name in plan.given for piece in plan.states[name].fn(batch, extras)]
+        torch._foreach_add_(states + self._given_views(plan), increments + given)
         if self.mode == "exact" and plan.samples:
             self._append_rows(plan, samples, sampled, counts)
         for name in plan.given_samples:
-            self._add_given_samples(name, plan.states[name].fn(batch, given))
+            self._add_given_samples(name, plan.states[name].fn(batch, extras))
 
     def _append_rows(self, plan: Plan, samples: torch.Tensor, sampled: torch.Tensor, counts: torch.Tensor) -> None:
         """Each `Samples` state's rows: the rows of its group (their numbers read in one host sync: packed, see
@@ -222,6 +220,18 @@ class OWAEventMetrics(Float64Metric):
             out.append(views[name][1])
         return out
 
+    def _given_views(self, plan: Plan) -> list[torch.Tensor]:
+        """The views ``state[part]`` that the `Given` states' pieces add to, kept while the states are the same
+        tensors (as `_flat_states`)."""
+        views = self.__dict__.setdefault("_part_views", {})
+        out = []
+        for name in plan.given:
+            state = getattr(self, name)
+            if name not in views or views[name][0] is not state:
+                views[name] = (state, [state[part] for part in plan.states[name].parts])
+            out += views[name][1]
+        return out
+
     def _compiled(self, target: torch.Tensor) -> bool:
         """Whether this update runs the compiled CPU kernels (decode, accumulate, token statistics)."""
         if self.backend == "torch" or self.device.type != "cpu" or self.pairing == "time":
@@ -233,23 +243,23 @@ class OWAEventMetrics(Float64Metric):
         """The same states as `_accumulate`, from compiled loops: `kernel.decode_arrays` over the tokens, then
         `functional.kernel.accumulate` over the rows with the same plan (and `token_stats` under teacher forcing)."""
         out = kernel_arrays(preds, target, self.vocab, self.alignment, _Tables.get(self.vocab.config, target.device))
-        given = {}
+        pieces, with_loss = [], logits is not None or token_loss is not None
         if self.alignment == "teacher_forcing":
             t = out["target"]
-            with_loss = logits is not None or token_loss is not None
             losses, skipped = (token_losses(logits, target) if logits is not None else
                                given_token_losses(token_loss, target) if token_loss is not None else (torch.zeros(1), 0))
-            fields, loss = np.zeros((2, self._field_table.max() + 1)), np.zeros((2, self.token_loss.shape[1]))
+            fields, loss = np.zeros((2, self._field_table.max() + 1)), np.zeros(self.token_loss.shape)
             compiled.token_stats(out["seq"], t["status"], t["kind"], t["values"], t["start"], t["end"], t["start_cut"],
                                  target.shape[1], target.numpy().reshape(-1), preds.numpy().reshape(-1),
                                  self._field_table, losses.numpy(), with_loss, fields, loss)
-            loss[0, -1] += skipped
-            given = {"token_fields": torch.from_numpy(fields), "token_loss": torch.from_numpy(loss)}
-        plan = Plan.get(self.definitions, self.shape, "cpu", tuple(given))
+            loss[-1] = skipped
+            pieces = [torch.from_numpy(fields[0]), torch.from_numpy(fields[1])] + (
+                [torch.from_numpy(loss[:-1]), torch.as_tensor(loss[-1])] if with_loss else [])
+        plan = Plan.get(self.definitions, self.shape, "cpu", self._given_names(self.alignment == "teacher_forcing",
+                                                                               with_loss))
         increments, samples = compiled.accumulate(plan, out, self.mode == "sketch", self.spec)
         states = list(plan.sums_states) + ([self.kept(n) for n in plan.samples] if self.mode == "sketch" else [])
-        torch._foreach_add_(self._flat_states(states) + [getattr(self, name) for name in plan.given],
-                            increments + [given[name] for name in plan.given])
+        torch._foreach_add_(self._flat_states(states) + self._given_views(plan), increments + pieces)
         if self.mode == "exact":
             for name, values in zip(plan.samples, samples):
                 append_samples(getattr(self, self.kept(name)), values.reshape(-1))
