@@ -90,9 +90,9 @@ def error(field: str) -> Value:
     return Value("number", (f"error_{field}",))
 
 
-def wrapped_ms(value: Value) -> Value:
-    """A timestamp difference in ns -> the shortest signed difference in the format's window, in ms."""
-    return Value("ms", (Value("wrap", (value,)),))
+def wrapped_ns(value: Value) -> Value:
+    """A timestamp difference in ns -> the shortest signed difference in the format's window (``[-W/2, W/2)``)."""
+    return Value("wrap", (value,))
 
 
 def ms(value: Value) -> Value:

@@ -223,16 +223,18 @@ def row_matrix(batch: EventBatch) -> torch.Tensor:
     return torch.cat([p.values - t.values, t.values, p.values, p.digits - t.digits, statuses], 1)
 
 
-def evaluate(values: list[Value], leaves: dict[str, torch.Tensor], window_ns: int) -> list[torch.Tensor]:
-    """Each number value over the rows, from its leaves (float64 columns of V): one op per node, shared nodes once;
-    the percentages that nothing else reads, all in one ``where`` at the end."""
+def evaluate(values: list[Value], leaf_matrix: torch.Tensor, names: list[str], window_ns: int) -> list[torch.Tensor]:
+    """Each number value over the rows, from its leaves (``leaf_matrix``: the float64 columns ``names`` of V): one op
+    per node, shared nodes once; the squares of leaves in one product, and the percentages that nothing else reads
+    in one ``where`` at the end."""
+    leaves = dict(zip(names, leaf_matrix.unbind(1)))
     memo: dict[Value, torch.Tensor] = {}
     half = window_ns // 2
     squares = [v for v in dict.fromkeys(a for v in values for a in _nodes(v))
                if v.op == "mul" and v.args[0] == v.args[1] and v.args[0].op == "number"]
-    if len(squares) > 1:  # the squares of leaves in one product
-        base = torch.stack([leaves[v.args[0].args[0]] for v in squares], 1)
-        memo.update(zip(squares, (base * base).unbind(1)))
+    if len(squares) > 1:  # the squares of leaves: of every leaf in one product
+        squared = dict(zip(leaves, (leaf_matrix * leaf_matrix).unbind(1)))
+        memo.update((v, squared[v.args[0].args[0]]) for v in squares)
     operands = {a for v in values for a in _nodes(v) if a is not v}
     last = [v for v in dict.fromkeys(values) if v.op == "pct" and v not in operands]
 
@@ -291,8 +293,8 @@ def accumulate(plan: Plan, batch: EventBatch) -> tuple[list, Optional[torch.Tens
     V = row_matrix(batch)
     key = torch.addcmul(plan.key_offsets, V.index_select(1, plan.key_columns), plan.key_weights).sum(1)
     coded, groups, seq_groups, sampled = plan.lookup.index_select(0, key).split(plan.split_sizes, 1)
-    leaves = dict(zip(plan.leaves, V.index_select(1, plan.leaf_columns).double().unbind(1)))
-    evaluated = evaluate(plan.numbers + plan.sample_values, leaves, plan.shape.window_ns)
+    leaf_matrix = V.index_select(1, plan.leaf_columns).double()
+    evaluated = evaluate(plan.numbers + plan.sample_values, leaf_matrix, plan.leaves, plan.shape.window_ns)
     parts = [coded]
     if plan.matches:
         matched = ((V != 0).float() @ plan.match) == plan.match_target

@@ -12,7 +12,7 @@ import torch
 from ..schema import CATEGORY_NAMES, Status
 from .declare import (
     ONE, BatchCounts, Definition, Given, GivenSamples, Samples, SequenceMean, Shape, Sums, code_is, digit_prefix,
-    direction_deg, error, ms, percent, pred, present, same, same_where_present, sqrt, true, wrapped_ms,
+    direction_deg, error, ms, percent, pred, present, same, same_where_present, sqrt, true, wrapped_ns,
 )
 from .events import detection_report, event_type_report, keyboard_report, mouse_action_report, movement_r2_report, ratio
 from .tokens import TOKEN_FIELDS, token_report
@@ -44,12 +44,12 @@ EVENTS = Definition("events", _event_states, _event_keys)
 
 # ------------------------------------------------------------------ timestamps
 def _timestamp_states(s: Shape) -> dict:
-    signed = wrapped_ms(error("timestamp_ns"))
+    wrapped = wrapped_ns(error("timestamp_ns"))  # the true timestamp is within the window: >= 0
     return {
         "timestamp_digits": Sums(TIMESTAMP_GROUPS, {**{f"p{j + 1}": digit_prefix("timestamp", j)
                                                        for j in range(s.n_timestamp_digits)}, "events": ONE}),
-        "timestamp": Samples("comparable", {"signed_error_ms": signed,
-                                            "percent_error": percent(abs(signed), ms(true("timestamp_ns")))},
+        "timestamp": Samples("comparable", {"signed_error_ms": ms(wrapped),
+                                            "percent_error": percent(abs(wrapped), true("timestamp_ns"))},
                              by_category=True),
     }
 
