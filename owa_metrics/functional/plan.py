@@ -178,7 +178,7 @@ class Plan:
         return {n: (len(s.values), 1 + N_CAT if s.by_category else 1, size) for n, s in self.samples.items()}
 
     @functools.cached_property
-    def sketch_tables(self) -> tuple[torch.Tensor, torch.Tensor, int]:
+    def sketch_tables(self) -> tuple[list[int], torch.Tensor, int]:
         """``(columns, rows, n_rows)``: each sketched column's sample value (index into the sample values of
         `sample_values`) and, per key, its sketch row (``n_rows``: dropped, the key is not in the state's group)."""
         codes, g_table = key_codes(), self.lookup[:, self.n_coded:].cpu().numpy()
@@ -202,7 +202,7 @@ class Plan:
                                                  (len(category), (len(s.values) * (2 if s.by_category else 1))))
                                  for k, s in enumerate(self.samples.values())], 1)
         table[~member] = n_rows
-        return (torch.tensor(columns, device=self.device), torch.from_numpy(table).to(self.device), n_rows)
+        return columns, torch.from_numpy(table).to(self.device), n_rows
 
 
 def _leaves(values: list[Value]) -> list[str]:
@@ -286,10 +286,12 @@ def _nodes(v: Value):
                 yield from _nodes(a)
 
 
-def accumulate(plan: Plan, batch: EventBatch) -> tuple[list, Optional[torch.Tensor], torch.Tensor, torch.Tensor]:
+def accumulate(plan: Plan, batch: EventBatch, sketched: Optional[list[int]] = None) -> tuple[
+        list, Optional[torch.Tensor], torch.Tensor, torch.Tensor]:
     """One batch with torch ops: ``(increments, samples, sampled, key)``: the increments of ``plan.sums_states``
     then the sampled rows' numbers (`Plan.sample_counts`), in one flat vector split; every row's sample values [N,
-    `Plan.sample_values`], whether each row is in each `Samples` state's group [N, states], and the keys."""
+    `Plan.sample_values`] (or, for a sketch, the values ``sketched`` picks), whether each row is in each `Samples`
+    state's group [N, states], and the keys."""
     V = row_matrix(batch)
     key = torch.addcmul(plan.key_offsets, V.index_select(1, plan.key_columns), plan.key_weights).sum(1)
     coded, groups, seq_groups, sampled = plan.lookup.index_select(0, key).split(plan.split_sizes, 1)
@@ -317,7 +319,10 @@ def accumulate(plan: Plan, batch: EventBatch) -> tuple[list, Optional[torch.Tens
         per_batch = torch.cat([per_batch[:3], batch.time_matching.extra_events.reshape(1), missing])
     sources.append(per_batch)
     increments = torch.cat(sources).index_select(0, plan.index).split(plan.sizes)
-    samples = torch.stack(evaluated[len(plan.numbers):], 1) if plan.sample_values else None
+    values = evaluated[len(plan.numbers):]
+    if sketched is not None:  # in the order of the sketch's columns (`Plan.sketch_tables`)
+        values = [values[j] for j in sketched]
+    samples = torch.stack(values, 1) if values else None
     return list(increments), samples, sampled, key
 
 

@@ -171,14 +171,15 @@ class OWAEventMetrics(Float64Metric):
         sampled rows in one host sync, then selects them."""
         names = self._given_names(tokens is not None, tokens is not None and tokens.loss_sum is not None)
         plan = Plan.get(self.definitions, self.shape, batch.seq_idx.device, names)
-        increments, samples, sampled, key = accumulate(plan, batch)
+        sketch = self.mode == "sketch" and plan.samples
+        increments, samples, sampled, key = accumulate(plan, batch, plan.sketch_tables[0] if sketch else None)
         states, increments, counts = self._flat_states(plan.sums_states), increments[:-1], increments[-1]
-        if self.mode == "sketch" and plan.samples:
-            columns, rows, n_rows = plan.sketch_tables
-            flat = sketch_counts(samples.index_select(1, columns), self.spec, rows.index_select(0, key), n_rows + 1)
+        if sketch:
+            _, rows, n_rows = plan.sketch_tables
+            flat = sketch_counts(samples, self.spec, rows.index_select(0, key), n_rows + 1)
             states += self._flat_states([self.kept(name) for name in plan.samples])
-            increments += flat.view(-1)[:n_rows * self.spec.size].split(
-                [getattr(self, self.kept(name)).numel() for name in plan.samples])
+            increments += flat.view(-1).split([getattr(self, self.kept(name)).numel() for name in plan.samples]
+                                              + [self.spec.size])[:-1]  # the last: the rows of no state's group
         extras = {"tokens": tokens}
         given = [piece for name in plan.given for piece in plan.states[name].fn(batch, extras)]
         torch._foreach_add_(states + self._given_views(plan), increments + given)
