@@ -142,7 +142,9 @@ def guess_format(*contents: list[str] | list[Event]) -> Optional[str]:
     events = False
     starts = {spec.preset.event_start for spec in FORMATS.values()}
     for content in contents:
-        held = {token for text in content if isinstance(text, str) for token in _PIECES.findall(text)}
+        held = set()  # every <...> token of the texts: the text before each ">" from its last "<" (as _PIECES reads)
+        for text in (c for c in content if isinstance(c, str)):
+            held.update(piece[piece.rfind("<"):] + ">" for piece in set(text.split(">")[:-1]) if "<" in piece)
         found = possible_formats(held)
         if len(found) == 1:
             return found[0]

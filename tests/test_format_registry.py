@@ -42,7 +42,7 @@ def toy(c: CodecConfig) -> TokenFormat:
                        c.timestamp_unit_ns, c.scroll_unit)
 
 
-TOY = dict(digit_format="<D{}>", num_digit_tokens=64, sign_tokens=("<+>", "<->"), timestamp_bases=(25, 64))
+TOY = {"digit_format": "<D{}>", "num_digit_tokens": 64, "sign_tokens": ("<+>", "<->"), "timestamp_bases": (25, 64)}
 
 
 @pytest.fixture
@@ -158,8 +158,8 @@ def _table(**changes):
 
 
 LIMITS = [  # (builder, preset changes, the words of the refusal)
-    (toy, dict(timestamp_bases=(2, 3, 5, 7, 11)), "10 distinct slot rules"),
-    (toy, dict(timestamp_bases=(40_000,)), "bound 40000"),
+    (toy, {"timestamp_bases": (2, 3, 5, 7, 11)}, "10 distinct slot rules"),
+    (toy, {"timestamp_bases": (40_000,)}, "bound 40000"),
     (_table(tokens=lambda t: {**t.tokens, "<D_huge>": (Role.DIGIT, 1 << 23)}), {}, "'<D_huge>' has value 8388608"),
     (_table(layouts=lambda t: t.layouts[:3]), {}, "no screen layout"),
     (_table(layouts=lambda t: (Layout("keyboard", t.layouts[0].slots[:2]), *t.layouts[1:])), {}, "'keyboard' layout"),

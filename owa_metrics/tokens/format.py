@@ -33,7 +33,7 @@ KIND_FIELDS = {"keyboard": {"timestamp", "vk", "action"}, "mouse": {"timestamp",
 # What the batch decoder (`owa_metrics.decode`) can read; `TokenFormat` refuses a table beyond it when built.
 MAX_BOUND = 0x7FFF  # a slot's value bound: bits 16-30 of its int32 rule
 MAX_RULES = 15  # distinct slot rules: 2 verdict bits each in an int32 token plane
-FIXED_RULES = 6  # rules every table has: start, type, end, the slot after the end, image data, "anything"
+FIXED_RULES = 6  # rules the decoder adds: start, type, end, the slot after the end, image data, "anything"
 MAX_VALUE = (1 << (31 - VALUE_SHIFT)) - 2  # a token's value + 1, shifted by VALUE_SHIFT, in an int32 code
 MAX_EXACT = 1 << 53  # a field's largest number in its unit (ns, scroll steps): float64 reads it exactly
 
@@ -108,7 +108,7 @@ class TokenFormat:
         def refuse(what: str):
             raise ValueError(f"the {self.name} format's table exceeds the batch decoder's limits: {what}")
 
-        for token, (role, value) in self.tokens.items():
+        for token, (_, value) in self.tokens.items():
             if not 0 <= value <= MAX_VALUE:
                 refuse(f"{token!r} has value {value}: the packed token code holds 0..{MAX_VALUE}")
         for kind in KINDS:
