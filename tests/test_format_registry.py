@@ -169,6 +169,9 @@ LIMITS = [  # (builder, preset changes, the words of the refusal)
      "slots after its image run"),
     (_table(modulus=lambda t: {"button_flags": 4096}), {}, "button_flags is read as an unsigned field"),
     (_table(timestamp_unit_ns=lambda t: 10 ** 13), {}, "not below 2\\^53"),
+    (_table(layouts=lambda t: (t.layouts[0], *(dataclasses.replace(lay, slots=lay.slots[:4] + lay.slots[5:])
+                                                for lay in t.layouts[1:3]), t.layouts[3])), {},
+     "dx in 2 tokens, dy in 3"),
 ]
 
 

@@ -103,8 +103,8 @@ class TokenFormat:
         self._check_decoder_limits()
 
     def _check_decoder_limits(self) -> None:
-        """Raise a ValueError naming the format and the limit where the batch decoder could not read this table
-        (it would decode wrong, or fail at the first batch): the limits above, and the layouts' shape it reads."""
+        """Raise a ValueError naming the format and the limit where the batch decoder could not read this table (it
+        would fail at the first batch, or decode it wrong): the limits above, and the layouts' shape it reads."""
         def refuse(what: str):
             raise ValueError(f"the {self.name} format's table exceeds the batch decoder's limits: {what}")
 
@@ -114,7 +114,7 @@ class TokenFormat:
         for kind in KINDS:
             if (kind, False) not in self._layout_index:
                 refuse(f"no {kind} layout (every kind needs one)")
-        rules = set()
+        rules, units = set(), {"timestamp": self.timestamp_unit_ns, "scroll": self.scroll_unit}
         for i, lay in enumerate(self.layouts):
             fields = {s.field for s in lay.slots} - {None}
             if lay.kind not in KINDS or not KIND_FIELDS[lay.kind] <= fields or not fields <= set(FIELDS):
@@ -126,27 +126,26 @@ class TokenFormat:
                 if not s.run and (s.role not in VALUED or not 1 <= s.bound <= MAX_BOUND or (s.sign and s.bound != 2)):
                     refuse(f"layout {i} has a {s.role.name} slot with bound {s.bound}: a slot reads a valued family "
                            f"{tuple(r.name for r in VALUED)} below a bound in [1, {MAX_BOUND}] (a sign's is 2)")
-                if s.field == "button_flags" and (s.sign or lay.kind != "mouse"):
-                    refuse("button_flags is read as an unsigned field of mouse events")
+                if s.field == "button_flags" and (s.sign or lay.kind != "mouse" or "button_flags" in self.modulus):
+                    refuse("button_flags is read as an unsigned field of mouse events (no sign, no modulus)")
             rules |= {(s.role, s.bound) for s in lay.slots if not s.run}
             base = self.layouts[lay.extends] if lay.extends is not None else None
             if base is not None and (lay.extends != self._layout_index[lay.kind, False]
                                      or lay.slots[:len(base.slots)] != base.slots or len(lay.slots) == len(base.slots)):
                 refuse(f"layout {i} extends layout {lay.extends}: it must extend its kind's first layout, longer, "
                        "with the same first slots")
-        if sum(lay.extends is not None for lay in self.layouts) > 1:
-            refuse("more than one layout extends another (the decoder reads one)")
-        if FIXED_RULES + len(rules) > MAX_RULES:
-            refuse(f"{len(rules)} distinct slot rules (role, bound); {MAX_RULES - FIXED_RULES} at most")
-        if "button_flags" in self.modulus:
-            refuse("button_flags is read as an unsigned field (no modulus)")
-        units = {"timestamp": self.timestamp_unit_ns, "scroll": self.scroll_unit}
-        for lay in self.layouts:
-            for name in {s.field for s in lay.slots} - {None}:
+            for name in fields:
                 top = max(sum((s.bound - 1) * s.place for s in lay.slots if s.field == name and not s.sign),
                           self.modulus.get(name, 0)) * units.get(name, 1)
                 if top >= MAX_EXACT:
                     refuse(f"{name} reaches {top} in its unit, not below 2^53 (float64 reads it exactly)")
+        if sum(lay.extends is not None for lay in self.layouts) > 1:
+            refuse("more than one layout extends another (the decoder reads one)")
+        if FIXED_RULES + len(rules) > MAX_RULES:
+            refuse(f"{len(rules)} distinct slot rules (role, bound); {MAX_RULES - FIXED_RULES} at most")
+        levels = self.digit_columns
+        if levels.count("dx") != levels.count("dy"):  # `EventFields` splits the dx and dy levels in halves
+            refuse(f"the mouse layout writes dx in {levels.count('dx')} tokens, dy in {levels.count('dy')}: as many")
 
     @property
     def event_tokens(self) -> tuple[str, ...]:
