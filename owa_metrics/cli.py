@@ -8,7 +8,6 @@ import sys
 import time
 from pathlib import Path
 
-FORMAT_NAMES = ("hierarchical", "factorized")
 KEY_A = "<EVENT_START><KEYBOARD><1><0><0><65><press><EVENT_END>"  # hierarchical: key A (vk 65) pressed at 1.00 s
 SCREEN = "<EVENT_START><SCREEN><1><5><0><fake_image_placeholder><EVENT_END>"  # a screen frame at 1.50 s
 EVALUATE_INPUT = f"""\
@@ -34,6 +33,7 @@ pred.jsonl, one line per sequence:
 def build_parser() -> argparse.ArgumentParser:
     """The ``owa-metrics`` argument parser (imports nothing heavy: ``--help`` answers at once)."""
     from . import __version__
+    from .tokens.codec import FORMATS  # the registered formats (no torch)
 
     parser = argparse.ArgumentParser(prog="owa-metrics", description="Event metrics for OWA desktop agents.",
                                      epilog="owa-metrics COMMAND --help: that command's options")
@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--max-tokens", type=int, default=2048,
                          help="tokens per sequence: the events are packed whole into sequences of at most this "
                               "many tokens (default 2048)")
-    inspect.add_argument("--format", choices=FORMAT_NAMES, default="hierarchical",
+    inspect.add_argument("--format", choices=list(FORMATS), default="hierarchical",
                          help="the token format (default hierarchical)")
     demo = commands.add_parser("demo", help="train a tiny causal LM on event tokens and log the event metrics")
     demo.add_argument("--config", help="YAML settings, as in configs/demo.yaml; the flags below override them")
@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="where the metrics go (default: the config's, tensorboard)")
     demo.add_argument("--mcap", nargs="+", type=Path, help="real OWA recordings instead of the simulator")
     demo.add_argument("--out", help="log directory (default: the config's, runs/demo)")
-    demo.add_argument("--format", choices=FORMAT_NAMES, help="the token format (default: the config's, hierarchical)")
+    demo.add_argument("--format", choices=list(FORMATS), help="the token format (default: the config's, hierarchical)")
     evaluate = commands.add_parser("evaluate", help="compare predicted with true event sequences from files",
                                    description="Compare predicted with true event sequences from files; prints the "
                                                "report the Lightning callback writes.",
@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
                           help="exact: quantiles of every sample; sketch: of a fixed-size histogram within 0.5 %% "
                                "(default exact)")
     evaluate.add_argument("--json", type=Path, help="also write every metric to this JSON file")
-    evaluate.add_argument("--format", choices=FORMAT_NAMES, help="the token format (default: the target file's)")
+    evaluate.add_argument("--format", choices=list(FORMATS), help="the token format (default: the target file's)")
     evaluate.add_argument("--pairing", choices=["index", "time"], default="index",
                           help="pair the k-th events (index) or match events within --tolerance-ms (time) "
                                "(default index)")
@@ -138,15 +138,16 @@ def _cli_words(warning: Warning) -> str:
     """A warning raised while evaluating, in the command's words (its flags, not Python argument names); one that
     this command does not know: the first line of its message."""
     from .evaluate import FormatGuessWarning, UndecodedTargetsWarning
+    from .tokens.codec import FORMATS
 
     if isinstance(warning, FormatGuessWarning):
         return (f"{warning.path}: its tokens do not tell the token format (screens only, every digit < 10): "
                 "hierarchical assumed; pass --format to be sure, since the formats' timestamp windows differ "
                 "(16 s vs 10 s)")
     if isinstance(warning, UndecodedTargetsWarning):
-        other = next(name for name in FORMAT_NAMES if name != warning.format)
-        fix = f"; if the files are in the {other} format, pass --format {other}" if warning.reason == "invalid_format" \
-            else ""
+        others = [name for name in FORMATS if name != warning.format]
+        fix = f"; if the files are in the {' or '.join(others)} format, pass --format {' | '.join(others)}" \
+            if warning.reason == "invalid_format" else ""
         return (f"{warning.path}: {warning.count} of {warning.total} true events ({warning.count / warning.total:.0%}) "
                 f"do not decode in the {warning.format} format (most often: {warning.reason}) and are left out of "
                 f"every rate{fix}")

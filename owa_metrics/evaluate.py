@@ -19,7 +19,7 @@ import torch
 
 from .schema import Event
 from .metrics.collection import InvalidTargetsWarning, OWAEventMetrics
-from .tokens.codec import EventCodec, EventEncodeError
+from .tokens.codec import FORMATS, EventCodec, EventEncodeError, possible_formats
 from .tokens.vocab import VocabMap, build_tokenizer
 
 
@@ -48,8 +48,8 @@ class UndecodedTargetsWarning(UserWarning):
     def __init__(self, path, count: int, total: int, reason: str, format: str):
         self.path, self.count, self.total, self.reason, self.format = path, count, total, reason, format
         super().__init__(f"{path}: {count} of {total} true events ({count / total:.0%}) do not decode in the {format} "
-                         f"format (most often: {reason}) and are left out of every rate; files in the other format: "
-                         "pass format='hierarchical' | 'factorized'")
+                         f"format (most often: {reason}) and are left out of every rate; files in another format: "
+                         f"pass format={' | '.join(map(repr, FORMATS))}")
 
 
 def read_file(path: str | Path) -> list[str] | list[Event]:
@@ -131,24 +131,24 @@ def evaluation_warnings(report: dict, pred_path, target_path) -> list[str]:
 
 
 _PIECES = re.compile(r"(<[^<>]*>)")
-_FACTORIZED_ONLY = re.compile(r"<SIGN_PLUS>|<SIGN_MINUS>|<VK_\d+>|<MB_\d+>")
-# a digit above 9, or a keyboard / mouse event without factorized-only tokens: only hierarchical writes these
-_HIERARCHICAL_ONLY = re.compile(r"<(?:[1-9]\d+)>|<KEYBOARD>|<MOUSE>")
 
 
 def guess_format(*contents: list[str] | list[Event]) -> Optional[str]:
-    """The format the first file whose tokens tell says: a factorized-only token (``<SIGN_PLUS>``, ``<VK_n>``,
-    ``<MB_h>`` ...) -> factorized; else a digit above 9 or a keyboard / mouse event -> hierarchical. None when
-    some text holds events but none tells (screens only: both formats write ``<SCREEN>`` + 3 digits < 10);
-    hierarchical when no file is text with events (recordings, or no event at all)."""
+    """The format the first file whose tokens tell says: the one registered format that can have written its event
+    tokens (`possible_formats`: ``<SIGN_PLUS>``, ``<VK_n>``, ``<MB_h>`` ... -> factorized; a digit above 9, or a
+    keyboard / mouse event without those -> hierarchical). None when some text holds events but none tells (screens
+    only: both formats write ``<SCREEN>`` + 3 digits < 10); hierarchical when no file is text with events
+    (recordings, or no event at all)."""
     events = False
+    starts = {spec.preset.event_start for spec in FORMATS.values()}
     for content in contents:
-        texts = [c for c in content if isinstance(c, str)]
-        if any(_FACTORIZED_ONLY.search(text) for text in texts):
-            return "factorized"
-        if any(_HIERARCHICAL_ONLY.search(text) for text in texts):
-            return "hierarchical"
-        events = events or any("<EVENT_START>" in text for text in texts)
+        held = set()  # every <...> token of the texts: the text before each ">" from its last "<" (as _PIECES reads)
+        for text in (c for c in content if isinstance(c, str)):
+            held.update(piece[piece.rfind("<"):] + ">" for piece in set(text.split(">")[:-1]) if "<" in piece)
+        found = possible_formats(held)
+        if len(found) == 1:
+            return found[0]
+        events = events or bool(held & starts)
     return None if events else "hierarchical"
 
 

@@ -296,6 +296,8 @@ def _wandb_history(run_dir):
                 rows.append({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item})
         elif kind in (2, 3):
             pending += data
+        elif kind == 0:  # zero padding (a preallocated or partly written block): the next block
+            pos += block - pos % block if pos % block else 0
         else:
             break
     return rows

@@ -28,7 +28,7 @@ import torch
 
 from ..schema import IMAGE_BIT, KIND_CATEGORY, ROLE_MASK, SKIP_BIT, STRUCT_BIT, VALUE_SHIFT, Category, Kind, Role, Status
 from ..tokens.codec import CodecConfig
-from ..tokens.format import FIELDS
+from ..tokens.format import FIELDS, MAX_BOUND
 from ..tokens.vocab import VocabMap
 from . import kernel
 from .event_batch import Alignment, Backend, EventBatch, EventFields, Pairing
@@ -292,7 +292,7 @@ class _Tables:
             runs.append(-1 if run is None else 2 + run)
         self.width = max(len(r) for r in slot_rules)
         anything = [(0xFFFF, 0)] * self.width  # slots past a layout's end are not checked
-        rules = [[a | min(b or 0x7FFF, 0x7FFF) << 16 for a, b in (r + anything)[:self.width]] for r in slot_rules]
+        rules = [[a | (b or MAX_BOUND) << 16 for a, b in (r + anything)[:self.width]] for r in slot_rules]
         self.rules = torch.tensor(rules, dtype=torch.int32, device=device)
         self.length = torch.tensor([len(r) for r in slot_rules], device=device)
         self.run_start = torch.tensor(runs, device=device)
@@ -334,7 +334,7 @@ class _Tables:
         # the torch ops check one slot more: a run layout's first data token (an image token or an ignored label);
         # in another layout the slot after <EVENT_END> accepts nothing (a teacher-forced prediction ending early)
         self.window = self.width + 1
-        data = [(1 << int(Role.IMAGE)) | (1 << int(Role.IGNORED)) | 0x7FFF << 16]
+        data = [(1 << int(Role.IMAGE)) | (1 << int(Role.IGNORED)) | MAX_BOUND << 16]
         window_rules = [(row[:len(r)] + (data if run >= 0 else [0]) + row[len(r):])[:self.window]
                         for row, r, run in zip(rules, slot_rules, runs)]
         checked = [len(r) + (run >= 0) for r, run in zip(slot_rules, runs)]  # slots whose failure is a status
@@ -342,23 +342,20 @@ class _Tables:
         # span of one token) x 2 + whether the variant's token is there) x 2 + whether its start was cut off
         self.offsets = torch.arange(self.window, device=device)[:, None]
         self.offsets4 = 4 * self.offsets
-        anything = 0xFFFF | 0x7FFF << 16  # slot 0 of a cut-off start
+        anything = 0xFFFF | MAX_BOUND << 16  # slot 0 of a cut-off start
+        # at most MAX_RULES rules and one extended layout: `TokenFormat` checks it when the table is built
         self.rule_values = sorted({rule for row in window_rules for rule in row} | {anything})
-        if 2 * len(self.rule_values) > 31 or len(self.variants) > 1:
-            raise NotImplementedError("the torch decoder reads at most 15 slot rules and one extended layout")
         self.variant = self.variants[0][2:] if self.variants else (0, -1)  # (slot, role): never seen without one
-        self.bf = FIELDS.index("button_flags")
-        if "button_flags" in fmt.modulus or any(s.field == "button_flags" and (s.sign or lay.kind != "mouse")
-                                               for lay in fmt.layouts for s in lay.slots):
-            raise NotImplementedError("the torch decoder reads button_flags as an unsigned field of mouse events")
+        self.bf = FIELDS.index("button_flags")  # an unsigned field of mouse events (checked by `TokenFormat`)
         # the torch ops read each field in its unit (ns, scroll steps): place values and moduli times the unit
         units = torch.tensor([self.unit_ns if f == "timestamp" else self.scroll_unit if f == "scroll" else 1
                               for f in FIELDS])
         place_in_units = torch.stack([place[0] * units[:, None], place[1]])
         modulus_in_units = self.modulus.cpu() * units
         half = torch.where(modulus_in_units > 0, modulus_in_units // 2, 1 << 62).tolist()
-        # float32 reads every field exactly (values < 256)
-        exact32 = float(place_in_units.abs().sum(-1).max()) * 256 < 2 ** 24
+        # float32 reads every field exactly (token values below the largest bound)
+        top = max(s.bound for lay in fmt.layouts for s in lay.slots)
+        exact32 = float(place_in_units.abs().sum(-1).max()) * top < 2 ** 24
         columns = []
         for key in range(4 * _N_ROLES):
             role, variant, cut = key // 4, key // 2 % 2, key % 2

@@ -1,14 +1,25 @@
-"""Tokens: the OWA event token formats (a table per format, a string codec) and the tokenizer's vocabulary map."""
+"""Tokens: the OWA event token formats (a table per format, the registry, a string codec) and the tokenizer's
+vocabulary map. Names are imported on first use, so that the registry (`codec`) loads without torch."""
 
-from .codec import (
-    CodecConfig, DecodedEvent, EventCodec, EventDecodeError, EventEncodeError, from_digits, split_tokens, to_digits,
-)
-from .data import collate, token_sequences
-from .format import FORMATS, Layout, Role, Slot, TokenFormat
-from .vocab import IMAGE_CONVENTIONS, VocabMap, build_tokenizer, detect_format
+import importlib
 
-__all__ = [
-    "CodecConfig", "DecodedEvent", "EventCodec", "EventDecodeError", "EventEncodeError", "FORMATS",
-    "IMAGE_CONVENTIONS", "Layout", "Role", "Slot", "TokenFormat", "VocabMap", "build_tokenizer", "detect_format",
-    "collate", "from_digits", "split_tokens", "to_digits", "token_sequences",
-]
+_EXPORTS = {
+    **dict.fromkeys(["CodecConfig", "DecodedEvent", "EventCodec", "EventDecodeError", "EventEncodeError", "FORMATS",
+                     "FormatSpec", "from_digits", "register_format", "split_tokens", "to_digits"], "codec"),
+    **dict.fromkeys(["collate", "token_sequences"], "data"),
+    **dict.fromkeys(["Layout", "Role", "Slot", "TokenFormat"], "format"),
+    **dict.fromkeys(["IMAGE_CONVENTIONS", "VocabMap", "build_tokenizer", "detect_format"], "vocab"),
+}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

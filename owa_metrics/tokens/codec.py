@@ -1,7 +1,8 @@
 """The OWA event token formats, as a readable per-event string codec.
 
 An event is ``<EVENT_START> TYPE TIMESTAMP DATA <EVENT_END>``; the slots of each layout and what they mean
-are the format's table (`owa_metrics.tokens.format`), which this codec walks token by token. Two presets:
+are the format's table (`owa_metrics.tokens.format`), which this codec walks token by token. The formats are
+registered here (`register_format`: a name, a table builder, a preset); two come with the package:
 
 - ``hierarchical`` (the default): TIMESTAMP ``timestamp_ns // 10 ms`` modulo 1600 over bases 16, 10, 10 (a
   16 s window); KEYBOARD ``<vk>`` ``<press>|<release>``; MOUSE dx, dy modulo 4000 over bases 2, 20, 10, 10,
@@ -22,10 +23,10 @@ import math
 import re
 from dataclasses import dataclass, fields, replace
 from functools import cached_property
-from typing import Iterator, NamedTuple, Optional, Sequence
+from typing import Callable, Iterator, NamedTuple, Optional, Sequence
 
 from ..schema import TYPE_ROLES, Event, Role, Status
-from .format import CLAMP, FORMATS, REFUSE, TokenFormat
+from .format import CLAMP, KINDS, REFUSE, TokenFormat, factorized, hierarchical
 
 _TOKEN_RE = re.compile(r"<[^<>]*>|[^<]+|<")
 
@@ -34,8 +35,8 @@ _TOKEN_RE = re.compile(r"<[^<>]*>|[^<]+|<")
 class CodecConfig:
     """Every number and token of a format; the defaults are the upstream OWA hierarchical encoder's.
 
-    ``CodecConfig.preset("factorized")`` gives upstream's factorized encoder; ``format`` names the layout
-    table the numbers are read into (`owa_metrics.tokens.format.FORMATS`).
+    ``CodecConfig.preset("factorized")`` gives upstream's factorized encoder; ``format`` names the registered
+    format (`FORMATS`) whose table builder reads these numbers.
     """
 
     format: str = "hierarchical"
@@ -78,10 +79,11 @@ class CodecConfig:
 
     @classmethod
     def preset(cls, name: str, **overrides) -> "CodecConfig":
-        """``"hierarchical"`` (= ``CodecConfig()``) or ``"factorized"``, upstream OWA's defaults, with ``overrides``."""
-        if name not in PRESETS:
-            raise ValueError(f"unknown format {name!r}: choose one of {sorted(PRESETS)}")
-        return replace(PRESETS[name], **overrides)
+        """A registered format's preset (``"hierarchical"`` = ``CodecConfig()``, ``"factorized"``: upstream OWA's
+        defaults), with ``overrides``."""
+        if name not in FORMATS:
+            raise ValueError(f"unknown format {name!r}: choose one of {sorted(FORMATS)}")
+        return replace(FORMATS[name].preset, **overrides)
 
     @classmethod
     def from_dict(cls, data: dict) -> "CodecConfig":
@@ -94,7 +96,7 @@ class CodecConfig:
     @cached_property
     def token_format(self) -> TokenFormat:
         """The format's table: vocabulary and layouts (see `owa_metrics.tokens.format`)."""
-        return FORMATS[self.format](self)
+        return FORMATS[self.format].build(self)
 
     @property
     def timestamp_window_ns(self) -> int:
@@ -128,11 +130,65 @@ class CodecConfig:
         return " ".join([*self.image_prefix, f"{self.image_token} x {self.image_token_count}", *self.image_suffix])
 
 
-PRESETS = {
-    "hierarchical": CodecConfig(),
-    "factorized": CodecConfig(format="factorized", num_digit_tokens=10, timestamp_bases=(10, 10, 10),
-                              mouse_delta_bases=(2, 10, 10, 10), button_flag_bases=(16, 16, 16), scroll_bases=(10,)),
-}
+@dataclass(frozen=True)
+class FormatSpec:
+    """A registered token format: its ``name`` (``CodecConfig.format``, the CLI's ``--format``), ``build`` (a
+    CodecConfig -> its `TokenFormat` table) and ``defaults``, the CodecConfig fields of its preset. What tells it
+    from the others is read from the preset's table: its event tokens in a vocabulary (``detect_format``), the
+    tokens only it writes in a text (`possible_formats`)."""
+
+    name: str
+    build: Callable[[CodecConfig], TokenFormat]
+    defaults: dict
+
+    @cached_property
+    def preset(self) -> CodecConfig:
+        return CodecConfig(format=self.name, **self.defaults)
+
+
+FORMATS: dict[str, FormatSpec] = {}  # the registry, in registration order (`register_format`)
+
+
+def register_format(name: str, build: Callable[[CodecConfig], TokenFormat], **defaults) -> FormatSpec:
+    """Register the token format ``name``: its table builder and its preset's CodecConfig fields (the others keep
+    CodecConfig's defaults). That is all a format needs: the codec, the batch decoder, ``detect_format``,
+    ``guess_format`` and the CLI read the registry. The preset's table is built now: one the batch decoder cannot
+    read is refused with a ValueError (`TokenFormat`) and not registered."""
+    if name in FORMATS:
+        raise ValueError(f"a token format named {name!r} is registered already")
+    FORMATS[name] = spec = FormatSpec(name, build, defaults)
+    try:
+        spec.preset  # noqa: B018 - builds and checks the table
+    except Exception:
+        del FORMATS[name]
+        raise
+    return spec
+
+
+register_format("hierarchical", hierarchical)
+register_format("factorized", factorized, num_digit_tokens=10, timestamp_bases=(10, 10, 10),
+                mouse_delta_bases=(2, 10, 10, 10), scroll_bases=(10,))
+
+
+def possible_formats(tokens: set[str]) -> list[str]:
+    """The registered formats that can have written a text holding ``tokens``: not one that lacks a token another
+    format writes, nor one that writes a token of its own in every event of a kind (factorized: a ``<VK_n>`` in
+    every key event, a sign in every mouse event) when the text holds that kind's type token and none of its own."""
+    tables = {name: spec.preset.token_format for name, spec in FORMATS.items()}
+    out = []
+    for name, fmt in tables.items():
+        others = set().union(*(t.tokens for n, t in tables.items() if n != name))
+        own, foreign = fmt.tokens.keys() - others, others - fmt.tokens.keys()
+
+        def marked(slot) -> bool:  # every token the slot accepts is the format's own
+            family = {t for v, t in fmt.families.get(slot.role, {}).items() if v < slot.bound}
+            return bool(family) and family <= own
+
+        typed = {fmt.token(TYPE_ROLES[k]) for k in KINDS
+                 if all(any(map(marked, lay.slots)) for lay in fmt.layouts if lay.kind == k)}
+        if not tokens & foreign and (tokens & own or not tokens & typed):
+            out.append(name)
+    return out
 
 
 def to_digits(value: int, bases: Sequence[int]) -> list[int]:

@@ -8,9 +8,11 @@ field, or makes the field negative (``sign``). A field's number is
     value = (-1)^minus * sum(slot value * place)        then, with a modulus M: value - M if value >= M / 2
 
 The string codec (`EventCodec`, the readable reference) and the batch decoder (``owa_metrics.decode``) both
-read this table; neither has a branch per format. Two formats are built from a `CodecConfig`'s numbers:
-``hierarchical`` (digits ``<0>``..``<255>``, dx / dy modulo 4000 with their digits interleaved) and
-``factorized`` (digits ``<0>``..``<9>``, sign tokens, ``<VK_n>``, ``<MB_h>``), upstream OWA's default.
+read this table; neither has a branch per format. A table is checked against what the batch decoder can read
+when it is built (`TokenFormat._check_decoder_limits`). Two formats are built from a `CodecConfig`'s numbers
+(registered in `owa_metrics.tokens.codec`): ``hierarchical`` (digits ``<0>``..``<255>``, dx / dy modulo 4000 with
+their digits interleaved) and ``factorized`` (digits ``<0>``..``<9>``, sign tokens, ``<VK_n>``, ``<MB_h>``),
+upstream OWA's default.
 """
 
 from __future__ import annotations
@@ -19,10 +21,21 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ..schema import Kind, Role
+from ..schema import VALUE_SHIFT, Kind, Role
 
 FIELDS = ("timestamp", "vk", "action", "dx", "dy", "button_flags", "scroll")
 KINDS = tuple(k.name.lower() for k in Kind)
+VALUED = (Role.DIGIT, Role.ACTION, Role.SIGN, Role.VK, Role.MB)  # families whose tokens carry a value
+# the fields an event of each kind must have (the decoders read 0 for a field its layout lacks)
+KIND_FIELDS = {"keyboard": {"timestamp", "vk", "action"}, "mouse": {"timestamp", "dx", "dy", "button_flags"},
+               "screen": {"timestamp"}}
+
+# What the batch decoder (`owa_metrics.decode`) can read; `TokenFormat` refuses a table beyond it when built.
+MAX_BOUND = 0x7FFF  # a slot's value bound: bits 16-30 of its int32 rule
+MAX_RULES = 15  # distinct slot rules: 2 verdict bits each in an int32 token plane
+FIXED_RULES = 6  # rules the decoder adds: start, type, end, the slot after the end, image data, "anything"
+MAX_VALUE = (1 << (31 - VALUE_SHIFT)) - 2  # a token's value + 1, shifted by VALUE_SHIFT, in an int32 code
+MAX_EXACT = 1 << 53  # a field's largest number in its unit (ns, scroll steps): float64 reads it exactly
 
 
 @dataclass(frozen=True)
@@ -87,6 +100,52 @@ class TokenFormat:
         object.__setattr__(self, "families", families)
         object.__setattr__(self, "_layout_index", index)
         object.__setattr__(self, "_ranges", ranges)
+        self._check_decoder_limits()
+
+    def _check_decoder_limits(self) -> None:
+        """Raise a ValueError naming the format and the limit where the batch decoder could not read this table (it
+        would fail at the first batch, or decode it wrong): the limits above, and the layouts' shape it reads."""
+        def refuse(what: str):
+            raise ValueError(f"the {self.name} format's table exceeds the batch decoder's limits: {what}")
+
+        for token, (_, value) in self.tokens.items():
+            if not 0 <= value <= MAX_VALUE:
+                refuse(f"{token!r} has value {value}: the packed token code holds 0..{MAX_VALUE}")
+        for kind in KINDS:
+            if (kind, False) not in self._layout_index:
+                refuse(f"no {kind} layout (every kind needs one)")
+        rules, units = set(), {"timestamp": self.timestamp_unit_ns, "scroll": self.scroll_unit}
+        for i, lay in enumerate(self.layouts):
+            fields = {s.field for s in lay.slots} - {None}
+            if lay.kind not in KINDS or not KIND_FIELDS[lay.kind] <= fields or not fields <= set(FIELDS):
+                refuse(f"layout {i} is a {lay.kind!r} layout with fields {sorted(fields)}: a kind of {KINDS} with "
+                       f"its fields {sorted(KIND_FIELDS.get(lay.kind, ()))}, and no field outside {FIELDS}")
+            if any(s.run for s in lay.slots[:-1]):
+                refuse(f"layout {i} has slots after its image run (a run is a layout's last slot)")
+            for s in lay.slots:
+                if not s.run and (s.role not in VALUED or not 1 <= s.bound <= MAX_BOUND or (s.sign and s.bound != 2)):
+                    refuse(f"layout {i} has a {s.role.name} slot with bound {s.bound}: a slot reads a valued family "
+                           f"{tuple(r.name for r in VALUED)} below a bound in [1, {MAX_BOUND}] (a sign's is 2)")
+                if s.field == "button_flags" and (s.sign or lay.kind != "mouse" or "button_flags" in self.modulus):
+                    refuse("button_flags is read as an unsigned field of mouse events (no sign, no modulus)")
+            rules |= {(s.role, s.bound) for s in lay.slots if not s.run}
+            base = self.layouts[lay.extends] if lay.extends is not None else None
+            if base is not None and (lay.extends != self._layout_index[lay.kind, False]
+                                     or lay.slots[:len(base.slots)] != base.slots or len(lay.slots) == len(base.slots)):
+                refuse(f"layout {i} extends layout {lay.extends}: it must extend its kind's first layout, longer, "
+                       "with the same first slots")
+            for name in fields:
+                top = max(sum((s.bound - 1) * s.place for s in lay.slots if s.field == name and not s.sign),
+                          self.modulus.get(name, 0)) * units.get(name, 1)
+                if top >= MAX_EXACT:
+                    refuse(f"{name} reaches {top} in its unit, not below 2^53 (float64 reads it exactly)")
+        if sum(lay.extends is not None for lay in self.layouts) > 1:
+            refuse("more than one layout extends another (the decoder reads one)")
+        if FIXED_RULES + len(rules) > MAX_RULES:
+            refuse(f"{len(rules)} distinct slot rules (role, bound); {MAX_RULES - FIXED_RULES} at most")
+        levels = self.digit_columns
+        if levels.count("dx") != levels.count("dy"):  # `EventFields` splits the dx and dy levels in halves
+            refuse(f"the mouse layout writes dx in {levels.count('dx')} tokens, dy in {levels.count('dy')}: as many")
 
     @property
     def event_tokens(self) -> tuple[str, ...]:
@@ -207,9 +266,6 @@ def factorized(c) -> TokenFormat:
     return TokenFormat("factorized", tokens, layouts, {},
                        {"timestamp": WRAP, "dx": CLAMP, "dy": CLAMP, "scroll": REFUSE, "vk": REFUSE,
                         "button_flags": REFUSE}, c.timestamp_unit_ns, c.scroll_unit)
-
-
-FORMATS = {"hierarchical": hierarchical, "factorized": factorized}
 
 
 def _structure(c) -> dict[str, tuple[Role, int]]:

@@ -8,7 +8,8 @@ from typing import Optional, Sequence
 import torch
 
 from ..schema import IMAGE_BIT, ROLE_MASK, SKIP_BIT, STRUCT_BIT, VALUE_SHIFT, Role
-from .codec import PRESETS, CodecConfig
+from .codec import FORMATS, CodecConfig
+from .format import VALUED
 
 # Image-token conventions of VLMs, recognised in a vocabulary: (prefix, image token, count, suffix)
 IMAGE_CONVENTIONS = {
@@ -24,9 +25,6 @@ def _pack(roles: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
 
     return (roles | any_of(Role.START, Role.END) * STRUCT_BIT | any_of(Role.IGNORED, Role.EPISODE) * SKIP_BIT
             | any_of(Role.IMAGE, Role.IGNORED) * IMAGE_BIT | (values + 1) << VALUE_SHIFT)
-
-
-VALUED = (Role.DIGIT, Role.ACTION, Role.SIGN, Role.VK, Role.MB)  # families whose tokens carry a value
 
 
 SPECIAL_TOKENS = {"pad_token": "<pad>", "unk_token": "<unk>", "eos_token": "<eos>"}
@@ -58,15 +56,16 @@ def build_tokenizer(config: CodecConfig | None = None, extra_tokens: Sequence[st
 
 
 def detect_format(vocab: dict[str, int]) -> str:
-    """The format whose tokens the vocabulary holds: ``<VK_0>``, ``<MB_0>``, ``<SIGN_PLUS>`` -> factorized;
-    ``<0>``..``<255>`` -> hierarchical. Both or neither: a ValueError saying what to do."""
-    found = [name for name, preset in PRESETS.items() if all(t in vocab for t in preset.event_tokens)]
+    """The registered format whose event tokens (its preset's) the vocabulary holds: ``<VK_0>``, ``<MB_0>``,
+    ``<SIGN_PLUS>`` ... -> factorized; ``<0>``..``<255>`` -> hierarchical. Several or none: a ValueError saying what
+    to do."""
+    found = [name for name, spec in FORMATS.items() if all(t in vocab for t in spec.preset.event_tokens)]
     if len(found) == 1:
         return found[0]
     if found:
         raise ValueError(f"the tokenizer holds the tokens of several formats ({', '.join(found)}): pass "
-                         "format='hierarchical' or format='factorized' (or config=CodecConfig.preset(...))")
-    needs = "; ".join(f"{name} misses {_missing_text(preset, vocab)}" for name, preset in PRESETS.items())
+                         f"{' or '.join(f'format={name!r}' for name in found)} (or config=CodecConfig.preset(...))")
+    needs = "; ".join(f"{name} misses {_missing_text(spec.preset, vocab)}" for name, spec in FORMATS.items())
     raise ValueError(
         f"the tokenizer lacks OWA event tokens ({needs}). Add a format's tokens with "
         "tokenizer.add_tokens(sorted(owa_metrics.CodecConfig.preset(NAME).event_tokens)) and resize the model's "
