@@ -112,6 +112,13 @@ def paired_report(sequences, fmt=Hierarchical):
     def timestamp_part(prefix, group):
         signed = [((p.timestamp_ns - t.timestamp_ns + window // 2) % window - window // 2) / 1e6 for p, t in group]
         add_distribution(out, prefix, signed, [t.timestamp_ns / 1e6 for _, t in group])
+        # upstream OWA's evaluator: R² of the timestamps (left out when they do not vary), |error| quantiles
+        e, t_ms = np.array(signed), np.array([t.timestamp_ns / 1e6 for _, t in group])
+        if len(group) and ((t_ms - t_ms.mean()) ** 2).sum() > 0:
+            out[f"{prefix}/r2"] = 1 - (e ** 2).sum() / ((t_ms - t_ms.mean()) ** 2).sum()
+        if prefix == "timestamp" and len(group):
+            for q in (0, 25, 50, 75, 100):
+                out[f"timestamp/abs_error_p{q}_ms"] = np.percentile(np.abs(e), q)
         for j, v in enumerate(precision([(fmt.timestamp_digits(p.timestamp_ns), fmt.timestamp_digits(t.timestamp_ns))
                                          for p, t in group])):
             out[f"{prefix}/precision_p{j + 1}"] = v

@@ -73,6 +73,28 @@ def _timestamp_keys(r) -> dict:
 TIMESTAMP = Definition("timestamp", _timestamp_states, _timestamp_keys)
 
 
+# ------------------------------------------------------------------ timestamps: upstream OWA evaluator's parity keys
+def _timestamp_r2_states(s: Shape) -> dict:
+    e, t = ms(wrapped_ns(error("timestamp_ns"))), ms(true("timestamp_ns"))
+    return {"timestamp_r2": Sums(TIMESTAMP_GROUPS, {"squared_error": e * e, "true": t, "true_squared": t * t,
+                                                    "events": ONE})}
+
+
+def _timestamp_r2_keys(r) -> dict:
+    """``{group}/timestamp/r2`` = 1 - sum(e²) / sum((t - mean t)²) (e: the wrap-aware error, t: the true timestamp
+    in the window, both ms; left out when the denominator is 0); the ladder of |e| quantiles P0 .. P100."""
+    s = r["timestamp_r2"]
+    total = s.true_squared - s.true * s.true / s.events.clamp(min=1)
+    r2 = ratio(total - s.squared_error, torch.where(total > 0, total, 0))
+    out = {("timestamp" if g == 0 else f"{CATEGORY_NAMES[g - 1]}/timestamp") + "/r2": r2[g] for g in range(len(r2))}
+    ladder = r.samples("timestamp", "signed_error_ms").abs().quantile([0.0, 0.25, 0.5, 0.75, 1.0])
+    out.update({f"timestamp/abs_error_p{q}_ms": v for q, v in zip((0, 25, 50, 75, 100), ladder)})
+    return out
+
+
+TIMESTAMP_R2 = Definition("timestamp_r2", _timestamp_r2_states, _timestamp_r2_keys)
+
+
 # ------------------------------------------------------------------ keyboard
 def _keyboard_states(s: Shape) -> dict:
     both = same("vk", "action")
@@ -172,7 +194,7 @@ def _detection_keys(r) -> dict:
 
 DETECTION = Definition("detection", _detection_states, _detection_keys, alignment="generation", pairing="time")
 
-REPORT: list[Definition] = [EVENTS, TOKENS, TIMESTAMP, KEYBOARD, MOUSE, DETECTION]
+REPORT: list[Definition] = [EVENTS, TOKENS, TIMESTAMP, TIMESTAMP_R2, KEYBOARD, MOUSE, DETECTION]
 
 
 def register(definition: Definition) -> Definition:
