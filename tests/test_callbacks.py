@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader
 
 from owa_metrics import OWAEventMetrics, align_teacher_forcing
 from owa_metrics.callbacks import OWAEventMetricsCallback
-from lightning_fixtures import TinyLM, collate, event_sequences, warm_up
+from lightning_fixtures import TinyLM, collate, event_sequences, report_of, warm_up
 from oracles import close
 
 HEADLINE = ["comparable_rate", "category/macro_f1", "keyboard/ratio", "screen/comparable_rate",
@@ -23,19 +23,6 @@ TF_HEADLINE = ["comparable_rate", "category/macro_f1", "timestamp/abs_error_p95_
                "mouse/action_accuracy", "keyboard/accuracy", "token_accuracy/timestamp"]
 # constants under teacher forcing (one prediction per target event): logged in generation only
 GENERATION_ONLY = ["count_accuracy", "count/pred_events", "count/extra_events", "count/missing_events", "status/missing"]
-
-
-def report_of(logged: dict, prefix: str = "val/owa/", suffix: str = "") -> dict:
-    """The report's keys and values among logged names. Every key is logged in its area's group: the prefix's and
-    the key's parts but the last joined by dots, "/", the last part (``val.owa.keyboard.timestamp/precision_p1`` is
-    ``keyboard/timestamp/precision_p1``); this reads those names back."""
-    group = ".".join(part for part in prefix.split("/") if part)
-    out = {}
-    for name, value in logged.items():
-        if name.startswith(group) and name[len(group):len(group) + 1] in (".", "/") and name.endswith(suffix):
-            head, _, last = name[len(group) + 1:len(name) - len(suffix)].rpartition("/")
-            out[f"{head.replace('.', '/')}/{last}" if head else last] = value
-    return out
 
 
 def _trainer(tmp_path, callback, logger, epochs=2, **kwargs):
