@@ -32,6 +32,10 @@ N_CAT = len(CATEGORY_NAMES)
 GROUPS = ("all", *CATEGORY_NAMES)  # timestamp metrics: over all comparable events, then per category
 TIMESTAMP_COLUMNS = ("signed_error_ms", "percent_error", "category")
 MOUSE_COLUMNS = ("euclidean_pe", "signed_pe_x", "signed_pe_y", "direction_deg")
+# keys that say something only when the predicted events are generated: under teacher forcing every target event
+# has exactly one prediction, so these would be constants (count_accuracy 1, pred_events = target_events, 0, 0, 0)
+GENERATION_ONLY = ("count_accuracy", "count/pred_events", "count/extra_events", "count/missing_events",
+                   "status/missing")
 
 
 class InvalidTargetsWarning(UserWarning):
@@ -55,7 +59,8 @@ class OWAEventMetrics(Float64Metric):
     [B, T], the per-token cross-entropy aligned with ``target`` (a fused loss, or ``reduction="none"``; NaN / inf at
     a labelled position counts in ``count/loss_skipped_tokens``). ``compute()`` -> a flat dict of float64 scalars
     with ``/``-grouped keys and units in the names;
-    keys without samples are left out (never NaN), counts are always there.
+    keys without samples are left out (never NaN), counts are always there, and under teacher forcing the keys
+    that apply to generation only (`GENERATION_ONLY`) are left out.
 
     The definitions are those of the single metrics (`TimestampError`, `IQMPE`, `DirectionError`,
     `DigitPrecisionAccuracy`, `KeyboardAccuracy`, `MouseActionAccuracy`, `MovementR2`, `EventTypeMetrics`,
@@ -403,8 +408,9 @@ class OWAEventMetrics(Float64Metric):
             errors = (Distribution(counts=self.detection_sketch, spec=self.spec) if self.mode == "sketch"
                       else Distribution.exact(cat_samples(self.detection_samples, self.device)))
             out["detect/time_error_abs_p50_ms"] = errors.quantile(0.5)
+        skip = GENERATION_ONLY if self.alignment == "teacher_forcing" else ()
         return {k: torch.as_tensor(v, dtype=torch.float64).to(self.device) for k, v in out.items()
-                if not bool(torch.isnan(torch.as_tensor(v)))}
+                if k not in skip and not bool(torch.isnan(torch.as_tensor(v)))}
 
     def _warn_invalid_targets(self, threshold: float = 0.05) -> torch.Tensor:
         """invalid targets / target events (0 without events); above ``threshold`` one warning on rank zero
