@@ -36,12 +36,12 @@ class DemoConfig:
     n_layer: int = 2
     n_embd: int = 64
     n_head: int = 4
-    epochs: int = 5
+    epochs: int = 3
     batch_size: int = 8
     lr: float = 3e-3
     threads: int = 1  # torch intra-op threads: a tiny model trains faster on one, and a busy second core cannot stall it
     metric_mode: str = "exact"
-    samples: int = 2
+    samples: int = 8
     logger: str = "tensorboard"
     out: str = "runs/demo"
 

@@ -34,3 +34,18 @@ def vocab(tokenizer):
 def format_vocab(request):
     """The offline tokenizer's map in each format (SmolVLM image tokens)."""
     return VocabMap.from_tokenizer(build_tokenizer(format=request.param))
+
+
+@pytest.fixture(scope="session")
+def demo_run(tmp_path_factory):
+    """One run of ``owa-metrics demo`` with its defaults (the README's first command), shared by the tests that read
+    it: ``(printed text, log dir)``."""
+    import contextlib
+    import io
+
+    from owa_metrics.cli import main
+
+    out, printed = tmp_path_factory.mktemp("demo"), io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main(["demo", "--out", str(out)]) == 0
+    return printed.getvalue(), out / "tensorboard" / "version_0"

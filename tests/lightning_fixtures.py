@@ -66,3 +66,16 @@ class TinyLM(L.LightningModule):
 
     def configure_optimizers(self):
         return torch.optim.AdamW(self.parameters(), lr=self.lr)
+
+
+def report_of(logged: dict, prefix: str = "val/owa/", suffix: str = "") -> dict:
+    """The report's keys and values among logged names. Every key is logged in its area's group: the prefix's and
+    the key's parts but the last joined by dots, "/", the last part (``val.owa.keyboard.timestamp/precision_p1`` is
+    ``keyboard/timestamp/precision_p1``); this reads those names back."""
+    group = ".".join(part for part in prefix.split("/") if part)
+    out = {}
+    for name, value in logged.items():
+        if name.startswith(group) and name[len(group):len(group) + 1] in (".", "/") and name.endswith(suffix):
+            head, _, last = name[len(group) + 1:len(name) - len(suffix)].rpartition("/")
+            out[f"{head.replace('.', '/')}/{last}" if head else last] = value
+    return out

@@ -10,12 +10,12 @@ import torch
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
-NAMES = ["the flow", "metrics", "lightning", "hf trainer"]
+NAMES = ["the flow", "metrics", "lightning", "your tokenizer", "hf trainer"]
 
 
 def _block(name: str) -> str:
     keys = {"the flow": "decode_batch(preds", "metrics": "metric.compute()", "lightning": "trainer.fit(",
-            "hf trainer": "trainer.evaluate()"}
+            "your tokenizer": "resize_token_embeddings(", "hf trainer": "trainer.evaluate()"}
     found = [b for b in BLOCKS if keys[name] in b]
     assert len(found) == 1, f"README: expected one Python block with {keys[name]!r}"
     return found[0]
@@ -25,9 +25,9 @@ def test_every_python_block_is_one_of_the_tested_ones():
     assert sorted(map(BLOCKS.index, map(_block, NAMES))) == list(range(len(BLOCKS)))
 
 
-def _run(name, tmp_path, monkeypatch) -> dict:
+def _run(name, tmp_path, monkeypatch, **given) -> dict:
     monkeypatch.chdir(tmp_path)
-    namespace: dict = {}
+    namespace: dict = dict(given)
     exec(compile(_block(name), f"README.md ({name} block)", "exec"), namespace)
     return namespace
 
@@ -72,3 +72,65 @@ def test_the_hf_trainer_block_evaluates(tmp_path, monkeypatch, capsys):
     _run("hf trainer", tmp_path, monkeypatch)
     printed = ast.literal_eval(capsys.readouterr().out.strip().splitlines()[-1])
     assert 0 <= printed["eval_owa/comparable_rate"] <= 1 and printed["eval_owa/count/target_events"] > 0
+
+
+def test_the_your_tokenizer_block_adds_the_event_tokens_and_resizes_the_model(tmp_path, monkeypatch, capsys):
+    """NAME is a folder holding a tiny GPT-2 and a tokenizer without event tokens (as a hub checkpoint would be)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+
+    words = ["<|endoftext|>", "<unk>", "hello"]
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token="<|endoftext|>").save_pretrained(
+        tmp_path / "ckpt")
+    GPT2LMHeadModel(GPT2Config(vocab_size=3, n_positions=32, n_embd=8, n_layer=1, n_head=2)).save_pretrained(
+        tmp_path / "ckpt")
+    namespace = _run("your tokenizer", tmp_path, monkeypatch, NAME=str(tmp_path / "ckpt"))
+    from owa_metrics import CodecConfig
+
+    tokens = set(CodecConfig.preset("factorized").event_tokens)
+    assert len(namespace["tokenizer"]) == 3 + len(tokens) and tokens <= set(namespace["tokenizer"].get_vocab())
+    assert namespace["model"].get_input_embeddings().weight.shape[0] == len(namespace["tokenizer"])
+    assert namespace["metric"].vocab.config.format == "factorized" and "factorized" in capsys.readouterr().out
+
+
+PLACEHOLDER = re.compile(r"\b(TODO|TBD|XXX|FIXME)\b|\b[A-Z][A-Z0-9]*_TIME\b|<fill|\?\?\?", re.I)
+
+
+def test_the_readme_holds_no_placeholder():
+    found = [m.group(0) for m in PLACEHOLDER.finditer(README.read_text())]
+    assert not found, found
+
+
+def _demo_table(text: str) -> dict[str, tuple[str, float, float]]:
+    """{metric: (unit, first epoch, last epoch)} from the demo's printed table."""
+    lines = text[text.index("metric  "):].splitlines()[1:]
+    rows = {}
+    for line in lines:
+        if not line.strip() or line.startswith("```"):
+            break
+        *name, unit, first, last, _better = line.split()
+        rows[" ".join(name)] = (unit, float(first.replace(",", "")), float(last.replace(",", "")))
+    return rows
+
+
+def test_the_readme_demo_table_and_samples_are_what_the_demo_prints(demo_run):
+    """The README's demo output is that of the README's first command (the demo is deterministic on CPU)."""
+    printed, log_dir = demo_run
+    shown, got = _demo_table(README.read_text()), _demo_table(printed)
+    assert len(got) >= 6 and shown.keys() == got.keys()
+    for name, (unit, first, last) in got.items():
+        assert shown[name][0] == unit and all(abs(a - b) <= 1e-3 * max(1.0, abs(b)) + 0.5 * 10 ** -DIGITS[unit]
+                                              for a, b in zip(shown[name][1:], (first, last))), (name, shown[name])
+    header = next(i for i, line in enumerate(printed.splitlines()) if line.startswith("metric  "))
+    epoch = int(printed.splitlines()[header].split()[-2])
+    report = next((log_dir / "owa_metrics" / "val" / "owa").glob(f"epoch_{epoch}_step_*.md")).read_text()
+    excerpt = README.read_text().split("An excerpt:\n\n```text\n", 1)[1].split("```", 1)[0].splitlines()
+    assert len(excerpt) >= 6 and all(line in report.splitlines() for line in excerpt), \
+        [line for line in excerpt if line not in report.splitlines()]
+    kinds = {line.split()[3] for line in excerpt[1:] if line[:1].isdigit()}
+    assert {"keyboard", "mouse_op", "mouse_nop", "screen"} <= kinds  # every category in the excerpt
+
+
+DIGITS = {"ratio": 4, "ms": 1, "%": 1, "deg": 1, "nats": 3}  # the printed decimals: rounding within half a digit

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from owa_metrics import Event, OWAEventMetrics, decode_batch
-from owa_metrics.report import SAMPLE_COLUMNS, sample_rows, sample_table
+from owa_metrics.report import SAMPLE_COLUMNS, sample_note, sample_rows, sample_table
 
 TRUE = [Event("mouse", 1_230_000_000, dx=-3, dy=64), Event("keyboard", 1_500_000_000, vk=65, action="press"),
         Event("mouse", 2_000_000_000, dx=0, dy=0, button_flags=0x001),
@@ -73,6 +73,26 @@ def test_sample_rows_in_generation_name_missing_events_and_cut_undecodable_ones_
     assert rows == [["0", "0", "missing_fields", "mouse_nop 1.23 s dx -3 dy +64", "<EVENT_START><MOUSE><1><2><EVENT_END>",
                      "–"],
                     ["0", "1", "missing", "keyboard 1.50 s key 65 (A) press", "(no event)", "–"]]
+
+
+def test_sample_rows_show_every_category_present_not_only_the_first_events(format_vocab):
+    """Ten moves, a key press, four moves, a click, a screen; 6 rows: the categories take turns (keyboard,
+    mouse_op, mouse_nop, screen), so the key, the click and the screen show next to the first three moves."""
+    moves = [Event("mouse", 100_000_000 * (k + 1), dx=k + 1, dy=-1) for k in range(14)]
+    events = [*moves[:10], Event("keyboard", 1_050_000_000, vk=65, action="press"), *moves[10:],
+              Event("mouse", 1_450_000_000, dx=0, dy=0, button_flags=0x001), Event("screen", 1_500_000_000)]
+    ids = torch.tensor([format_vocab.encode(events, ignore_images=True)])
+    rows = sample_rows(decode_batch(ids, ids, format_vocab), ids, ids, format_vocab, max_rows=6)
+    assert [row[1] for row in rows] == ["0", "1", "2", "10", "15", "16"]
+    assert [row[3].split()[0] for row in rows] == ["mouse_nop"] * 3 + ["keyboard", "mouse_op", "screen"]
+    assert rows[3][3] == "keyboard 1.05 s key 65 (A) press" and rows[4][3] == "mouse_op 1.45 s dx +0 dy +0 left down"
+    assert len(sample_rows(decode_batch(ids, ids, format_vocab), ids, ids, format_vocab)) == len(events)  # 17 <= 24
+
+
+def test_the_sample_note_says_what_a_run_is_and_which_window_times_are_in(format_vocab):
+    note = sample_note(format_vocab.config)
+    window = {"hierarchical": "16 s", "factorized": "10 s"}[format_vocab.config.format]  # 1600 / 1000 x 10 ms
+    assert f"within the format's {window} timestamp window" in note and "`<t>×N`: a run of N identical tokens" in note
 
 
 @pytest.mark.parametrize("tails", ["heavy", "none"])

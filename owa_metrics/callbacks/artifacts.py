@@ -8,7 +8,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Optional
+from typing import Collection, Optional
 
 import numpy as np
 from lightning.pytorch.loggers import CSVLogger, Logger, MLFlowLogger, TensorBoardLogger, WandbLogger
@@ -21,6 +21,27 @@ HISTOGRAM_RANGE = ("Range, per epoch: P2..P98 of the values, narrowed to Tukey's
                    "IQR); 50 bins; values outside the range are counted in the first and last bin.")
 SAMPLES_DESCRIPTION = ("One row per target event of the first sequences: the true and the predicted event in words "
                        "(the raw tokens of one that does not decode) and a comparable pair's errors.")
+
+
+def scalar_names(key: str, prefix: str, headline: Collection[str]) -> list[str]:
+    """The names a report key is logged under. TensorBoard and W&B group charts by a name's first ``/`` part, so
+    every key goes to its area's group: the prefix's and the key's parts but the last, joined by dots (``val/owa/``
+    + ``keyboard/timestamp/precision_p1`` -> ``val.owa.keyboard.timestamp/precision_p1``); a headline key is also
+    logged as ``{prefix}{key}`` (``val/owa/comparable_rate``: the ``val`` group, a handful of charts)."""
+    *area, name = key.split("/")
+    group = ".".join(part for part in (*prefix.split("/"), *area) if part)
+    return [f"{group}/{name}"] + ([f"{prefix}{key}"] if key in headline else [])
+
+
+def histogram_ranges(histograms: dict) -> str:
+    """A markdown table of each histogram's range, bin width and number of values, and how the range is chosen:
+    TensorBoard's default loader shows text but not a histogram's description."""
+    lines = ["| histogram | from | to | bin width | values |", "|---|---:|---:|---:|---:|"]
+    for name, (counts, edges) in histograms.items():
+        unit = name.rsplit("_", 1)[-1].replace("pct", "%").replace("deg", "°")
+        lines.append(f"| {name} | {edges[0]:,.4g} {unit} | {edges[-1]:,.4g} {unit} | "
+                     f"{edges[1] - edges[0]:,.3g} {unit} | {counts.sum():,.0f} |")
+    return "\n".join(lines + ["", HISTOGRAM_RANGE])
 
 
 def log_extras(loggers: list[Logger], prefix: str, suffix: str, histograms: dict, confusion, samples: Optional[str],
@@ -129,11 +150,14 @@ def _tensorboard(writer, prefix: str, suffix: str, histograms: dict, figure, sam
         writer.file_writer.add_summary(_histogram_summary(f"{prefix}{name}{suffix}", counts, edges), step)
     if figure is not None:
         writer.add_figure(f"{prefix}category_confusion{suffix}", figure, global_step=step, close=False)
-    if samples:
-        summary = text(f"{prefix}samples{suffix}", samples)
-        summary.value[0].tag = f"{prefix}samples{suffix}"  # the tag as named, as W&B's (torch appends "/text_summary")
-        summary.value[0].metadata.summary_description = SAMPLES_DESCRIPTION
-        writer.file_writer.add_summary(summary, step)
+    texts = {"samples": (samples, SAMPLES_DESCRIPTION),
+             "histogram_ranges": (histogram_ranges(histograms) if histograms else None, HISTOGRAM_RANGE)}
+    for name, (markdown, description) in texts.items():
+        if markdown:
+            summary = text(f"{prefix}{name}{suffix}", markdown)
+            summary.value[0].tag = f"{prefix}{name}{suffix}"  # the tag as named, as W&B's (torch appends "/text_summary")
+            summary.value[0].metadata.summary_description = description
+            writer.file_writer.add_summary(summary, step)
 
 
 def _wandb(run, prefix: str, suffix: str, histograms: dict, figure, rows: list, step: int) -> None:

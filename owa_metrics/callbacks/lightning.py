@@ -16,8 +16,8 @@ from ..decode.batch import decode_batch
 from ..decode.event_batch import Pairing
 from ..metrics.base import Mode
 from ..metrics.collection import OWAEventMetrics
-from ..report import format_report, sample_rows, sample_table
-from .artifacts import log_extras, report_json, save_reports
+from ..report import format_report, headline_keys, sample_note, sample_rows, sample_table
+from .artifacts import log_extras, report_json, save_reports, scalar_names
 from .generation import check_batch, generate_batch
 
 NEEDS = ("validation_step must return a dict with 'logits' (or 'preds': argmax token ids) and 'labels', or an HF "
@@ -38,7 +38,9 @@ class _Run:
 class OWAEventMetricsCallback(Callback):
     """Decode predicted (teacher forcing) or generated sequences every validation and test epoch and log the
     report of `OWAEventMetrics` under ``prefix`` (test: ``test_prefix``, by default ``prefix`` with ``val`` read
-    as ``test``) through ``pl_module.log_dict`` (any Lightning logger). With several dataloaders each has its own
+    as ``test``) through ``pl_module.log_dict`` (any Lightning logger): the headline keys as ``{prefix}{key}`` and
+    every key in its area's group (`artifacts.scalar_names`: ``val.owa.timestamp/precision_p1``), so that TensorBoard
+    opens on a handful of charts. With several dataloaders each has its own
     metric and its keys end in ``/dataloader_idx_{i}``, as Lightning names them.
 
     Teacher forcing (default): logits or argmax ids from what ``validation_step`` returns, labels from there or
@@ -52,7 +54,8 @@ class OWAEventMetricsCallback(Callback):
     the prompt's last event (`generation.last_event_ns`).
 
     Every rank computes (the metric syncs); then rank zero adds, each switchable: histograms of the errors, the
-    category confusion matrix as a figure, a sample table (TensorBoard, W&B), and the report files
+    category confusion matrix as a figure, a sample table (TensorBoard, W&B: up to 24 events of the epoch's first
+    ``samples`` sequences, every category present among them shown), and the report files
     ``owa_metrics/{prefix}/epoch_{E}_step_{S}[_dataloader_{i}].json`` / ``.md`` in each logger's run (`artifacts`:
     TensorBoard / CSV log dir, W&B run files, MLflow artifacts) and in ``artifacts_dir`` when given; without a
     logger nothing is written unless ``artifacts_dir``. Nothing is logged during the sanity check unless
@@ -71,7 +74,7 @@ class OWAEventMetricsCallback(Callback):
                  prefix: str = "val/owa/", test_prefix: Optional[str] = None, log_loss: bool = True,
                  every_n_batches: int = 1, max_sequences: int = 32, predict_events: int = 4,
                  max_new_tokens: Optional[int] = None, generate_fn: Optional[Callable] = None,
-                 histograms: bool = True, confusion_figure: bool = True, samples: int = 2,
+                 histograms: bool = True, confusion_figure: bool = True, samples: int = 8,
                  artifacts: bool = True, artifacts_dir: Optional[str] = None, log_sanity_check: bool = False,
                  **metric_kwargs: Any):
         self.tokenizer, self.generate_fn, self.metric_kwargs = tokenizer, generate_fn, metric_kwargs
@@ -191,7 +194,9 @@ class OWAEventMetricsCallback(Callback):
             run = self._run(idx, pl_module.device)  # also on a rank without batches of this dataloader: it syncs
             suffix = f"/dataloader_idx_{idx}" if dataloaders > 1 else ""
             report = run.metric.compute()
-            pl_module.log_dict({f"{prefix}{k}{suffix}": v.float() for k, v in report.items()}, on_step=False,
+            headline = headline_keys(self.alignment)
+            pl_module.log_dict({f"{name}{suffix}": v.float() for k, v in report.items()
+                                for name in scalar_names(k, prefix, headline)}, on_step=False,
                                on_epoch=True, sync_dist=False, add_dataloader_idx=False)  # already reduced over ranks
             histograms = run.metric.error_histograms() if self.histograms else {}
             confusion = run.metric.confusion_matrix() if self.confusion_figure else None
@@ -206,7 +211,7 @@ class OWAEventMetricsCallback(Callback):
         epoch = trainer.current_epoch
         where = f", dataloader {idx}" if suffix else ""
         rows = self._sample_rows(run)
-        samples = sample_table(rows) if rows else None
+        samples = f"{sample_table(rows)}\n\n{sample_note(run.metric.vocab.config)}" if rows else None
         log_extras(trainer.loggers, prefix, suffix, histograms, confusion, samples, rows, step,
                    f"category confusion, epoch {epoch}{where}")
         if self.artifacts:

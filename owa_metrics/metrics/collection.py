@@ -47,7 +47,8 @@ class OWAEventMetrics(Float64Metric):
     [B, T], the per-token cross-entropy aligned with ``target`` (a fused loss, or ``reduction="none"``; NaN / inf at
     a labelled position counts in ``count/loss_skipped_tokens``). ``compute()`` -> a flat dict of float64 scalars
     with ``/``-grouped keys and units in the names;
-    keys without samples are left out (never NaN), counts are always there.
+    keys without samples are left out (never NaN), counts are always there, and under teacher forcing the keys
+    that apply to generation only (`owa_metrics.functional.report.GENERATION_ONLY`) are left out.
 
     The definitions are those of the single metrics (`TimestampError`, `IQMPE`, `DirectionError`,
     `DigitPrecisionAccuracy`, `KeyboardAccuracy`, `MouseActionAccuracy`, `MovementR2`, `EventTypeMetrics`,
@@ -356,7 +357,7 @@ class Read:
     def __init__(self, metric: OWAEventMetrics):
         self.metric = metric
         self.plan = Plan.get(metric.definitions, metric.shape, "cpu", metric._given_names(tokens=True))
-        self.num_resamples, self.seed = metric.num_resamples, metric.seed
+        self.num_resamples, self.seed, self.alignment = metric.num_resamples, metric.seed, metric.alignment
 
     def __getitem__(self, name: str) -> Named:
         state, value = self.plan.states[name], getattr(self.metric, name)
