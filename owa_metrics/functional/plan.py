@@ -30,7 +30,6 @@ from .declare import (
     BATCH_COUNTS, CODES, GROUPS, ONE, BatchCounts, Definition, Given, GivenSamples, Samples, SequenceMean, Shape, Sums,
     Value,
 )
-from .stats import SketchSpec, sketch_counts
 
 N_CAT = len(CATEGORY_NAMES)
 KIND_CODES = len(Kind) + 1
@@ -182,26 +181,20 @@ class Plan:
         """``(columns, rows, n_rows)``: each sketched column's sample value (index into the sample values of
         `sample_values`) and, per key, its sketch row (``n_rows``: dropped, the key is not in the state's group)."""
         codes, g_table = key_codes(), self.lookup[:, self.n_coded:].cpu().numpy()
-        columns, rows, base, value_base = [], [], 0, 0
         category = np.minimum(codes["target_category"], N_CAT - 1)
+        columns, rows, members, base, value_base = [], [], [], 0, 0
         for k, s in enumerate(self.samples.values()):
             in_group = g_table[:, int(self.sample_groups[k])] > 0
             n_g = 1 + N_CAT if s.by_category else 1
-            for j in range(len(s.values)):
-                row = base + j * n_g
-                columns.append(value_base + j)
-                rows.append(row)
-                if s.by_category:
+            for j in range(len(s.values)):  # each value in the group's row, then (split) in its category's
+                for row in [base + j * n_g] + ([base + j * n_g + 1 + category] if s.by_category else []):
                     columns.append(value_base + j)
-                    rows.append(row + 1 + category)
+                    rows.append(np.broadcast_to(row, category.shape))
+                    members.append(in_group)
             base += len(s.values) * n_g
             value_base += len(s.values) + s.by_category
         n_rows = base
-        table = np.stack([np.broadcast_to(r, category.shape) for r in rows], 1).copy()
-        member = np.concatenate([np.broadcast_to(g_table[:, [int(self.sample_groups[k])]] > 0,
-                                                 (len(category), (len(s.values) * (2 if s.by_category else 1))))
-                                 for k, s in enumerate(self.samples.values())], 1)
-        table[~member] = n_rows
+        table = np.where(np.stack(members, 1), np.stack(rows, 1), n_rows)
         return columns, torch.from_numpy(table).to(self.device), n_rows
 
 

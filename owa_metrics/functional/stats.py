@@ -66,16 +66,6 @@ def distinct(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return values, counts.double()
 
 
-def distinct_by_group(x: torch.Tensor, group: torch.Tensor, groups: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """`distinct` of all of ``x``, then of each group's values (``group`` in [0, groups) per value): one sort for
-    all, each group a masked pass over the sorted values (a subsequence of a sorted array is sorted). O(n log n +
-    groups x n)."""
-    xs, order = x.reshape(-1).double().sort()
-    group = group.reshape(-1)[order]
-    runs = lambda v: torch.unique_consecutive(v, return_counts=True)  # noqa: E731
-    return [(v, c.double()) for v, c in (runs(xs), *(runs(xs[group == g]) for g in range(groups)))]
-
-
 def abs_of_counts(values: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The distinct values of ``|x|`` and their counts, from those of x: O(K log K), no pass over the samples."""
     magnitudes, inverse = torch.unique(values.abs(), sorted=True, return_inverse=True)

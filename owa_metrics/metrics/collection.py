@@ -15,7 +15,7 @@ from ..decode.batch import _check_inputs, _Tables, check_pairing, decode_batch, 
 from ..decode.event_batch import Alignment, Backend, EventBatch, Pairing
 from ..decode.matching import tolerance_ns
 from ..functional import kernel as compiled
-from ..functional.declare import BatchCounts, Given, GivenSamples, Samples, SequenceMean, Shape, Sums
+from ..functional.declare import GivenSamples, Samples, Shape, Sums
 from ..functional.plan import SAMPLE_SHIFT, Plan, accumulate
 from ..functional.report import REPORT
 from ..functional.stats import sketch_counts
