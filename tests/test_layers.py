@@ -6,7 +6,8 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "owa_metrics"
-LAYERS = ["schema", "tokens", "events", "decode", "functional", "metrics", "report", "callbacks evaluate", "demo cli"]
+LAYERS = ["schema", "tokens", "events", "decode", "functional", "metrics", "report", "callbacks evaluate", "demo cli",
+          "__main__"]
 RANK = {name: level for level, names in enumerate(LAYERS) for name in names.split()}
 
 
