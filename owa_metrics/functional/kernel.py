@@ -154,22 +154,26 @@ def accumulate(plan: Plan, out: dict, sketch: bool, spec: SketchSpec) -> tuple[l
     rows = [torch.from_numpy(sample_rows[:m, k["sample_offsets"][s]:k["sample_offsets"][s + 1]])
             for s, m in enumerate(counts.tolist())]
     if sketch:
-        increments += [_sketch(plan, s, r, spec) for s, r in zip(plan.samples.values(), rows)]
+        increments += _sketch(plan, rows, spec)
     return increments, rows
 
 
-def _sketch(plan: Plan, state, rows: torch.Tensor, spec: SketchSpec) -> torch.Tensor:
-    """A `Samples` state's sketch counts [values, groups, size] (flat) from its rows: each value in the whole group's
-    row, and by true category in the category's."""
-    n_values = len(state.values)
-    values = rows[:, :n_values]
-    if not state.by_category:
-        group = torch.arange(n_values).expand(len(rows), -1)
-        return sketch_counts(values, spec, group, n_values).view(-1)
-    n_g = 1 + N_CAT
-    base = torch.arange(n_values) * n_g
-    group = torch.stack([base.expand(len(rows), -1), base + 1 + rows[:, n_values:].long()], 2)
-    return sketch_counts(values[:, :, None].expand(-1, -1, 2), spec, group, n_values * n_g).view(-1)
+def _sketch(plan: Plan, rows: list[torch.Tensor], spec: SketchSpec) -> list[torch.Tensor]:
+    """Each `Samples` state's sketch counts [values, groups, size] (flat) from its rows, in one count: each value in the
+    whole group's row, and (split by category) in its true category's."""
+    values, groups, sizes, base = [], [], [], 0
+    for state, r in zip(plan.samples.values(), rows):
+        n, n_g = len(state.values), 1 + N_CAT if state.by_category else 1
+        first = base + torch.arange(n) * n_g
+        if state.by_category:
+            values.append(r[:, :n, None].expand(-1, -1, 2).reshape(-1))
+            groups.append(torch.stack([first.expand(len(r), -1), first + 1 + r[:, n:].long()], 2).reshape(-1))
+        else:
+            values.append(r.reshape(-1))
+            groups.append(first.expand(len(r), -1).reshape(-1))
+        sizes.append(n * n_g * spec.size)
+        base += n * n_g
+    return list(sketch_counts(torch.cat(values), spec, torch.cat(groups), base).view(-1).split(sizes))
 
 
 @_jit
