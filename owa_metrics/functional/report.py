@@ -82,14 +82,14 @@ TIMESTAMP = Definition("timestamp", _timestamp_states, _timestamp_keys)
 
 # ------------------------------------------------------------------ timestamps: upstream OWA evaluator's parity keys
 def _timestamp_r2_states(s: Shape) -> dict:
-    e, t = ms(wrapped_ns(error("timestamp_ns"))), ms(true("timestamp_ns"))
+    e, t = wrapped_ns(error("timestamp_ns")), true("timestamp_ns")  # in ns: R² has no unit
     return {"timestamp_r2": Sums(TIMESTAMP_GROUPS, {"squared_error": e * e, "true": t, "true_squared": t * t,
                                                     "events": ONE})}
 
 
 def _timestamp_r2_keys(r) -> dict:
     """``{group}/timestamp/r2`` = 1 - sum(e²) / sum((t - mean t)²) (e: the wrap-aware error, t: the true timestamp
-    in the window, both ms; left out when the denominator is 0); the ladder of |e| quantiles P0 .. P100."""
+    in the window; left out when the denominator is 0); the ladder of |e| quantiles P0 .. P100 (ms)."""
     s = r["timestamp_r2"]
     total = s.true_squared - s.true * s.true / s.events.clamp(min=1)
     r2 = ratio(total - s.squared_error, torch.where(total > 0, total, 0))
