@@ -77,73 +77,87 @@ class Plan:
                 if name in self.states:
                     raise ValueError(f"state {name!r} of definition {d.name!r} is declared twice")
                 self.states[name] = state
-        columns = row_columns(shape)
-        self.column = {name: i for i, name in enumerate(columns)}
-        sums = {n: s for n, s in self.states.items() if isinstance(s, Sums) and s.when in (None, *given)}
+        self.column = {name: i for i, name in enumerate(row_columns(shape))}
         self.state_shapes = {n: (len(s.groups), len(s.values)) for n, s in self.states.items() if isinstance(s, Sums)}
+        self.state_shapes.update({n: s.shape for n, s in self.states.items() if isinstance(s, Given)})
+        sums = {n: s for n, s in self.states.items() if isinstance(s, Sums) and s.when in (None, *given)}
         seqs = {n: s for n, s in self.states.items() if isinstance(s, SequenceMean)}
         self.samples = {n: s for n, s in self.states.items() if isinstance(s, Samples)}
-        # X's columns: the values of the sums and the sequence means, code values first, then matches, then numbers;
-        # with one or two `Samples` states, their rows' numbers packed into one value (one host read, exact)
-        self.packed = 0 < len(self.samples) <= 2
-        values = list(dict.fromkeys([v for s in sums.values() for v in s.values.values()]
-                                    + [s.value for s in seqs.values()] + [ONE] + ([PACKED] if self.packed else [])))
-        coded = [v for v in values if v.op in ("one", "is", "packed")]
-        self.matches = [v for v in values if v.op == "match"]
-        self.numbers = [v for v in values if v.op not in ("one", "is", "packed", "match")]
-        self.x_columns = coded + self.matches + self.numbers
-        x_index = {v: i for i, v in enumerate(self.x_columns)}
+        self.given = [n for n, s in self.states.items() if isinstance(s, Given) and n in given]  # added as given
+        self.given_samples = [n for n, s in self.states.items() if isinstance(s, GivenSamples)]
+        self._columns(sums, seqs)
         groups = list(dict.fromkeys([g for s in sums.values() for g in s.groups] + [s.group for s in seqs.values()]
                                     + [s.group for s in self.samples.values()] + ["all"]))
         unknown = set(groups) - set(GROUPS)
         if unknown:
             raise ValueError(f"unknown groups {sorted(unknown)}: the groups are {sorted(GROUPS)}")
         g_index = {g: i for i, g in enumerate(groups)}
-        codes = key_codes()
-        # the lookup by key: code values, groups, then again the groups of the sequence means and of the samples
-        group_table = np.stack([GROUPS[g](codes) for g in groups], 1).astype(np.float64)
-        sample_groups = [g_index[s.group] for s in self.samples.values()]
-        packed = (group_table[:, sample_groups] * (float(SAMPLE_SHIFT) ** np.arange(len(sample_groups)))).sum(1)
-        code_table = np.stack([packed if v == PACKED else _code_value(codes, v) for v in coded], 1)
-        seq_table = group_table[:, [g_index[s.group] for s in seqs.values()]]
-        self.n_coded, self.n_groups = len(coded), len(groups)
-        self.split_sizes = [len(coded), len(groups), len(seqs), len(sample_groups)]
-        self.lookup = torch.from_numpy(np.concatenate([code_table, group_table, seq_table, group_table[:, sample_groups]],
-                                                      1)).to(self.device)
-        self.key_weights = torch.tensor(np.cumprod((1,) + KEY_SIZES[:0:-1])[::-1].copy(), device=self.device)
-        self.key_offsets = torch.tensor([0, 0, 0, KEY_SIZES[-1], 0], device=self.device)  # kind -1 -> kind code 0
-        self.key_columns = torch.tensor([self.column[c] for c in ("status", "target_status", "pred_category",
-                                                                  "pred_kind", "true_category")], device=self.device)
-        # matches: (V != 0) @ match == target
-        match = np.zeros((len(columns), max(len(self.matches), 1)), dtype=np.float32)
-        for j, v in enumerate(self.matches):
-            zero, nonzero = v.args
-            for name in zero:
-                match[self.column[name], j] = 1
-            for name in nonzero:
-                match[self.column[name], j] = -1
-        self.match = torch.from_numpy(match).to(self.device)
-        self.match_cut = len(self.matches) < match.shape[1]  # no match: one empty column
-        self.match_target = torch.from_numpy(np.minimum(match, 0).sum(0)).to(self.device)
-        # each `Samples` state's values, then the true category when split by it
+        self._lookup(groups, [g_index[s.group] for s in seqs.values()],
+                     [g_index[s.group] for s in self.samples.values()])
+        self._matches()
+        self._index(sums, seqs, g_index)
+
+    def _columns(self, sums: dict, seqs: dict) -> None:
+        """X's columns: the values of the sums and the sequence means, code values first, then matches, then
+        numbers (with one or two `Samples` states, their rows' numbers packed into one code value: one host read,
+        exact); the sample values (each state's, then the true category when split by it); the number leaves."""
+        self.packed = 0 < len(self.samples) <= 2
+        values = list(dict.fromkeys([v for s in sums.values() for v in s.values.values()]
+                                    + [s.value for s in seqs.values()] + [ONE] + ([PACKED] if self.packed else [])))
+        self.coded = [v for v in values if v.op in ("one", "is", "packed")]
+        self.matches = [v for v in values if v.op == "match"]
+        self.numbers = [v for v in values if v.op not in ("one", "is", "packed", "match")]
+        self.x_columns = self.coded + self.matches + self.numbers
         self.sample_values, self.sample_widths = [], []
         for s in self.samples.values():
             values = [*s.values.values(), *([TRUE_CATEGORY] if s.by_category else [])]
             self.sample_values += values
             self.sample_widths.append(len(values))
-        # the number leaves, read from V in one index_select
-        self.leaves = list(dict.fromkeys(_leaves(self.numbers + self.sample_values)))
+        self.leaves = list(dict.fromkeys(_leaves(self.numbers + self.sample_values)))  # read in one index_select
         self.leaf_columns = torch.tensor([self.column[n] for n in self.leaves] or [0], device=self.device)
-        # the flat sources: G^T X [groups, X], the sequence terms (sum of means, sequences) of each, the batch counts,
-        # the given sums; each state's increments are entries of it
+
+    def _lookup(self, groups: list[str], seq_groups: list[int], sample_groups: list[int]) -> None:
+        """The table by key (`key_codes`): code values, groups (G), then again the groups of the sequence means and
+        of the samples; the key's weights over V's code columns."""
+        codes = key_codes()
+        group_table = np.stack([GROUPS[g](codes) for g in groups], 1).astype(np.float64)
+        packed = (group_table[:, sample_groups] * (float(SAMPLE_SHIFT) ** np.arange(len(sample_groups)))).sum(1)
+        code_table = np.stack([packed if v == PACKED else _code_value(codes, v) for v in self.coded], 1)
+        self.n_coded, self.n_groups = len(self.coded), len(groups)
+        self.split_sizes = [len(self.coded), len(groups), len(seq_groups), len(sample_groups)]
+        self.lookup = torch.from_numpy(np.concatenate([code_table, group_table, group_table[:, seq_groups],
+                                                       group_table[:, sample_groups]], 1)).to(self.device)
+        self.seq_groups = torch.tensor(seq_groups, device=self.device, dtype=torch.long)
+        self.sample_groups = torch.tensor(sample_groups or [0], device=self.device)
+        self.key_weights = torch.tensor(np.cumprod((1,) + KEY_SIZES[:0:-1])[::-1].copy(), device=self.device)
+        self.key_offsets = torch.tensor([0, 0, 0, KEY_SIZES[-1], 0], device=self.device)  # kind -1 -> kind code 0
+        self.key_columns = torch.tensor([self.column[c] for c in ("status", "target_status", "pred_category",
+                                                                  "pred_kind", "true_category")], device=self.device)
+
+    def _matches(self) -> None:
+        """``match`` [V's columns, matches]: +1 where the entry must be 0, -1 where it must not; all hold where
+        ``(V != 0) @ match`` equals ``match_target`` (the -1s' sum)."""
+        match = np.zeros((len(self.column), max(len(self.matches), 1)), dtype=np.float32)
+        for j, v in enumerate(self.matches):
+            zero, nonzero = v.args
+            match[[self.column[n] for n in zero], j] = 1
+            match[[self.column[n] for n in nonzero], j] = -1
+        self.match = torch.from_numpy(match).to(self.device)
+        self.match_cut = len(self.matches) < match.shape[1]  # no match: one empty column
+        self.match_target = torch.from_numpy(np.minimum(match, 0).sum(0)).to(self.device)
+
+    def _index(self, sums: dict, seqs: dict, g_index: dict[str, int]) -> None:
+        """Where each state's increments are in the flat sources of `accumulate`: G^T X [groups, X], the sequences
+        with any and the sums of means of the sequence means, the batch counts; then the sampled rows' numbers
+        (the packed value's sum over all rows, or each group's count of events)."""
         width = len(self.x_columns)
-        self.seq_groups = torch.tensor([g_index[s.group] for s in seqs.values()], device=self.device)
-        self.seq_values = torch.tensor([x_index[s.value] for s in seqs.values()], device=self.device)
+        x_index = {v: i for i, v in enumerate(self.x_columns)}
+        self.seq_values = torch.tensor([x_index[s.value] for s in seqs.values()], device=self.device,
+                                       dtype=torch.long)
+        index = {name: [g_index[g] * width + x_index[v] for g in s.groups for v in s.values.values()]
+                 for name, s in sums.items()}
         offset = self.n_groups * width
-        index = {}
-        for name, s in sums.items():
-            index[name] = [g_index[g] * width + x_index[v] for g in s.groups for v in s.values.values()]
-        for k, name in enumerate(seqs):  # (sum of means, sequences): after the sequences with any of each
+        for k, name in enumerate(seqs):  # (sum of means, sequences)
             index[name] = [offset + len(seqs) + k, offset + k]
             self.state_shapes[name] = (2,)
         offset += 2 * len(seqs)
@@ -151,20 +165,12 @@ class Plan:
             if isinstance(s, BatchCounts):
                 index[name] = list(range(offset, offset + len(BATCH_COUNTS)))
                 self.state_shapes[name] = (len(BATCH_COUNTS),)
-        self.given = [n for n, s in self.states.items() if isinstance(s, Given) and n in given]  # added as given
-        for name, s in self.states.items():
-            if isinstance(s, Given):
-                self.state_shapes[name] = s.shape
-        # the sampled rows' numbers: the packed value's sum over all rows, or each group's count of events
-        all_ = g_index["all"] * width
-        self.sample_counts = ([all_ + x_index[PACKED]] if self.packed else
+        self.sample_counts = ([g_index["all"] * width + x_index[PACKED]] if self.packed else
                               [g_index[s.group] * width + x_index[ONE] for s in self.samples.values()])
         self.sums_states = list(index)
         self.sizes = [len(index[name]) for name in self.sums_states] + [len(self.sample_counts)]
         self.index = torch.tensor([i for name in self.sums_states for i in index[name]] + self.sample_counts,
                                   device=self.device)
-        self.sample_groups = torch.tensor(sample_groups or [0], device=self.device)
-        self.given_samples = [n for n, s in self.states.items() if isinstance(s, GivenSamples)]
 
     @classmethod
     @functools.lru_cache(maxsize=None)
