@@ -14,6 +14,7 @@ import torch
 
 from ..decode.event_batch import EventBatch
 from ..schema import CATEGORY_NAMES, KIND_CATEGORY, Category, Status
+from . import values
 from .stats import abs_of_counts, bootstrap_iqm_ci_of_counts, distinct, iqm, iqm_of_counts, quantile, quantile_of_counts
 
 N_CAT = len(CATEGORY_NAMES)
@@ -33,28 +34,31 @@ def _where_defined(ok: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
 # ----------------------------------------------------------------------------------- per-sample errors
 def percent_error(preds: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """``|pred - gt| / |gt| * 100`` (NaN where gt = 0)."""
-    preds, target = preds.double().reshape(-1), target.double().reshape(-1)
-    return _where_defined(target != 0, (preds - target).abs() / target.abs() * 100)
+    return values.of(values.PERCENT, **values.pair_leaves(*_flat(preds, target), "value"))
 
 
 def signed_percent_error(preds: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """``(pred - gt) / gt * 100`` (NaN where gt = 0)."""
-    preds, target = preds.double().reshape(-1), target.double().reshape(-1)
-    return _where_defined(target != 0, (preds - target) / target * 100)
+    return values.of(values.SIGNED_PERCENT, **values.pair_leaves(*_flat(preds, target), "value"))
 
 
 def euclidean_percent_error(preds: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """``||p - g|| / ||g|| * 100`` of vectors [N, 2] (NaN where g = 0)."""
-    preds, target = preds.double().reshape(-1, 2), target.double().reshape(-1, 2)
-    norm = target.norm(dim=1)
-    return _where_defined(norm != 0, (preds - target).norm(dim=1) / norm * 100)
+    return values.of(values.EUCLIDEAN_PERCENT, **_vector_leaves(preds, target))
 
 
 def direction_error_deg(preds: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """Angle between vectors [N, 2] (dx, dy): ``min(|dθ|, 360 - |dθ|)`` via atan2 (NaN where g = 0)."""
+    return values.of(values.DIRECTION_DEG, **_vector_leaves(preds, target))
+
+
+def _flat(preds: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return preds.double().reshape(-1), target.double().reshape(-1)
+
+
+def _vector_leaves(preds: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:
     preds, target = preds.double().reshape(-1, 2), target.double().reshape(-1, 2)
-    delta = (torch.atan2(preds[:, 1], preds[:, 0]) - torch.atan2(target[:, 1], target[:, 0])).abs()
-    return _where_defined((target != 0).any(dim=1), torch.minimum(delta, 2 * math.pi - delta) * (180 / math.pi))
+    return {**values.pair_leaves(preds[:, 0], target[:, 0], "dx"), **values.pair_leaves(preds[:, 1], target[:, 1], "dy")}
 
 
 def wrapped_difference(preds: torch.Tensor, target: torch.Tensor, window: int) -> torch.Tensor:
@@ -64,11 +68,13 @@ def wrapped_difference(preds: torch.Tensor, target: torch.Tensor, window: int) -
 
 
 def timestamp_errors(preds_ns: torch.Tensor, target_ns: torch.Tensor, window_ns: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(signed error ms, percent error)``: the wrap-aware error, and ``|error| / |gt| * 100`` with gt the true
+    """``(signed error ms, percent error)``: the wrap-aware error, and ``|error| / gt * 100`` with gt the true
     timestamp within the window (NaN where it is 0)."""
-    signed_ms = wrapped_difference(preds_ns, target_ns, window_ns).double() / 1e6
-    target_ms = target_ns.double() / 1e6
-    return signed_ms, _where_defined(target_ms != 0, signed_ms.abs() / target_ms.abs() * 100)
+    error_ns = (preds_ns.long() - target_ns.long()).reshape(-1).double()
+    leaves = {"error_timestamp_ns": error_ns, "true_timestamp_ns": torch.remainder(target_ns.long(), window_ns).reshape(
+        -1).double()}
+    return (values.of(values.TIMESTAMP_ERROR_MS, window_ns, **leaves),
+            values.of(values.TIMESTAMP_PERCENT, window_ns, **leaves))
 
 
 def digit_matches(pred_digits: torch.Tensor, target_digits: torch.Tensor) -> torch.Tensor:

@@ -12,9 +12,10 @@ import torch
 from ..schema import CATEGORY_NAMES, Status
 from .declare import (
     ONE, BatchCounts, Definition, Given, GivenSamples, Samples, SequenceMean, Shape, Sums, code_is, digit_prefix,
-    direction_deg, error, ms, percent, pred, present, same, same_where_present, sqrt, true, wrapped_ns,
+    error, present, same, same_where_present, true,
 )
 from .events import detection_report, event_type_report, keyboard_report, mouse_action_report, movement_r2_report, ratio
+from . import values
 from .tokens import TOKEN_FIELDS, token_report
 
 N_CAT = len(CATEGORY_NAMES)
@@ -51,13 +52,11 @@ EVENTS = Definition("events", _event_states, _event_keys)
 
 # ------------------------------------------------------------------ timestamps
 def _timestamp_states(s: Shape) -> dict:
-    wrapped = wrapped_ns(error("timestamp_ns"))  # the true timestamp is within the window: >= 0
     return {
         "timestamp_digits": Sums(TIMESTAMP_GROUPS, {**{f"p{j + 1}": digit_prefix("timestamp", j)
                                                        for j in range(s.n_timestamp_digits)}, "events": ONE}),
-        "timestamp": Samples("comparable", {"signed_error_ms": ms(wrapped),
-                                            "percent_error": percent(abs(wrapped), true("timestamp_ns"))},
-                             by_category=True),
+        "timestamp": Samples("comparable", {"signed_error_ms": values.TIMESTAMP_ERROR_MS,
+                                            "percent_error": values.TIMESTAMP_PERCENT}, by_category=True),
     }
 
 
@@ -82,7 +81,7 @@ TIMESTAMP = Definition("timestamp", _timestamp_states, _timestamp_keys)
 
 # ------------------------------------------------------------------ timestamps: upstream OWA evaluator's parity keys
 def _timestamp_r2_states(s: Shape) -> dict:
-    e, t = wrapped_ns(error("timestamp_ns")), true("timestamp_ns")  # in ns: R² has no unit
+    e, t = values.TIMESTAMP_ERROR_NS, true("timestamp_ns")  # in ns: R² has no unit
     return {"timestamp_r2": Sums(TIMESTAMP_GROUPS, {"squared_error": e * e, "true": t, "true_squared": t * t,
                                                     "events": ONE})}
 
@@ -132,9 +131,8 @@ def _mouse_states(s: Shape) -> dict:
                                                  "gy2": gy * gy, "events": ONE}),
         "mouse_digits": Sums(("comparable_mouse",), {**digits, "events": ONE}),
         "mouse": Samples("comparable_mouse", {
-            "euclidean_pe": percent(sqrt(ex * ex + ey * ey), sqrt(gx * gx + gy * gy)),
-            "signed_pe_x": percent(ex, gx), "signed_pe_y": percent(ey, gy),
-            "direction_deg": direction_deg(pred("dx"), pred("dy"), gx, gy)}),
+            "euclidean_pe": values.EUCLIDEAN_PERCENT, "signed_pe_x": values.SIGNED_PERCENT_X,
+            "signed_pe_y": values.SIGNED_PERCENT_Y, "direction_deg": values.DIRECTION_DEG}),
     }
 
 

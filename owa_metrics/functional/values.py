@@ -1,0 +1,35 @@
+"""The per-event values of the report, each declared once: the report's definitions (`report`) sample them, and the
+functional twins (`events.percent_error`, `events.direction_error_deg`, ...) return them, through the same code
+(`plan.evaluate` with torch ops; the compiled loop runs the same expressions on the CPU).
+
+``value`` stands for any one number (the twins of a scalar error); ``dx`` / ``dy`` are a movement vector's.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .declare import Value, direction_deg, error, ms, percent, pred, sqrt, true, wrapped_ns
+from .plan import evaluate
+
+TIMESTAMP_ERROR_NS = wrapped_ns(error("timestamp_ns"))  # the shortest signed difference in the window
+TIMESTAMP_ERROR_MS = ms(TIMESTAMP_ERROR_NS)
+# |error| / the true timestamp within the window (>= 0): no absolute value needed
+TIMESTAMP_PERCENT = percent(abs(TIMESTAMP_ERROR_NS), true("timestamp_ns"))
+PERCENT = percent(abs(error("value")), abs(true("value")))
+SIGNED_PERCENT = percent(error("value"), true("value"))
+_EX, _EY, _GX, _GY = error("dx"), error("dy"), true("dx"), true("dy")
+EUCLIDEAN_PERCENT = percent(sqrt(_EX * _EX + _EY * _EY), sqrt(_GX * _GX + _GY * _GY))
+SIGNED_PERCENT_X, SIGNED_PERCENT_Y = percent(_EX, _GX), percent(_EY, _GY)
+DIRECTION_DEG = direction_deg(pred("dx"), pred("dy"), _GX, _GY)
+
+
+def of(value: Value, window_ns: int = 0, **leaves: torch.Tensor) -> torch.Tensor:
+    """``value`` over rows, from its leaves given by name (``error_dx=``, ``true_dx=``, ... float64 [N])."""
+    names = list(leaves)
+    return evaluate([value], torch.stack([leaves[n] for n in names], 1), names, window_ns)[0]
+
+
+def pair_leaves(preds: torch.Tensor, target: torch.Tensor, field: str) -> dict[str, torch.Tensor]:
+    """``pred_{field}``, ``true_{field}``, ``error_{field}`` of two float64 tensors [N]."""
+    return {f"pred_{field}": preds, f"true_{field}": target, f"error_{field}": preds - target}
