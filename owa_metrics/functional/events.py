@@ -27,10 +27,6 @@ def finite(x: torch.Tensor) -> torch.Tensor:
     return x[~torch.isnan(x)]
 
 
-def _where_defined(ok: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-    return torch.where(ok, value, math.nan)
-
-
 # ----------------------------------------------------------------------------------- per-sample errors
 def percent_error(preds: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """``|pred - gt| / |gt| * 100`` (NaN where gt = 0)."""

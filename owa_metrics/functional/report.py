@@ -176,7 +176,8 @@ def _token_states(s: Shape) -> dict:
 
 
 def _token_keys(r) -> dict:
-    events = torch.cat([r["token_loss_events"].events, torch.zeros(1, dtype=torch.float64)])
+    events = r["token_loss_events"].events
+    events = torch.cat([events, events.new_zeros(1)])
     return token_report(r.given("token_fields"), torch.stack([r.given("token_loss"), events]))
 
 

@@ -50,9 +50,9 @@ class OWAEventMetrics(Float64Metric):
     keys without samples are left out (never NaN), counts are always there, and under teacher forcing the keys
     that apply to generation only (`owa_metrics.functional.report.GENERATION_ONLY`) are left out.
 
-    The definitions are those of the single metrics (`TimestampError`, `IQMPE`, `DirectionError`,
-    `DigitPrecisionAccuracy`, `KeyboardAccuracy`, `MouseActionAccuracy`, `MovementR2`, `EventTypeMetrics`,
-    `EventTokenMetrics`), computed here in one pass over the comparable events of a batch. Aggregates are
+    Every key is declared once in `owa_metrics.functional.report` (``REPORT``, and what `register` adds): its
+    states are this metric's, named there, all accumulated in one pass over the rows of a batch (torch ops, or
+    on CPU tensors one compiled loop over the same plan: `owa_metrics.functional.plan`). Aggregates are
     per event (each event weighs the same, as the OWA metric spec); keys ending in ``_seq_macro`` average
     per sequence (each sequence weighs the same). Quantile-based metrics keep every sample
     (``mode="exact"``) or a fixed-size sketch (``mode="sketch"``, see `SampleMetric`). All states sync under
