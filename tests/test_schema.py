@@ -55,6 +55,13 @@ def test_the_compiled_program_reads_the_plan_s_op_codes():
         pytest.skip("numba is not available: no compiled kernel to check")
     assert accumulate_kernel.compiled_ops() == tuple(range(len(OPS)))
     assert [name.lower() for name in accumulate_kernel.OP_NAMES] == list(OPS)
+    # the plan's tables go in by position: `TABLES` is the loop's own parameter order
+    import inspect
+
+    loop = getattr(accumulate_kernel._accumulate, "py_func", accumulate_kernel._accumulate)
+    parameters = list(inspect.signature(loop).parameters)
+    start = parameters.index(accumulate_kernel.TABLES[0])
+    assert tuple(parameters[start:start + len(accumulate_kernel.TABLES)]) == accumulate_kernel.TABLES
 
 
 def test_no_module_copies_the_codes_as_literals():

@@ -21,6 +21,11 @@ from .stats import SketchSpec, sketch_counts
 NUMBER, ADD, SUB, MUL, ABS, SQRT, MS, WRAP, PCT, DIRECTION = (OPS.index(op) for op in OPS)
 CODE_NAMES = ("VALID",)
 OP_NAMES = ("NUMBER", "ADD", "SUB", "MUL", "ABS", "SQRT", "MS", "WRAP", "PCT", "DIRECTION")
+# the plan's tables (`plan.compiled_tables`) in `_accumulate`'s order
+TABLES = ("key_columns", "key_weights", "key_offsets", "coded", "groups", "match_ptr", "match_column", "match_sign",
+          "read_ptr", "read_match", "run_ptr", "run", "code", "sum_regs", "sample_regs", "n_regs", "const_ptr",
+          "const_cell", "const_value", "cell_ptr", "cell_flat", "cell_x", "seq_groups", "seq_values", "sample_groups",
+          "sample_offsets")
 
 
 @_jit
@@ -144,11 +149,8 @@ def accumulate(plan: Plan, out: dict, sketch: bool, spec: SketchSpec) -> tuple[l
     sample_rows = np.empty((len(out["seq"]), int(k["sample_offsets"][-1])))
     counts = np.zeros(len(plan.samples), dtype=np.int64)
     _accumulate(out["status"], t["status"], t["values"], t["digits"], p["kind"], p["values"], p["digits"], out["seq"],
-                out["target_count"], out["pred_count"], plan.shape.window_ns, k["key_columns"],
-                k["key_weights"], k["key_offsets"], k["coded"], k["groups"], k["match_ptr"], k["match_column"],
-                k["match_sign"], k["read_ptr"], k["read_match"], k["run_ptr"], k["run"], k["code"], k["sum_regs"], k["sample_regs"], k["n_regs"], k["const_ptr"], k["const_cell"], k["const_value"], k["cell_ptr"],
-                k["cell_flat"], k["cell_x"], k["seq_groups"], k["seq_values"], k["sample_groups"],
-                k["sample_offsets"], sums, seq_out, batch_out, sample_rows, counts)
+                out["target_count"], out["pred_count"], plan.shape.window_ns, *(k[name] for name in TABLES), sums,
+                seq_out, batch_out, sample_rows, counts)
     flat = np.concatenate([sums, seq_out, batch_out])
     increments = list(torch.from_numpy(flat[k["index"]]).split(plan.sizes))[:-1]  # the loop counts the samples itself
     rows = [torch.from_numpy(sample_rows[:m, k["sample_offsets"][s]:k["sample_offsets"][s + 1]])

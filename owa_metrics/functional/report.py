@@ -121,7 +121,8 @@ KEYBOARD = Definition("keyboard", _keyboard_states, _keyboard_keys)
 # ------------------------------------------------------------------ mouse
 def _mouse_states(s: Shape) -> dict:
     ex, ey, gx, gy = error("dx"), error("dy"), true("dx"), true("dy")
-    digits = {f"{name}_p{j + 1}": digit_prefix(fields[0], j, *fields[1:]) for name, fields in (("dx", ("dx",)), ("dy", ("dy",)), ("euclidean", ("dx", "dy")))
+    axes = (("dx", ("dx",)), ("dy", ("dy",)), ("euclidean", ("dx", "dy")))  # the euclidean level: both match
+    digits = {f"{name}_p{j + 1}": digit_prefix(fields[0], j, *fields[1:]) for name, fields in axes
               for j in range(s.n_delta_digits)}
     return {
         "mouse_action": Sums(("comparable_mouse",), {
