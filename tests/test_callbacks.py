@@ -1,5 +1,6 @@
 import json
 import math
+import time
 from functools import partial
 from pathlib import Path
 
@@ -299,7 +300,8 @@ def test_the_demo_logs_to_wandb_as_wandb_mode_says(tmp_path, monkeypatch):
 
 
 def _wandb_history(run_dir):
-    """History rows of an offline W&B run, read from its .wandb file (LevelDB-style log of protobuf records)."""
+    """History rows of an offline W&B run, read from its .wandb file (LevelDB-style log of protobuf records): the
+    complete records only (W&B's service may still be writing the end of the file)."""
     import struct
 
     from wandb.proto import wandb_internal_pb2
@@ -311,6 +313,8 @@ def _wandb_history(run_dir):
             pos += block - pos % block
             continue
         _, length, kind = struct.unpack("<IHB", raw[pos:pos + 7])
+        if kind not in (1, 2, 3, 4) or pos + 7 + length > len(raw):  # not written yet
+            break
         data, pos = raw[pos + 7:pos + 7 + length], pos + 7 + length
         if kind in (1, 4):  # a full record, or the last piece of one
             record = wandb_internal_pb2.Record()
@@ -318,12 +322,8 @@ def _wandb_history(run_dir):
             pending = b""
             if record.WhichOneof("record_type") == "history":
                 rows.append({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item})
-        elif kind in (2, 3):
-            pending += data
-        elif kind == 0:  # zero padding (a preallocated or partly written block): the next block
-            pos += block - pos % block if pos % block else 0
         else:
-            break
+            pending += data
     return rows
 
 
@@ -338,8 +338,13 @@ def test_fit_logs_to_wandb_offline(tmp_path, tokenizer, vocab, warm_state, monke
     train, val = _loaders(vocab)
     _trainer(tmp_path, OWAEventMetricsCallback(tokenizer), logger).fit(module, train, val)
     wandb.finish()
-    rows = _wandb_history(next((tmp_path / "wandb").glob("offline-run-*")))
-    scalars = [r for r in rows if "val/owa/comparable_rate" in r]
+    run = next((tmp_path / "wandb").glob("offline-run-*"))
+    for _ in range(100):  # W&B's service writes the file after finish() returns: wait up to 10 s for both epochs
+        rows = _wandb_history(run)
+        scalars = [r for r in rows if "val/owa/comparable_rate" in r]
+        if len(scalars) >= 2 and sum("val/owa/samples/_type" in r for r in rows) >= 2:
+            break
+        time.sleep(0.1)
     assert len(scalars) == 2
     for epoch, row in enumerate(scalars):
         by_hand = _by_hand(tokenizer, module.recorded[epoch + 1])
