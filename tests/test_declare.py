@@ -15,7 +15,7 @@ import torch.multiprocessing as mp
 
 from owa_metrics import OWAEventMetrics, VocabMap, build_tokenizer
 from owa_metrics.events import simulate_session
-from owa_metrics.functional.declare import ONE, Definition, Sums, error
+from owa_metrics.functional.declare import ONE, Definition, Samples, Sums, error
 from owa_metrics.functional.events import ratio
 from owa_metrics.functional.report import register, unregister
 from metric_oracle import perturb
@@ -27,6 +27,14 @@ TOY = Definition(
     lambda shape: {"toy_dx": Sums(("comparable_mouse",), {"abs_dx_error": abs(error("dx")), "events": ONE})},
     lambda r: {"mouse/toy_dx_abs_error_mean": ratio(r["toy_dx"].abs_dx_error, r["toy_dx"].events),
                "count/toy_mouse_events": r["toy_dx"].events})
+
+
+# a sampled one: the median |dy error| of the comparable mouse events (a third `Samples` state: the report's two
+# sampled rows' numbers are then read apart, not packed)
+TOY_SAMPLES = Definition(
+    "toy_dy",
+    lambda shape: {"toy_dy": Samples("comparable_mouse", {"abs_dy_error": abs(error("dy"))})},
+    lambda r: {"mouse/toy_dy_abs_error_p50": r.samples("toy_dy", "abs_dy_error").quantile(0.5)})
 
 
 @pytest.fixture
@@ -72,6 +80,28 @@ def test_a_declared_metric_joins_the_report(toy, tokenizer, backend, mode):
     assert report["count/toy_mouse_events"] == n
     assert abs(float(report["mouse/toy_dx_abs_error_mean"]) - mean) <= 1e-12 * mean
     assert "keyboard/accuracy" in report  # the rest of the report is there too
+
+
+@pytest.mark.parametrize("backend", ["kernel", "torch"])
+@pytest.mark.parametrize("mode", ["exact", "sketch"])
+def test_a_declared_sampled_metric_joins_the_report(tokenizer, backend, mode):
+    register(TOY_SAMPLES)
+    try:
+        metric = OWAEventMetrics(tokenizer, alignment="generation", backend=backend, mode=mode)
+    finally:
+        unregister(TOY_SAMPLES.name)
+    plain = OWAEventMetrics(tokenizer, alignment="generation", backend=backend, mode=mode)
+    shards, pairs = _shards(metric.vocab)
+    for preds, target in shards[0] + shards[1]:
+        metric.update(preds, target)
+        plain.update(preds, target)
+    report, without = metric.compute(), plain.compute()
+    assert set(report) - set(without) == {"mouse/toy_dy_abs_error_p50"}
+    assert all(float(report[k]) == float(v) for k, v in without.items())  # the rest of the report unchanged
+    want = np.median([abs(p.dy - t.dy) for p, t in pairs if t.kind == "mouse" and p.kind == "mouse"])
+    tolerance = 1e-12 if mode == "exact" else 0.005 * want + 1e-4  # the sketch: within its relative accuracy
+    assert want > 0 and abs(float(report["mouse/toy_dy_abs_error_p50"]) - want) <= tolerance
+    assert "mouse/direction_error_p50_deg" in report and "timestamp/iqmpe_pct" in report  # the others' samples
 
 
 def test_unregistered_it_is_gone(tokenizer):
