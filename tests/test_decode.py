@@ -99,7 +99,7 @@ def test_malformed_predictions_are_rows_with_a_status(vocab):
     assert batch.pred.status.tolist() == [Status.INVALID_FORMAT] * 4
     assert batch.pred.kind.tolist() == [0, 0, 1, 2] and batch.pred.category.tolist() == [Category.INVALID] * 4
     assert batch.target.status.tolist() == [Status.VALID] * 4
-    from owa_metrics.functional.events import event_type_sums
+    from owa_metrics.functional.report import event_type_sums
 
     confusion = event_type_sums(batch)[0]  # rows: target category; the mismatches in their type's column
     assert confusion[Category.MOUSE_NOP, Category.KEYBOARD] == 1 and confusion[Category.KEYBOARD, Category.MOUSE_NOP] == 1

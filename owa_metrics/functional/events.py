@@ -12,13 +12,12 @@ from typing import Optional
 
 import torch
 
-from ..decode.event_batch import EventBatch
-from ..schema import CATEGORY_NAMES, KIND_CATEGORY, Category, Status
+from ..schema import CATEGORY_NAMES, Category, Status
 from . import values
+from .declare import ONE, digit_prefix
 from .stats import abs_of_counts, bootstrap_iqm_ci_of_counts, distinct, iqm, iqm_of_counts, quantile, quantile_of_counts
 
 N_CAT = len(CATEGORY_NAMES)
-_KIND_CATEGORY = torch.tensor(KIND_CATEGORY)
 EVENT_COUNTS = ("events", "sequences", "count_match", "pred_events", "extra", "missing", "seq_sum", "seq_count")
 
 
@@ -73,14 +72,6 @@ def timestamp_errors(preds_ns: torch.Tensor, target_ns: torch.Tensor, window_ns:
             values.of(values.TIMESTAMP_PERCENT, window_ns, **leaves))
 
 
-def digit_matches(pred_digits: torch.Tensor, target_digits: torch.Tensor) -> torch.Tensor:
-    """[N, k] bool: digits 1..j all match (for [N, k, m]: every component matches through digit j)."""
-    equal = pred_digits == target_digits
-    if equal.dim() == 3:
-        equal = equal.all(dim=2)
-    return equal.long().cumprod(dim=1).bool()
-
-
 # ----------------------------------------------------------------------------------- functional twins
 def iqmpe(preds: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """Interquartile mean of the percent errors ``|pred - gt| / |gt| * 100`` (gt = 0 left out)."""
@@ -104,13 +95,15 @@ def timestamp_error(preds_ns: torch.Tensor, target_ns: torch.Tensor, window_ns: 
             "signed_error_ci_high_ms": high, "iqmpe_pct": iqm(finite(percent))}
 
 
-def digit_precision_sums(pred_digits: torch.Tensor, target_digits: torch.Tensor,
-                         weight: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """[k + 1]: samples matching through each digit level, then the number of samples (only the rows where the
-    bool ``weight`` is set, when given)."""
-    matches = digit_matches(pred_digits, target_digits).double()
-    w = _weights(weight, matches.shape[0], matches.device)
-    return torch.cat([w @ matches, w.sum()[None]])
+def digit_precision_sums(pred_digits: torch.Tensor, target_digits: torch.Tensor) -> torch.Tensor:
+    """[k + 1]: samples matching through each digit level (the declared levels, `declare.digit_prefix`: digits
+    1..j of every component match), then the number of samples. Digits [N, k], or [N, k, m] for a joint field."""
+    p, t = (d.reshape(d.shape[0], d.shape[1], -1) for d in (pred_digits, target_digits))
+    fields = [f"component{c}" for c in range(p.shape[2])]
+    leaves = {f"error_{name}_digit_{j}": (p[:, j, c] - t[:, j, c]).double()
+              for c, name in enumerate(fields) for j in range(p.shape[1])}
+    levels = {f"p{j + 1}": digit_prefix(fields[0], j, *fields[1:]) for j in range(p.shape[1])}
+    return values.sums({**levels, "events": ONE}, **leaves)
 
 
 def digit_precision_accuracy(pred_digits: torch.Tensor, target_digits: torch.Tensor) -> torch.Tensor:
@@ -120,20 +113,19 @@ def digit_precision_accuracy(pred_digits: torch.Tensor, target_digits: torch.Ten
 
 
 def keyboard_sums(pred_vk, pred_action, target_vk, target_action, seq_idx: Optional[torch.Tensor] = None,
-                  num_sequences: int = 0, weight: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """[6]: vk right, action right, both right, events, sum over sequences of their accuracy, sequences (over the
-    rows where the bool ``weight`` is set, when given)."""
-    w = _weights(weight, pred_vk.shape[0], pred_vk.device).bool()
-    vk, action = (pred_vk == target_vk) & w, (pred_action == target_action) & w
-    both = vk & action
-    seq_sum = seq_count = torch.zeros((), dtype=torch.float64, device=vk.device)
+                  num_sequences: int = 0) -> torch.Tensor:
+    """[6]: the keyboard state's values summed (vk right, action right, both right, events), then the sum over
+    sequences of their accuracy and the sequences (0 without ``seq_idx``)."""
+    leaves = {**values.pair_leaves(pred_vk.double(), target_vk.double(), "vk"),
+              **values.pair_leaves(pred_action.double(), target_action.double(), "action")}
+    sums = values.sums(values.KEYBOARD, **leaves)
+    seq = torch.zeros(2, dtype=torch.float64, device=sums.device)
     if seq_idx is not None:
-        per_seq = torch.bincount(seq_idx, weights=w.double(), minlength=num_sequences)
-        hits = torch.bincount(seq_idx, weights=both.double(), minlength=num_sequences)
-        seen = per_seq > 0
-        seq_sum, seq_count = torch.where(seen, hits / per_seq.clamp(min=1), 0.0).sum(), seen.sum().double()
-    return torch.stack([vk.sum().double(), action.sum().double(), both.sum().double(), w.sum().double(), seq_sum,
-                        seq_count])
+        per_seq = torch.zeros((num_sequences, 2), dtype=torch.float64, device=sums.device).index_add_(
+            0, seq_idx, torch.stack([torch.ones_like(leaves["true_vk"]), values.of(values.KEYBOARD_BOTH, **leaves)], 1))
+        n, hits = per_seq.unbind(1)
+        seq = torch.stack([(hits / n.clamp(min=1)).sum(), (n > 0).sum().double()])
+    return torch.cat([sums, seq])
 
 
 def keyboard_report(sums: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -147,13 +139,12 @@ def keyboard_accuracy(pred_vk, pred_action, target_vk, target_action) -> dict[st
     return keyboard_report(keyboard_sums(pred_vk, pred_action, target_vk, target_action))
 
 
-def mouse_action_sums(pred_flags, pred_data, target_flags, target_data, weight: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """[4]: flags right and events with true flags != 0; scroll right and events with true button_data != 0 (rows
-    where the bool ``weight`` is set, when given)."""
-    w = _weights(weight, target_flags.shape[0], target_flags.device).bool()
-    acts, scrolls = (target_flags != 0) & w, (target_data != 0) & w
-    return torch.stack([((pred_flags == target_flags) & acts).sum(), acts.sum(),
-                        ((pred_data == target_data) & scrolls).sum(), scrolls.sum()]).double()
+def mouse_action_sums(pred_flags, pred_data, target_flags, target_data) -> torch.Tensor:
+    """[4]: the button state's values summed: flags right and events with true flags != 0; scroll right and events
+    with true button_data != 0."""
+    return values.sums(values.MOUSE_ACTION, **values.pair_leaves(pred_flags.double(), target_flags.double(),
+                                                                 "button_flags"),
+                       **values.pair_leaves(pred_data.double(), target_data.double(), "button_data"))
 
 
 def mouse_action_report(sums: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -165,11 +156,9 @@ def mouse_action_accuracy(pred_flags, pred_data, target_flags, target_data) -> d
     return mouse_action_report(mouse_action_sums(pred_flags, pred_data, target_flags, target_data))
 
 
-def movement_sums(preds: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """[6]: sum ||p - g||², sum gx, sum gy, sum gx², sum gy², events (rows where the bool ``weight`` is set)."""
-    preds, target = preds.double().reshape(-1, 2), target.double().reshape(-1, 2)
-    w = _weights(weight, target.shape[0], target.device)
-    return torch.cat([(w @ (preds - target) ** 2).sum()[None], w @ target, w @ target ** 2, w.sum()[None]])
+def movement_sums(preds: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """[6]: the movement state's values summed: sum ||p - g||², sum gx, sum gy, sum gx², sum gy², events."""
+    return values.sums(values.MOVEMENT, **_vector_leaves(preds, target))
 
 
 def movement_r2_report(sums: torch.Tensor) -> torch.Tensor:
@@ -197,38 +186,6 @@ def macro_f1(confusion: torch.Tensor) -> torch.Tensor:
     if not bool(seen.any()):
         return torch.tensor(float("nan"), dtype=torch.float64, device=confusion.device)
     return (2 * tp[seen] / (2 * tp[seen] + fp[seen] + fn[seen])).mean()
-
-
-def event_type_sums(batch: EventBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(confusion [4, 5], status counts, EVENT_COUNTS)`` of one batch."""
-    valid = batch.target.status == int(Status.VALID)
-    # a type mismatch whose prediction does not decode (teacher forcing) counts in its type token's column
-    typed = _KIND_CATEGORY.to(valid.device).index_select(0, batch.pred.kind.clamp(min=0))
-    pred_category = torch.where((batch.status == int(Status.TYPE_MISMATCH)) & (batch.pred.category == int(Category.INVALID)),
-                                typed, batch.pred.category)
-    cell = batch.target.category.clamp(max=N_CAT - 1) * (N_CAT + 1) + pred_category
-    confusion = torch.bincount(cell, weights=valid.double(), minlength=N_CAT * (N_CAT + 1)).view(N_CAT, -1)
-    statuses = torch.bincount(batch.status, minlength=len(Status)).double()
-    per_seq = torch.bincount(batch.seq_idx, weights=valid.double(), minlength=batch.num_sequences)
-    hits = torch.bincount(batch.seq_idx, weights=batch.comparable.double(), minlength=batch.num_sequences)
-    seen = per_seq > 0
-    device = confusion.device
-    counts = torch.stack([
-        torch.tensor(float(len(batch)), device=device), torch.tensor(float(batch.num_sequences), device=device),
-        (batch.pred_count == batch.target_count).sum().double(), batch.pred_count.sum().double(),
-        *_extra_and_missing(batch),
-        torch.where(seen, hits / per_seq.clamp(min=1), 0.0).sum(), seen.sum().double()])
-    return confusion, statuses, counts
-
-
-def _extra_and_missing(batch: EventBatch) -> tuple[torch.Tensor, torch.Tensor]:
-    """Index pairing: the surplus of generated / target events per sequence; time pairing: the valid generated
-    events paired with nothing, and the valid target events left unpaired (status MISSING)."""
-    if batch.time_matching is not None:
-        return (batch.time_matching.extra_events.double(),
-                (batch.status == int(Status.MISSING)).sum().double())
-    return ((batch.pred_count - batch.target_count).clamp(min=0).sum().double(),
-            (batch.target_count - batch.pred_count).clamp(min=0).sum().double())
 
 
 DETECTION_MICRO = (int(Category.KEYBOARD), int(Category.MOUSE_OP), int(Category.MOUSE_NOP))
@@ -285,11 +242,6 @@ def event_type_report(confusion: torch.Tensor, statuses: torch.Tensor, counts: t
         out[f"{cat}/comparable_rate"] = ratio(comparable[i], per_cat[i])
         out[f"{cat}/count"] = per_cat[i]
     return out
-
-
-def _weights(weight: Optional[torch.Tensor], n: int, device) -> torch.Tensor:
-    """A float64 row weight [n]: the bool mask ``weight``, or ones."""
-    return torch.ones(n, dtype=torch.float64, device=device) if weight is None else weight.double()
 
 
 def ratio(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:

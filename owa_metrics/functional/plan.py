@@ -240,9 +240,14 @@ def evaluate(values: list[Value], leaf_matrix: torch.Tensor, names: list[str], w
     def run(v: Value) -> torch.Tensor:
         if v in memo:
             return memo[v]
-        a = [run(x) for x in v.args] if v.op != "number" else []
+        a = [run(x) for x in v.args] if v.op not in ("number", "match", "one") else []
         if v.op == "number":
             out = leaves[v.args[0]]
+        elif v.op == "one":
+            out = torch.ones_like(leaf_matrix[:, 0])
+        elif v.op == "match":  # (entries that must be 0, entries that must not)
+            zero, nonzero = v.args
+            out = torch.stack([leaves[n] == 0 for n in zero] + [leaves[n] != 0 for n in nonzero], 1).all(1).double()
         elif v.op == "add":
             out = a[0] + a[1]
         elif v.op == "sub":
@@ -279,7 +284,7 @@ def evaluate(values: list[Value], leaf_matrix: torch.Tensor, names: list[str], w
 
 def _nodes(v: Value):
     yield v
-    if v.op != "number":
+    if v.op not in ("number", "match"):
         for a in v.args:
             if isinstance(a, Value):
                 yield from _nodes(a)

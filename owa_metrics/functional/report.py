@@ -12,10 +12,11 @@ import torch
 from ..schema import CATEGORY_NAMES, Status
 from .declare import (
     ONE, BatchCounts, Definition, Given, GivenSamples, Samples, SequenceMean, Shape, Sums, code_is, digit_prefix,
-    error, present, same, same_where_present, true,
+    true,
 )
 from .events import detection_report, event_type_report, keyboard_report, mouse_action_report, movement_r2_report, ratio
 from . import values
+from .plan import Plan, accumulate
 from .tokens import TOKEN_FIELDS, token_report
 
 N_CAT = len(CATEGORY_NAMES)
@@ -48,6 +49,16 @@ def _event_keys(r) -> dict:
 
 
 EVENTS = Definition("events", _event_states, _event_keys)
+
+
+def event_type_sums(batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(confusion [4, 5], status counts, EVENT_COUNTS)`` of one `EventBatch`, from `EVENTS`' declared states
+    (`EventTypeMetrics`' twin)."""
+    digits = batch.target.digits.shape[1] - batch.target.n_timestamp_digits
+    plan = Plan.get((EVENTS,), Shape(batch.target.n_timestamp_digits, digits // 2, 1), batch.seq_idx.device, ())
+    got = dict(zip(plan.sums_states, accumulate(plan, batch)[0]))
+    return got["confusion"].view(N_CAT, N_CAT + 1), got["statuses"], torch.cat(
+        [got["events"], got["batch_counts"].double(), got["comparable_seq"]])
 
 
 # ------------------------------------------------------------------ timestamps
@@ -103,10 +114,8 @@ TIMESTAMP_R2 = Definition("timestamp_r2", _timestamp_r2_states, _timestamp_r2_ke
 
 # ------------------------------------------------------------------ keyboard
 def _keyboard_states(s: Shape) -> dict:
-    both = same("vk", "action")
-    return {"keyboard": Sums(("comparable_keyboard",), {"vk_right": same("vk"), "action_right": same("action"),
-                                                        "both_right": both, "events": ONE}),
-            "keyboard_seq": SequenceMean("comparable_keyboard", both)}
+    return {"keyboard": Sums(("comparable_keyboard",), values.KEYBOARD),
+            "keyboard_seq": SequenceMean("comparable_keyboard", values.KEYBOARD_BOTH)}
 
 
 def _keyboard_keys(r) -> dict:
@@ -120,16 +129,12 @@ KEYBOARD = Definition("keyboard", _keyboard_states, _keyboard_keys)
 
 # ------------------------------------------------------------------ mouse
 def _mouse_states(s: Shape) -> dict:
-    ex, ey, gx, gy = error("dx"), error("dy"), true("dx"), true("dy")
     axes = (("dx", ("dx",)), ("dy", ("dy",)), ("euclidean", ("dx", "dy")))  # the euclidean level: both match
     digits = {f"{name}_p{j + 1}": digit_prefix(fields[0], j, *fields[1:]) for name, fields in axes
               for j in range(s.n_delta_digits)}
     return {
-        "mouse_action": Sums(("comparable_mouse",), {
-            "flags_right": same_where_present("button_flags"), "with_flags": present("button_flags"),
-            "scroll_right": same_where_present("button_data"), "with_scroll": present("button_data")}),
-        "movement": Sums(("comparable_mouse",), {"residual": ex * ex + ey * ey, "gx": gx, "gy": gy, "gx2": gx * gx,
-                                                 "gy2": gy * gy, "events": ONE}),
+        "mouse_action": Sums(("comparable_mouse",), values.MOUSE_ACTION),
+        "movement": Sums(("comparable_mouse",), values.MOVEMENT),
         "mouse_digits": Sums(("comparable_mouse",), {**digits, "events": ONE}),
         "mouse": Samples("comparable_mouse", {
             "euclidean_pe": values.EUCLIDEAN_PERCENT, "signed_pe_x": values.SIGNED_PERCENT_X,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .declare import Value, direction_deg, error, ms, percent, pred, sqrt, true, wrapped_ns
+from .declare import ONE, Value, direction_deg, error, ms, percent, pred, present, same, same_where_present, sqrt, true, wrapped_ns
 from .plan import evaluate
 
 TIMESTAMP_ERROR_NS = wrapped_ns(error("timestamp_ns"))  # the shortest signed difference in the window
@@ -22,6 +22,12 @@ _EX, _EY, _GX, _GY = error("dx"), error("dy"), true("dx"), true("dy")
 EUCLIDEAN_PERCENT = percent(sqrt(_EX * _EX + _EY * _EY), sqrt(_GX * _GX + _GY * _GY))
 SIGNED_PERCENT_X, SIGNED_PERCENT_Y = percent(_EX, _GX), percent(_EY, _GY)
 DIRECTION_DEG = direction_deg(pred("dx"), pred("dy"), _GX, _GY)
+# the sums of the keyboard, button and movement keys (the report's states and the single metrics' twins)
+KEYBOARD_BOTH = same("vk", "action")
+KEYBOARD = {"vk_right": same("vk"), "action_right": same("action"), "both_right": KEYBOARD_BOTH, "events": ONE}
+MOUSE_ACTION = {"flags_right": same_where_present("button_flags"), "with_flags": present("button_flags"),
+                "scroll_right": same_where_present("button_data"), "with_scroll": present("button_data")}
+MOVEMENT = {"residual": _EX * _EX + _EY * _EY, "gx": _GX, "gy": _GY, "gx2": _GX * _GX, "gy2": _GY * _GY, "events": ONE}
 
 
 def of(value: Value, window_ns: int = 0, **leaves: torch.Tensor) -> torch.Tensor:
@@ -33,3 +39,10 @@ def of(value: Value, window_ns: int = 0, **leaves: torch.Tensor) -> torch.Tensor
 def pair_leaves(preds: torch.Tensor, target: torch.Tensor, field: str) -> dict[str, torch.Tensor]:
     """``pred_{field}``, ``true_{field}``, ``error_{field}`` of two float64 tensors [N]."""
     return {f"pred_{field}": preds, f"true_{field}": target, f"error_{field}": preds - target}
+
+
+def sums(named: dict[str, Value], **leaves: torch.Tensor) -> torch.Tensor:
+    """[len(named)]: each value summed over every row (rows of one group: the single metrics' twins)."""
+    names = list(leaves)
+    evaluated = evaluate(list(named.values()), torch.stack([leaves[n] for n in names], 1), names, 0)
+    return torch.stack([x.sum() for x in evaluated])

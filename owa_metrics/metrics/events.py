@@ -6,7 +6,8 @@ import torch
 
 from ..decode.event_batch import EventBatch
 from ..schema import CATEGORY_NAMES, Status
-from ..functional.events import EVENT_COUNTS, event_type_report, event_type_sums
+from ..functional.events import EVENT_COUNTS, event_type_report
+from ..functional.report import event_type_sums
 from ..functional.tokens import TOKEN_FIELDS, EventTokenStats, token_report, token_sums
 from .accuracy import _SumMetric
 
