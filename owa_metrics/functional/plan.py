@@ -334,87 +334,78 @@ def accumulate(plan: Plan, batch: EventBatch, sketched: Optional[list[int]] = No
 OPS = ("number", "add", "sub", "mul", "abs", "sqrt", "ms", "wrap", "pct", "direction")
 
 
-def _arity(op: str) -> range:
-    return range({"add": 2, "sub": 2, "mul": 2, "pct": 2, "direction": 4}.get(op, 1))
-
-
-def program(plan: Plan) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+def program(plan: Plan) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The number values as instructions over registers, for the compiled loop: ``(code [n, 6]: op, destination,
-    up to four operands (a V column for ``number``), registers of the sum values, of the sample values, number of
-    registers)``; each shared node once."""
+    up to four operands (a V column for ``number``), registers of the sum values, of the sample values, depends
+    [n, n]: the registers each one is computed from, itself included)``; each shared node once, in order."""
     register: dict[Value, int] = {}
-    code = []
+    code, reads = [], []
 
     def emit(v: Value) -> int:
         if v not in register:
-            if v.op == "number":
-                operands = [plan.column[v.args[0]]]
-            else:
-                operands = [emit(a) for a in v.args]
+            operands = [plan.column[v.args[0]]] if v.op == "number" else [emit(a) for a in v.args]
             register[v] = len(register)
             code.append([OPS.index(v.op), register[v], *operands, *[0] * (4 - len(operands))])
+            reads.append([] if v.op == "number" else operands)
         return register[v]
 
     sums = [emit(v) for v in plan.numbers]
     samples = [emit(v) for v in plan.sample_values]
+    depends = np.eye(max(len(code), 1), dtype=bool)
+    for r, operands in enumerate(reads):  # operands come first: their rows are complete
+        for a in operands:
+            depends[r] |= depends[a]
     return (np.array(code or [[0] * 6], dtype=np.int64), np.array(sums, dtype=np.int64),
-            np.array(samples, dtype=np.int64), len(register))
+            np.array(samples, dtype=np.int64), depends)
 
 
+@functools.lru_cache(maxsize=None)  # one per plan (plans are kept: `Plan.get`)
 def compiled_tables(plan: Plan) -> dict[str, np.ndarray]:
     """What `owa_metrics.functional.kernel.accumulate` reads besides the rows: the key, the code values and groups by
     key, the matches as lists of (column, sign), the program, per key the cells of G^T X it adds to, the sequence
     means and the samples' groups."""
-    if "compiled" not in plan.__dict__:
-        lookup = plan.lookup.cpu().numpy()
-        width = len(plan.x_columns)
-        needed = sorted({int(i) for i in plan.index.tolist() if i < plan.n_groups * width})
-        cell_group, cell_x = np.divmod(np.array(needed, dtype=np.int64), width)
-        active = lookup[:, plan.n_coded + cell_group] != 0  # [keys, cells]
-        cells = np.array(needed, dtype=np.int64)
-        coded = cell_x < plan.n_coded
-        const_values = np.where(coded, lookup[:, np.minimum(cell_x, plan.n_coded - 1)], 0) * active
-        constant, variable = const_values != 0, active & ~coded
-        # per key, the matches it reads (a cell, a sequence mean) and whether it runs the program (a number or a sample)
-        seq_active = lookup[:, plan.n_coded + plan.seq_groups.cpu().numpy()] != 0  # [keys, means]
-        read = np.zeros((len(lookup), width), dtype=bool)
-        np.logical_or.at(read, (np.nonzero(active)[0], cell_x[np.nonzero(active)[1]]), True)
-        for s, x in enumerate(plan.seq_values.tolist()):
-            read[:, x] |= seq_active[:, s]
-        reads_match = read[:, plan.n_coded:plan.n_coded + len(plan.matches)]
-        match = plan.match.cpu().numpy()[:, :len(plan.matches)]
-        columns, entries = np.nonzero(match.T)
-        code, sum_regs, sample_regs, n_regs = program(plan)
-        # per key, the instructions of the numbers it reads and of its samples (with what they are computed from)
-        depends = np.eye(max(n_regs, 1), dtype=bool)
-        for op, dst, *operands in code[:n_regs].tolist():
-            for a in (operands[:1] if OPS[op] == "number" else operands[:len(_arity(OPS[op]))]):
-                if OPS[op] != "number":
-                    depends[dst] |= depends[a]
-        needs = read[:, plan.n_coded + len(plan.matches):].astype(np.int64) @ depends[sum_regs].astype(np.int64) > 0
-        widths = plan.sample_widths
-        for k, start in enumerate(np.cumsum([0, *widths[:-1]]).tolist()):
-            in_group = lookup[:, plan.n_coded + int(plan.sample_groups[k])] != 0
-            needs |= in_group[:, None] & depends[sample_regs[start:start + widths[k]]].any(0)[None]
-        plan.__dict__["compiled"] = {
-            "key_columns": plan.key_columns.cpu().numpy(), "key_weights": plan.key_weights.cpu().numpy(),
-            "key_offsets": plan.key_offsets.cpu().numpy(), "coded": np.ascontiguousarray(lookup[:, :plan.n_coded]),
-            "groups": np.ascontiguousarray(lookup[:, plan.n_coded:]),
-            "match_ptr": np.concatenate([[0], np.cumsum(np.bincount(columns, minlength=len(plan.matches)))]),
-            "match_column": entries.astype(np.int64), "match_sign": match.T[columns, entries].astype(np.int64),
-            "code": code, "sum_regs": sum_regs, "sample_regs": sample_regs, "n_regs": np.int64(n_regs),
-            "read_ptr": np.concatenate([[0], np.cumsum(reads_match.sum(1))]).astype(np.int64),
-            "read_match": np.nonzero(reads_match)[1].astype(np.int64),
-            "run_ptr": np.concatenate([[0], np.cumsum(needs.sum(1))]).astype(np.int64),
-            "run": np.nonzero(needs)[1].astype(np.int64),
-            # per key: the cells of code values with their (constant) non-zero value, then the cells of the rest
-            "const_ptr": np.concatenate([[0], np.cumsum(constant.sum(1))]).astype(np.int64),
-            "const_cell": cells[np.nonzero(constant)[1]], "const_value": const_values[np.nonzero(constant)],
-            "cell_ptr": np.concatenate([[0], np.cumsum(variable.sum(1))]).astype(np.int64),
-            "cell_flat": cells[np.nonzero(variable)[1]], "cell_x": cell_x[np.nonzero(variable)[1]],
-            "seq_groups": plan.seq_groups.cpu().numpy(), "seq_values": plan.seq_values.cpu().numpy(),
-            "sample_groups": plan.sample_groups.cpu().numpy()[:len(plan.samples)],
-            "sample_offsets": np.concatenate([[0], np.cumsum(plan.sample_widths)]).astype(np.int64),
-            "index": plan.index.cpu().numpy(),
-        }
-    return plan.__dict__["compiled"]
+    lookup = plan.lookup.cpu().numpy()
+    width = len(plan.x_columns)
+    needed = sorted({int(i) for i in plan.index.tolist() if i < plan.n_groups * width})
+    cell_group, cell_x = np.divmod(np.array(needed, dtype=np.int64), width)
+    active = lookup[:, plan.n_coded + cell_group] != 0  # [keys, cells]
+    cells = np.array(needed, dtype=np.int64)
+    coded = cell_x < plan.n_coded
+    const_values = np.where(coded, lookup[:, np.minimum(cell_x, plan.n_coded - 1)], 0) * active
+    constant, variable = const_values != 0, active & ~coded
+    # per key, what its cells and sequence means read: which matches, which instructions (with the samples')
+    seq_active = lookup[:, plan.n_coded + plan.seq_groups.cpu().numpy()] != 0  # [keys, means]
+    read = np.zeros((len(lookup), width), dtype=bool)
+    np.logical_or.at(read, (np.nonzero(active)[0], cell_x[np.nonzero(active)[1]]), True)
+    for s, x in enumerate(plan.seq_values.tolist()):
+        read[:, x] |= seq_active[:, s]
+    reads_match = read[:, plan.n_coded:plan.n_coded + len(plan.matches)]
+    match = plan.match.cpu().numpy()[:, :len(plan.matches)]
+    columns, entries = np.nonzero(match.T)
+    code, sum_regs, sample_regs, depends = program(plan)
+    needs = read[:, plan.n_coded + len(plan.matches):].astype(np.int64) @ depends[sum_regs].astype(np.int64) > 0
+    widths = plan.sample_widths
+    for k, start in enumerate(np.cumsum([0, *widths[:-1]]).tolist()):
+        in_group = lookup[:, plan.n_coded + int(plan.sample_groups[k])] != 0
+        needs |= in_group[:, None] & depends[sample_regs[start:start + widths[k]]].any(0)[None]
+    return {
+        "key_columns": plan.key_columns.cpu().numpy(), "key_weights": plan.key_weights.cpu().numpy(),
+        "key_offsets": plan.key_offsets.cpu().numpy(), "coded": np.ascontiguousarray(lookup[:, :plan.n_coded]),
+        "groups": np.ascontiguousarray(lookup[:, plan.n_coded:]),
+        "match_ptr": np.concatenate([[0], np.cumsum(np.bincount(columns, minlength=len(plan.matches)))]),
+        "match_column": entries.astype(np.int64), "match_sign": match.T[columns, entries].astype(np.int64),
+        "code": code, "sum_regs": sum_regs, "sample_regs": sample_regs, "n_regs": np.int64(len(depends)),
+        "read_ptr": np.concatenate([[0], np.cumsum(reads_match.sum(1))]).astype(np.int64),
+        "read_match": np.nonzero(reads_match)[1].astype(np.int64),
+        "run_ptr": np.concatenate([[0], np.cumsum(needs.sum(1))]).astype(np.int64),
+        "run": np.nonzero(needs)[1].astype(np.int64),
+        # per key: the cells of code values with their (constant) non-zero value, then the cells of the rest
+        "const_ptr": np.concatenate([[0], np.cumsum(constant.sum(1))]).astype(np.int64),
+        "const_cell": cells[np.nonzero(constant)[1]], "const_value": const_values[np.nonzero(constant)],
+        "cell_ptr": np.concatenate([[0], np.cumsum(variable.sum(1))]).astype(np.int64),
+        "cell_flat": cells[np.nonzero(variable)[1]], "cell_x": cell_x[np.nonzero(variable)[1]],
+        "seq_groups": plan.seq_groups.cpu().numpy(), "seq_values": plan.seq_values.cpu().numpy(),
+        "sample_groups": plan.sample_groups.cpu().numpy()[:len(plan.samples)],
+        "sample_offsets": np.concatenate([[0], np.cumsum(plan.sample_widths)]).astype(np.int64),
+        "index": plan.index.cpu().numpy(),
+    }

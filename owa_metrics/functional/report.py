@@ -1,7 +1,7 @@
 """The report's metrics, each declared once (`owa_metrics.functional.declare`): the states it reads, then its keys.
 
 ``REPORT`` is what `OWAEventMetrics` computes, in order; `register` adds a definition to it (a key family of your
-own: see docs/ADDING_A_METRIC.md). Each ``compute`` reads its states by name from ``r`` (`Read`): ``r["name"]``
+own: docs/METRICS.md, "Adding a metric"). Each ``compute`` reads its states by name from ``r`` (`Read`): ``r["name"]``
 (a `Sums` state's values by name, each over its groups), ``r.samples(name, value, category)`` (a `Distribution`).
 """
 
@@ -14,8 +14,8 @@ from .declare import (
     ONE, BatchCounts, Definition, Given, GivenSamples, Samples, SequenceMean, Shape, Sums, code_is, digit_prefix,
     true,
 )
-from .events import detection_report, event_type_report, keyboard_report, mouse_action_report, movement_r2_report, ratio
 from . import values
+from .events import detection_report, event_type_report, keyboard_report, mouse_action_report, movement_r2_report, ratio
 from .plan import Plan, accumulate
 from .tokens import TOKEN_FIELDS, token_report
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from .declare import ONE, Value, direction_deg, error, ms, percent, pred, present, same, same_where_present, sqrt, true, wrapped_ns
+from .declare import (
+    ONE, Value, direction_deg, error, ms, percent, pred, present, same, same_where_present, sqrt, true, wrapped_ns,
+)
 from .plan import evaluate
 
 TIMESTAMP_ERROR_NS = wrapped_ns(error("timestamp_ns"))  # the shortest signed difference in the window
@@ -32,8 +34,7 @@ MOVEMENT = {"residual": _EX * _EX + _EY * _EY, "gx": _GX, "gy": _GY, "gx2": _GX 
 
 def of(value: Value, window_ns: int = 0, **leaves: torch.Tensor) -> torch.Tensor:
     """``value`` over rows, from its leaves given by name (``error_dx=``, ``true_dx=``, ... float64 [N])."""
-    names = list(leaves)
-    return evaluate([value], torch.stack([leaves[n] for n in names], 1), names, window_ns)[0]
+    return _evaluate([value], window_ns, leaves)[0]
 
 
 def pair_leaves(preds: torch.Tensor, target: torch.Tensor, field: str) -> dict[str, torch.Tensor]:
@@ -43,6 +44,8 @@ def pair_leaves(preds: torch.Tensor, target: torch.Tensor, field: str) -> dict[s
 
 def sums(named: dict[str, Value], **leaves: torch.Tensor) -> torch.Tensor:
     """[len(named)]: each value summed over every row (rows of one group: the single metrics' twins)."""
-    names = list(leaves)
-    evaluated = evaluate(list(named.values()), torch.stack([leaves[n] for n in names], 1), names, 0)
-    return torch.stack([x.sum() for x in evaluated])
+    return torch.stack([x.sum() for x in _evaluate(list(named.values()), 0, leaves)])
+
+
+def _evaluate(values: list[Value], window_ns: int, leaves: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    return evaluate(values, torch.stack(list(leaves.values()), 1), list(leaves), window_ns)

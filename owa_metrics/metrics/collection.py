@@ -211,28 +211,22 @@ class OWAEventMetrics(Float64Metric):
             getattr(self, self.kept(name)).add_(sketch_counts(values.to(self.device), self.spec))
 
     def _flat_states(self, names: list[str]) -> list[torch.Tensor]:
-        """Flat views of the named states, kept while the states are the same tensors (`reset` and syncs replace
-        them): the additions of `_accumulate` go through them without a view op per state and update."""
-        views = self.__dict__.setdefault("_flat_views", {})
-        out = []
-        for name in names:
-            state = getattr(self, name)
-            if name not in views or views[name][0] is not state:
-                views[name] = (state, state.view(-1))
-            out.append(views[name][1])
-        return out
+        """Flat views of the named states: the additions of `_accumulate` go through them without a view op."""
+        return [view for name in names for view in self._views(name, "flat", lambda state: [state.view(-1)])]
 
     def _given_views(self, plan: Plan) -> list[torch.Tensor]:
-        """The views ``state[part]`` that the `Given` states' pieces add to, kept while the states are the same
-        tensors (as `_flat_states`)."""
-        views = self.__dict__.setdefault("_part_views", {})
-        out = []
-        for name in plan.given:
-            state = getattr(self, name)
-            if name not in views or views[name][0] is not state:
-                views[name] = (state, [state[part] for part in plan.states[name].parts])
-            out += views[name][1]
-        return out
+        """The views ``state[part]`` that the `Given` states' pieces add to."""
+        return [view for name in plan.given
+                for view in self._views(name, "parts", lambda state: [state[p] for p in plan.states[name].parts])]
+
+    def _views(self, name: str, kind: str, make) -> list[torch.Tensor]:
+        """``make(state)``'s views of a state, kept while the state is the same tensor (`reset` and syncs replace
+        it): no view op per state and update."""
+        cache = self.__dict__.setdefault("_views_cache", {})
+        state = getattr(self, name)
+        if (name, kind) not in cache or cache[name, kind][0] is not state:
+            cache[name, kind] = (state, make(state))
+        return cache[name, kind][1]
 
     def _compiled(self, target: torch.Tensor) -> bool:
         """Whether this update runs the compiled CPU kernels (decode, accumulate, token statistics)."""
@@ -245,20 +239,20 @@ class OWAEventMetrics(Float64Metric):
         """The same states as `_accumulate`, from compiled loops: `kernel.decode_arrays` over the tokens, then
         `functional.kernel.accumulate` over the rows with the same plan (and `token_stats` under teacher forcing)."""
         out = kernel_arrays(preds, target, self.vocab, self.alignment, _Tables.get(self.vocab.config, target.device))
-        pieces, with_loss = [], logits is not None or token_loss is not None
+        whole, with_loss = {}, logits is not None or token_loss is not None
         if self.alignment == "teacher_forcing":
             t = out["target"]
             losses, skipped = (token_losses(logits, target) if logits is not None else
                                given_token_losses(token_loss, target) if token_loss is not None else (torch.zeros(1), 0))
-            fields, loss = np.zeros((2, self._field_table.max() + 1)), np.zeros(self.token_loss.shape)
+            fields, loss = np.zeros(self.token_fields.shape), np.zeros(self.token_loss.shape)
             compiled.token_stats(out["seq"], t["status"], t["kind"], t["values"], t["start"], t["end"], t["start_cut"],
                                  target.shape[1], target.numpy().reshape(-1), preds.numpy().reshape(-1),
                                  self._field_table, losses.numpy(), with_loss, fields, loss)
-            loss[-1] = skipped
-            pieces = [torch.from_numpy(fields[0]), torch.from_numpy(fields[1])] + (
-                [torch.from_numpy(loss[:-1]), torch.as_tensor(loss[-1])] if with_loss else [])
+            loss[-1] = skipped  # the loop adds the valid targets' loss by category: the last column is free
+            whole = {"token_fields": torch.from_numpy(fields), "token_loss": torch.from_numpy(loss)}
         plan = Plan.get(self.definitions, self.shape, "cpu", self._given_names(self.alignment == "teacher_forcing",
                                                                                with_loss))
+        pieces = [whole[name][part] for name in plan.given for part in plan.states[name].parts]  # as declared
         increments, samples = compiled.accumulate(plan, out, self.mode == "sketch", self.spec)
         states = list(plan.sums_states) + ([self.kept(n) for n in plan.samples] if self.mode == "sketch" else [])
         torch._foreach_add_(self._flat_states(states) + self._given_views(plan), increments + pieces)
