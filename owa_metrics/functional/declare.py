@@ -18,10 +18,9 @@ compiled CPU path read: no metric is written twice.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Optional, Union
 
-from ..decode.event_batch import VALUE_COLUMNS
 from ..schema import CATEGORY_NAMES, Category, Status
 
 # the codes of a row that the groups and `code_is` read: comparison status, target decode status, predicted
@@ -207,4 +206,3 @@ class Shape:
     n_timestamp_digits: int
     n_delta_digits: int
     window_ns: int
-    value_columns: tuple[str, ...] = field(default=VALUE_COLUMNS)

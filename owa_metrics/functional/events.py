@@ -65,11 +65,12 @@ def wrapped_difference(preds: torch.Tensor, target: torch.Tensor, window: int) -
 def timestamp_errors(preds_ns: torch.Tensor, target_ns: torch.Tensor, window_ns: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``(signed error ms, percent error)``: the wrap-aware error, and ``|error| / gt * 100`` with gt the true
     timestamp within the window (NaN where it is 0)."""
-    error_ns = (preds_ns.long() - target_ns.long()).reshape(-1).double()
-    leaves = {"error_timestamp_ns": error_ns, "true_timestamp_ns": torch.remainder(target_ns.long(), window_ns).reshape(
-        -1).double()}
-    return (values.of(values.TIMESTAMP_ERROR_MS, window_ns, **leaves),
-            values.of(values.TIMESTAMP_PERCENT, window_ns, **leaves))
+    target_ns = target_ns.long().reshape(-1)
+    signed_ms, percent = values.over(
+        [values.TIMESTAMP_ERROR_MS, values.TIMESTAMP_PERCENT], window_ns,
+        error_timestamp_ns=(preds_ns.long().reshape(-1) - target_ns).double(),
+        true_timestamp_ns=torch.remainder(target_ns, window_ns).double())  # the error's wrap computed once
+    return signed_ms, percent
 
 
 # ----------------------------------------------------------------------------------- functional twins

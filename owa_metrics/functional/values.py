@@ -34,7 +34,7 @@ MOVEMENT = {"residual": _EX * _EX + _EY * _EY, "gx": _GX, "gy": _GY, "gx2": _GX 
 
 def of(value: Value, window_ns: int = 0, **leaves: torch.Tensor) -> torch.Tensor:
     """``value`` over rows, from its leaves given by name (``error_dx=``, ``true_dx=``, ... float64 [N])."""
-    return _evaluate([value], window_ns, leaves)[0]
+    return over([value], window_ns, **leaves)[0]
 
 
 def pair_leaves(preds: torch.Tensor, target: torch.Tensor, field: str) -> dict[str, torch.Tensor]:
@@ -44,8 +44,9 @@ def pair_leaves(preds: torch.Tensor, target: torch.Tensor, field: str) -> dict[s
 
 def sums(named: dict[str, Value], **leaves: torch.Tensor) -> torch.Tensor:
     """[len(named)]: each value summed over every row (rows of one group: the single metrics' twins)."""
-    return torch.stack([x.sum() for x in _evaluate(list(named.values()), 0, leaves)])
+    return torch.stack([x.sum() for x in over(list(named.values()), **leaves)])
 
 
-def _evaluate(values: list[Value], window_ns: int, leaves: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+def over(values: list[Value], window_ns: int = 0, **leaves: torch.Tensor) -> list[torch.Tensor]:
+    """Each of ``values`` over rows, from their leaves given by name: shared nodes computed once."""
     return evaluate(values, torch.stack(list(leaves.values()), 1), list(leaves), window_ns)
