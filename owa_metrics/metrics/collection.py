@@ -11,11 +11,11 @@ import torch
 from torchmetrics.utilities import rank_zero_warn
 
 from ..decode import kernel as decode_kernel
-from ..decode.batch import _check_inputs, _Tables, check_pairing, decode_batch, kernel_arrays
+from ..decode.batch import _check_inputs, _Tables, batch_of_arrays, check_pairing, decode_batch, kernel_arrays
 from ..decode.event_batch import Alignment, Backend, EventBatch, Pairing
 from ..decode.matching import tolerance_ns
 from ..functional import kernel as compiled
-from ..functional.declare import GivenSamples, Samples, Shape, Sums
+from ..functional.declare import Given, GivenSamples, Samples, Shape, Sums
 from ..functional.plan import SAMPLE_SHIFT, Plan, accumulate
 from ..functional.report import REPORT
 from ..functional.stats import sketch_counts
@@ -120,10 +120,15 @@ class OWAEventMetrics(Float64Metric):
 
     def _given_names(self, tokens: bool, loss: bool = True) -> tuple[str, ...]:
         """The `Given` states an update supplies: the token statistics (teacher forcing, with token ids; the loss with
-        logits or a token loss), the detection counts (time pairing)."""
+        logits or a token loss), and every other one (read from the decoded batch: the detection counts, ...)."""
         names = ("token_fields",) + (("token_loss",) if loss else ()) if tokens and self.alignment == "teacher_forcing" \
             else ()
-        return names + (("detection",) if self.pairing == "time" else ())
+        return names + self._batch_given
+
+    @functools.cached_property
+    def _batch_given(self) -> tuple[str, ...]:
+        return tuple(n for d in self.definitions for n, s in d.states(self.shape).items()
+                     if isinstance(s, Given) and n not in ("token_fields", "token_loss"))
 
     # ------------------------------------------------------------------------------------------ update
     def update(self, preds: Union[torch.Tensor, EventBatch], target: Optional[torch.Tensor] = None,
@@ -252,13 +257,21 @@ class OWAEventMetrics(Float64Metric):
             whole = {"token_fields": torch.from_numpy(fields), "token_loss": torch.from_numpy(loss)}
         plan = Plan.get(self.definitions, self.shape, "cpu", self._given_names(self.alignment == "teacher_forcing",
                                                                                with_loss))
-        pieces = [whole[name][part] for name in plan.given for part in plan.states[name].parts]  # as declared
+        # the other given states read the decoded batch: its arrays as an `EventBatch` (no copy)
+        batch = batch_of_arrays(out, self.shape.n_timestamp_digits, target.shape[0], self.alignment) \
+            if set(plan.given) - set(whole) or plan.given_samples else None
+        extras = {"tokens": None}
+        pieces = [piece for name in plan.given for piece in (  # as declared
+            [whole[name][part] for part in plan.states[name].parts] if name in whole else
+            plan.states[name].fn(batch, extras))]
         increments, samples = compiled.accumulate(plan, out, self.mode == "sketch", self.spec)
         states = list(plan.sums_states) + ([self.kept(n) for n in plan.samples] if self.mode == "sketch" else [])
         torch._foreach_add_(self._flat_states(states) + self._given_views(plan), increments + pieces)
         if self.mode == "exact":
             for name, values in zip(plan.samples, samples):
                 append_samples(getattr(self, self.kept(name)), values.reshape(-1))
+        for name in plan.given_samples:
+            self._add_given_samples(name, plan.states[name].fn(batch, extras))
 
     # ----------------------------------------------------------------------------------------- compute
     def _wrap_compute(self, compute):
