@@ -191,8 +191,7 @@ class OWAEventMetrics(Float64Metric):
         torch._foreach_add_(states + self._given_views(plan), increments + given)
         if self.mode == "exact" and plan.samples:
             self._append_rows(plan, samples, sampled, counts)
-        for name in plan.given_samples:
-            self._add_given_samples(name, plan.states[name].fn(batch, extras))
+        self._add_given_samples(plan, batch, extras)
 
     def _append_rows(self, plan: Plan, samples: torch.Tensor, sampled: torch.Tensor, counts: torch.Tensor) -> None:
         """Each `Samples` state's rows: the rows of its group (their numbers read in one host sync: packed, see
@@ -209,11 +208,18 @@ class OWAEventMetrics(Float64Metric):
         for name, chosen, values in zip(plan.samples, rows, samples.split(plan.sample_widths, 1)):
             append_samples(getattr(self, self.kept(name)), values.index_select(0, chosen).reshape(-1))
 
-    def _add_given_samples(self, name: str, values: torch.Tensor) -> None:
-        if self.mode == "exact":
-            append_samples(getattr(self, self.kept(name)), values.to(self.device).double())
-        else:
-            getattr(self, self.kept(name)).add_(sketch_counts(values.to(self.device), self.spec))
+    def _add_given_samples(self, plan: Plan, batch: EventBatch, extras: dict) -> None:
+        """The `GivenSamples` states' values (NaN: no sample): counted in the sketch, or kept (their numbers read in
+        one host sync)."""
+        values = [plan.states[name].fn(batch, extras).to(self.device).double() for name in plan.given_samples]
+        if self.mode == "sketch":
+            for name, x in zip(plan.given_samples, values):
+                getattr(self, self.kept(name)).add_(sketch_counts(x, self.spec))
+            return
+        kept = [~torch.isnan(x) for x in values]
+        sizes = torch.stack([k.sum() for k in kept]).tolist() if kept else []
+        for name, x, k, n in zip(plan.given_samples, values, kept, sizes):
+            append_samples(getattr(self, self.kept(name)), x.index_select(0, torch.nonzero_static(k, size=n)[:, 0]))
 
     def _flat_states(self, names: list[str]) -> list[torch.Tensor]:
         """Flat views of the named states: the additions of `_accumulate` go through them without a view op."""
@@ -270,8 +276,7 @@ class OWAEventMetrics(Float64Metric):
         if self.mode == "exact":
             for name, values in zip(plan.samples, samples):
                 append_samples(getattr(self, self.kept(name)), values.reshape(-1))
-        for name in plan.given_samples:
-            self._add_given_samples(name, plan.states[name].fn(batch, extras))
+        self._add_given_samples(plan, batch, extras)
 
     # ----------------------------------------------------------------------------------------- compute
     def _wrap_compute(self, compute):
