@@ -14,10 +14,11 @@ import numpy as np
 import torch
 
 from ..decode import kernel
-from ..decode.event_batch import EventBatch, EventFields
+from ..decode.event_batch import VALUE_COLUMNS, EventBatch, EventFields
 from ..schema import Category, Status
 
 BUTTON_DOWN = 0x001 | 0x004 | 0x010  # button_flags of a left, right or middle button going down
+DX = VALUE_COLUMNS.index("dx")  # then dy
 
 
 def _generated(batch: EventBatch) -> tuple[EventFields, torch.Tensor]:
@@ -28,7 +29,7 @@ def _generated(batch: EventBatch) -> tuple[EventFields, torch.Tensor]:
 
 
 def _mouse(fields: EventFields) -> torch.Tensor:
-    """Valid mouse events (a field that does not decode has category INVALID)."""
+    """Valid mouse events (an event that does not decode has category INVALID)."""
     return (fields.category == int(Category.MOUSE_OP)) | (fields.category == int(Category.MOUSE_NOP))
 
 
@@ -46,7 +47,8 @@ def cursor_offsets(batch: EventBatch, extras: dict) -> tuple[torch.Tensor, torch
     target, (generated, g_row) = batch.target, _generated(batch)
     B, t_row, N, M = batch.num_sequences, batch.seq_idx.long(), len(batch.target.status), len(g_row)
     t_ok, g_ok = target.status == int(Status.VALID), generated.status == int(Status.VALID)
-    moves = [torch.stack([f.dx, f.dy], 1) * _mouse(f)[:, None] for f in (target, generated)]  # 0 unless mouse
+    mouse = [_mouse(f) for f in (target, generated)]
+    moves = [f.values[:, DX:DX + 2] * m[:, None] for f, m in zip((target, generated), mouse)]  # 0 unless mouse
     if batch.time_matching is None:  # the key: how many valid events of its side so far
         t_key, g_key = (_row_cumsum(ok.long()[:, None], row, B)[:, 0] for ok, row in ((t_ok, t_row), (g_ok, g_row)))
     else:
@@ -65,7 +67,7 @@ def cursor_offsets(batch: EventBatch, extras: dict) -> tuple[torch.Tensor, torch
     clicks = torch.where(t_ok & ((target.button_flags & BUTTON_DOWN) != 0), d, nan)
     last = torch.full((B,), -1, dtype=torch.long, device=d.device).scatter_reduce(
         0, t_row, torch.where(t_ok, torch.arange(N, device=d.device), -1), "amax")
-    with_mouse = _counts(t_row, t_ok & _mouse(target), B) > 0
+    with_mouse = _counts(t_row, mouse[0], B) > 0
     ends = torch.where(with_mouse, torch.cat([d, d.new_zeros(1)]).index_select(0, last.clamp(min=0)), float("nan"))
     extras["cursor_offsets"] = clicks, ends
     return clicks, ends
