@@ -22,6 +22,8 @@ HEADLINE = (
     ("count_accuracy", "event count right (per sequence)", "ratio", GENERATION),
     ("category/macro_f1", "category macro F1", "ratio", None),
     ("detect/f1", "detection F1 (time pairing)", "ratio", GENERATION),
+    ("mouse/click_offset_p50_mu", "cursor offset at true clicks P50 (raw mouse units)", "mu", GENERATION),
+    ("keyboard/sequence_error_rate", "key-sequence error rate (edit distance / true keys)", "ratio", GENERATION),
     ("timestamp/abs_error_p95_ms", "timestamp abs error P95", "ms", None),
     ("timestamp/signed_error_iqm_ms", "timestamp signed error IQM", "ms", None),
     ("mouse/euclidean_iqmpe_pct", "mouse euclidean error IQM", "%", None),
@@ -47,7 +49,7 @@ def headline_keys(alignment: Alignment) -> list[str]:
 CATEGORY_COLUMNS = (("count", "count", None), ("ratio", "ratio", None), ("comparable_rate", "ratio", None),
                     ("timestamp/abs_error_p95_ms", "ms", None), ("timestamp/signed_error_iqm_ms", "ms", None),
                     ("timestamp/precision_p3", "ratio", None), ("loss", "nats", TEACHER_FORCING))
-DECIMALS = {"count": 0, "ratio": 4, "ms": 1, "%": 1, "deg": 1, "nats": 3}
+DECIMALS = {"count": 0, "ratio": 4, "ms": 1, "%": 1, "deg": 1, "nats": 3, "mu": 1}
 PERCENT_NOTE = ("Percent errors divide by the true value: a true move of 1 px predicted as 20 px is 1,900 %, so P95 "
                 "and R² swing with tiny true moves; the IQM (IQMPE) and the direction error are robust to them.")
 

@@ -479,6 +479,7 @@ def test_generation_by_time_uses_the_prompts_last_event_as_origin(tmp_path, toke
     """A model that skips the first event it should generate: the callback's time pairing equals the oracle with
     the origin at each prompt's last event (read by the string reference path)."""
     from matching_oracle import parse_rows, time_oracle
+    from sequence_oracle import sequence_oracle
 
     _, val = _loaders(vocab)
     sequences = [x["input_ids"].tolist() for x in event_sequences(vocab)]
@@ -503,6 +504,8 @@ def test_generation_by_time_uses_the_prompts_last_event_as_origin(tmp_path, toke
     origins = [[e["timestamp_ns"] for e in row if e["status"] == 0][-1] for row in parse_rows([k for k, _, _ in seen], vocab)]
     oracle = time_oracle([g for _, g, _ in seen], [r for _, _, r in seen], vocab, origins=origins)
     assert oracle["count/missing_events"] == len(seen) and oracle["detect/recall"] < 1
+    oracle.update(sequence_oracle([g for _, g, _ in seen], [r for _, _, r in seen], vocab, origins)["time"])  # issue 26
+    assert oracle["count/path_rows"] + oracle["count/keyboard_sequence_rows"] > 0
     for key, value in oracle.items():
         assert close(logged[key], value, 1e-6), key
 

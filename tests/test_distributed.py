@@ -99,6 +99,10 @@ def test_synced_compute_equals_one_process(tmp_path, world):
     mp.spawn(_worker, args=(world, _free_port(), str(out)), nprocs=world, join=True)
     synced = json.loads(out.read_text())
     assert expected["time"][0]["detect/f1"] < 1 and "detect/time_error_abs_p50_ms" in expected["time"][0]
+    for mode in ("exact", "sketch", "time"):  # issue 26's keys: samples, sketches and sums, synced like the others
+        assert expected[mode][0]["count/click_events"] > 0 and "mouse/click_offset_p95_mu" in expected[mode][0]
+        assert "mouse/path_end_offset_p50_mu" in expected[mode][0] and "keyboard/sequence_error_rate" in expected[mode][0]
+    assert 0 < expected["time"][0]["mouse/move_coverage"] < 1
     for mode in ("exact", "sketch", "time"):
         got = synced[mode]
         report, confusion = expected[mode]

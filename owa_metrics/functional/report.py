@@ -14,7 +14,7 @@ from .declare import (
     ONE, BatchCounts, Definition, Given, GivenSamples, Samples, SequenceMean, Shape, Sums, code_is, digit_prefix,
     true,
 )
-from . import values
+from . import sequences, values
 from .events import detection_report, event_type_report, keyboard_report, mouse_action_report, movement_r2_report, ratio
 from .plan import Plan, accumulate
 from .tokens import TOKEN_FIELDS, token_report
@@ -206,7 +206,45 @@ def _detection_keys(r) -> dict:
 
 DETECTION = Definition("detection", _detection_states, _detection_keys, alignment="generation", pairing="time")
 
-REPORT: list[Definition] = [EVENTS, TOKENS, TIMESTAMP, TIMESTAMP_R2, KEYBOARD, MOUSE, DETECTION]
+
+# ------------------------------------------------------------------ what a generated sequence does (generation)
+def _sequence_states(s: Shape) -> dict:
+    return {"click_offsets": GivenSamples(lambda batch, x: sequences.cursor_offsets(batch, x)[0]),
+            "path_end_offsets": GivenSamples(lambda batch, x: sequences.cursor_offsets(batch, x)[1]),
+            "key_sequences": Given((4,), lambda batch, x: (sequences.key_sequence_sums(batch),))}
+
+
+def _sequence_keys(r) -> dict:
+    """Cursor offsets d = |P_gen - P_true| (raw mouse units): P50 / P95 at the true button-down events, P50 at the
+    rows' last true events; keys: sum of Levenshtein distances / sum of true lengths, and the rows typed exactly."""
+    clicks, ends = r.given_samples("click_offsets"), r.given_samples("path_end_offsets")
+    p50, p95 = clicks.quantile([0.5, 0.95])
+    distance, length, exact, rows = r.given("key_sequences")
+    return {"mouse/click_offset_p50_mu": p50, "mouse/click_offset_p95_mu": p95,
+            "mouse/path_end_offset_p50_mu": ends.quantile(0.5), "count/click_events": clicks.count,
+            "count/path_rows": ends.count, "keyboard/sequence_error_rate": ratio(distance, length),
+            "keyboard/sequence_exact_rate": ratio(exact, rows), "count/keyboard_sequence_rows": rows}
+
+
+SEQUENCES = Definition("sequences", _sequence_states, _sequence_keys, alignment="generation")
+
+
+def _moves_states(s: Shape) -> dict:
+    return {"moves_with_misses": Given((8,), lambda batch, x: (sequences.movement_with_misses_sums(batch),))}
+
+
+def _moves_keys(r) -> dict:
+    """Over true moves ((dx, dy) != 0), an unpaired one predicted as (0, 0): R², mean cosine, paired / all."""
+    m = r.given("moves_with_misses")
+    return {"mouse/r2_with_misses": movement_r2_report(m[:6]), "mouse/cosine_with_misses": ratio(m[6], m[5]),
+            "mouse/move_coverage": ratio(m[7], m[5]), "count/move_events": m[5]}
+
+
+MOVES_WITH_MISSES = Definition("moves_with_misses", _moves_states, _moves_keys, alignment="generation",
+                               pairing="time")
+
+REPORT: list[Definition] = [EVENTS, TOKENS, TIMESTAMP, TIMESTAMP_R2, KEYBOARD, MOUSE, DETECTION, SEQUENCES,
+                            MOVES_WITH_MISSES]
 
 
 def register(definition: Definition) -> Definition:

@@ -11,11 +11,11 @@ import torch
 from torchmetrics.utilities import rank_zero_warn
 
 from ..decode import kernel as decode_kernel
-from ..decode.batch import _check_inputs, _Tables, check_pairing, decode_batch, kernel_arrays
+from ..decode.batch import _check_inputs, _Tables, batch_of_arrays, check_pairing, decode_batch, kernel_arrays
 from ..decode.event_batch import Alignment, Backend, EventBatch, Pairing
 from ..decode.matching import tolerance_ns
 from ..functional import kernel as compiled
-from ..functional.declare import GivenSamples, Samples, Shape, Sums
+from ..functional.declare import Given, GivenSamples, Samples, Shape, Sums
 from ..functional.plan import SAMPLE_SHIFT, Plan, accumulate
 from ..functional.report import REPORT
 from ..functional.stats import sketch_counts
@@ -120,10 +120,15 @@ class OWAEventMetrics(Float64Metric):
 
     def _given_names(self, tokens: bool, loss: bool = True) -> tuple[str, ...]:
         """The `Given` states an update supplies: the token statistics (teacher forcing, with token ids; the loss with
-        logits or a token loss), the detection counts (time pairing)."""
+        logits or a token loss), and every other one (read from the decoded batch: the detection counts, ...)."""
         names = ("token_fields",) + (("token_loss",) if loss else ()) if tokens and self.alignment == "teacher_forcing" \
             else ()
-        return names + (("detection",) if self.pairing == "time" else ())
+        return names + self._batch_given
+
+    @functools.cached_property
+    def _batch_given(self) -> tuple[str, ...]:
+        return tuple(n for d in self.definitions for n, s in d.states(self.shape).items()
+                     if isinstance(s, Given) and n not in ("token_fields", "token_loss"))
 
     # ------------------------------------------------------------------------------------------ update
     def update(self, preds: Union[torch.Tensor, EventBatch], target: Optional[torch.Tensor] = None,
@@ -186,8 +191,7 @@ class OWAEventMetrics(Float64Metric):
         torch._foreach_add_(states + self._given_views(plan), increments + given)
         if self.mode == "exact" and plan.samples:
             self._append_rows(plan, samples, sampled, counts)
-        for name in plan.given_samples:
-            self._add_given_samples(name, plan.states[name].fn(batch, extras))
+        self._add_given_samples(plan, batch, extras)
 
     def _append_rows(self, plan: Plan, samples: torch.Tensor, sampled: torch.Tensor, counts: torch.Tensor) -> None:
         """Each `Samples` state's rows: the rows of its group (their numbers read in one host sync: packed, see
@@ -204,11 +208,18 @@ class OWAEventMetrics(Float64Metric):
         for name, chosen, values in zip(plan.samples, rows, samples.split(plan.sample_widths, 1)):
             append_samples(getattr(self, self.kept(name)), values.index_select(0, chosen).reshape(-1))
 
-    def _add_given_samples(self, name: str, values: torch.Tensor) -> None:
-        if self.mode == "exact":
-            append_samples(getattr(self, self.kept(name)), values.to(self.device).double())
-        else:
-            getattr(self, self.kept(name)).add_(sketch_counts(values.to(self.device), self.spec))
+    def _add_given_samples(self, plan: Plan, batch: EventBatch, extras: dict) -> None:
+        """The `GivenSamples` states' values (NaN: no sample): counted in the sketch, or kept (their numbers read in
+        one host sync)."""
+        values = [plan.states[name].fn(batch, extras).to(self.device).double() for name in plan.given_samples]
+        if self.mode == "sketch":
+            for name, x in zip(plan.given_samples, values):
+                getattr(self, self.kept(name)).add_(sketch_counts(x, self.spec))
+            return
+        kept = [~torch.isnan(x) for x in values]
+        sizes = torch.stack([k.sum() for k in kept]).tolist() if kept else []
+        for name, x, k, n in zip(plan.given_samples, values, kept, sizes):
+            append_samples(getattr(self, self.kept(name)), x.index_select(0, torch.nonzero_static(k, size=n)[:, 0]))
 
     def _flat_states(self, names: list[str]) -> list[torch.Tensor]:
         """Flat views of the named states: the additions of `_accumulate` go through them without a view op."""
@@ -252,13 +263,20 @@ class OWAEventMetrics(Float64Metric):
             whole = {"token_fields": torch.from_numpy(fields), "token_loss": torch.from_numpy(loss)}
         plan = Plan.get(self.definitions, self.shape, "cpu", self._given_names(self.alignment == "teacher_forcing",
                                                                                with_loss))
-        pieces = [whole[name][part] for name in plan.given for part in plan.states[name].parts]  # as declared
+        # the other given states read the decoded batch: its arrays as an `EventBatch` (no copy)
+        batch = batch_of_arrays(out, self.shape.n_timestamp_digits, target.shape[0], self.alignment) \
+            if set(plan.given) - set(whole) or plan.given_samples else None
+        extras = {"tokens": None}
+        pieces = [piece for name in plan.given for piece in (  # as declared
+            [whole[name][part] for part in plan.states[name].parts] if name in whole else
+            plan.states[name].fn(batch, extras))]
         increments, samples = compiled.accumulate(plan, out, self.mode == "sketch", self.spec)
         states = list(plan.sums_states) + ([self.kept(n) for n in plan.samples] if self.mode == "sketch" else [])
         torch._foreach_add_(self._flat_states(states) + self._given_views(plan), increments + pieces)
         if self.mode == "exact":
             for name, values in zip(plan.samples, samples):
                 append_samples(getattr(self, self.kept(name)), values.reshape(-1))
+        self._add_given_samples(plan, batch, extras)
 
     # ----------------------------------------------------------------------------------------- compute
     def _wrap_compute(self, compute):
