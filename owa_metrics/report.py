@@ -12,37 +12,11 @@ import torch
 from .decode.event_batch import Alignment, EventBatch, EventFields
 from .schema import CATEGORY_NAMES, Category, Status
 from .functional.events import direction_error_deg, timestamp_errors
+from .functional.report import HEADLINE
 from .tokens.codec import CodecConfig
 from .tokens.vocab import VocabMap
 
-TEACHER_FORCING, GENERATION = "teacher_forcing", "generation"
-# (key, name, unit, the only alignment it applies to or None)
-HEADLINE = (
-    ("comparable_rate", "comparable events", "ratio", None),
-    ("count_accuracy", "event count right (per sequence)", "ratio", GENERATION),
-    ("category/macro_f1", "category macro F1", "ratio", None),
-    ("detect/f1", "detection F1 (time pairing)", "ratio", GENERATION),
-    ("timestamp/abs_error_p95_ms", "timestamp abs error P95", "ms", None),
-    ("timestamp/signed_error_iqm_ms", "timestamp signed error IQM", "ms", None),
-    ("mouse/euclidean_iqmpe_pct", "mouse euclidean error IQM", "%", None),
-    ("mouse/euclidean_pe_p95_pct", "mouse euclidean error P95", "%", None),
-    ("mouse/direction_error_p50_deg", "mouse direction error P50", "deg", None),
-    ("mouse/direction_error_p95_deg", "mouse direction error P95", "deg", None),
-    ("mouse/action_accuracy", "mouse button accuracy", "ratio", None),
-    ("keyboard/accuracy", "keyboard accuracy (vk and action)", "ratio", None),
-    ("token_accuracy/timestamp", "timestamp tokens right", "ratio", TEACHER_FORCING),
-)
-# keys that a few tiny true moves dominate (a percent of the true value, a sum of squares): the spec's, kept in the
-# report, but no headline chart; their robust neighbours are mouse/euclidean_iqmpe_pct and the direction error
-TINY_MOVE_KEYS = ("mouse/euclidean_pe_p95_pct", "mouse/r2")
-
-
-def headline_keys(alignment: Alignment) -> list[str]:
-    """The keys charted first (TensorBoard's ``val`` group): `HEADLINE`'s that apply to ``alignment``, without
-    `TINY_MOVE_KEYS`."""
-    return [key for key, _, _, only in HEADLINE if only in (None, alignment) and key not in TINY_MOVE_KEYS]
-
-
+TEACHER_FORCING = "teacher_forcing"
 # (key within the category, unit, the only alignment it applies to or None)
 CATEGORY_COLUMNS = (("count", "count", None), ("ratio", "ratio", None), ("comparable_rate", "ratio", None),
                     ("timestamp/abs_error_p95_ms", "ms", None), ("timestamp/signed_error_iqm_ms", "ms", None),

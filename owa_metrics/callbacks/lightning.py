@@ -16,7 +16,8 @@ from ..decode.batch import decode_batch
 from ..decode.event_batch import Pairing
 from ..metrics.base import Mode
 from ..metrics.collection import OWAEventMetrics
-from ..report import format_report, headline_keys, sample_note, sample_rows, sample_table
+from ..functional.report import headline_keys
+from ..report import format_report, sample_note, sample_rows, sample_table
 from .artifacts import log_extras, report_json, save_reports, scalar_names
 from .generation import check_batch, generate_batch
 
