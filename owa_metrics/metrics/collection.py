@@ -99,6 +99,7 @@ class OWAEventMetrics(Float64Metric):
         self.pairing, self.tolerance_ms = pairing, tolerance_ms
         self.tags, self.tag_keys = _check_tags(tags), _check_tag_keys(tag_keys)
         self._tag_ids = {name: i for i, name in enumerate(self.tags)}
+        self._tag_key_set = set(headline_keys(alignment) if tag_keys is None else () if tag_keys == "all" else tag_keys)
         self.vocab, self.alignment, self.mode, self.backend = vocab, alignment, mode, backend
         self.spec = check_statistics(relative_accuracy, sketch_range, num_resamples, seed)
         self.num_resamples, self.seed = num_resamples, seed
@@ -350,9 +351,8 @@ class OWAEventMetrics(Float64Metric):
         return out
 
     def _is_tag_key(self, key: str) -> bool:
-        if self.tag_keys is None:
-            return key in headline_keys(self.alignment) or key.startswith("count/")
-        return self.tag_keys == "all" or key in self.tag_keys
+        """Whether a tag reports ``key``: the headline keys and the counts (``tag_keys=None``), all, or those named."""
+        return self.tag_keys == "all" or key in self._tag_key_set or (self.tag_keys is None and key.startswith("count/"))
 
     def _warn_invalid_targets(self, rate: torch.Tensor, threshold: float = 0.05) -> None:
         """Above ``threshold`` of invalid targets / target events, one warning on rank zero naming the most frequent
