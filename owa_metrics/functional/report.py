@@ -70,6 +70,11 @@ def headline_keys(alignment: str) -> list[str]:
     return [key for key, _, _, only in HEADLINE if only in (None, alignment) and key not in TINY_MOVE_KEYS]
 
 
+def default_tag_keys(alignment: str) -> list[str]:
+    """The keys each tag reports by default (`OWAEventMetrics`' ``tags``): its size, then `headline_keys`."""
+    return ["count/sequences", "count/target_events", *headline_keys(alignment)]
+
+
 def _event_keys(r) -> dict:
     counts = torch.cat([r["events"].events.reshape(1), r["batch_counts"].raw, r["comparable_seq"].raw])
     out = event_type_report(r["confusion"].raw, r["statuses"].raw[0], counts)

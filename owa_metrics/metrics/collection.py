@@ -17,7 +17,7 @@ from ..decode.matching import tolerance_ns
 from ..functional import kernel as compiled
 from ..functional.declare import GivenSamples, Samples, Shape, Sums
 from ..functional.plan import SAMPLE_SHIFT, Plan, accumulate
-from ..functional.report import REPORT, headline_keys
+from ..functional.report import REPORT, default_tag_keys
 from ..functional.stats import sketch_counts
 from ..functional.tokens import event_token_stats, field_table, given_token_losses, token_losses
 from ..schema import Status
@@ -69,8 +69,8 @@ class OWAEventMetrics(Float64Metric):
 
     Slices: ``tags=["minecraft", "vscode", ...]`` (at most `MAX_TAGS` names) and ``update(..., tags=)``, one tag per
     sequence ([B] ids into ``tags``, or the names), keep every state once more per tag; ``compute()`` adds, for each
-    tag with a sequence on any rank, that tag's report under ``tag/{name}/...``: the headline keys and the counts
-    (``tag_keys=None``), every key (``"all"``) or the keys named. A tag's keys are those of a metric fed only that
+    tag with a sequence on any rank, that tag's report under ``tag/{name}/...``: its sequences and target events and
+    the headline keys (``tag_keys=None``: `default_tag_keys`), every key (``"all"``) or the keys named. A tag's keys are those of a metric fed only that
     tag's sequences (each tag's rows of every update go through the same update again); the pooled keys stay.
     """
 
@@ -99,7 +99,7 @@ class OWAEventMetrics(Float64Metric):
         self.pairing, self.tolerance_ms = pairing, tolerance_ms
         self.tags, self.tag_keys = _check_tags(tags), _check_tag_keys(tag_keys)
         self._tag_ids = {name: i for i, name in enumerate(self.tags)}
-        self._tag_key_set = set(headline_keys(alignment) if tag_keys is None else () if tag_keys == "all" else tag_keys)
+        self._tag_key_set = set(default_tag_keys(alignment) if tag_keys is None else () if tag_keys == "all" else tag_keys)
         self.vocab, self.alignment, self.mode, self.backend = vocab, alignment, mode, backend
         self.spec = check_statistics(relative_accuracy, sketch_range, num_resamples, seed)
         self.num_resamples, self.seed = num_resamples, seed
@@ -351,8 +351,8 @@ class OWAEventMetrics(Float64Metric):
         return out
 
     def _is_tag_key(self, key: str) -> bool:
-        """Whether a tag reports ``key``: the headline keys and the counts (``tag_keys=None``), all, or those named."""
-        return self.tag_keys == "all" or key in self._tag_key_set or (self.tag_keys is None and key.startswith("count/"))
+        """Whether a tag reports ``key``: `default_tag_keys` (``tag_keys=None``), all, or those named."""
+        return self.tag_keys == "all" or key in self._tag_key_set
 
     def _warn_invalid_targets(self, rate: torch.Tensor, threshold: float = 0.05) -> None:
         """Above ``threshold`` of invalid targets / target events, one warning on rank zero naming the most frequent
