@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from owa_metrics import OWAEventMetrics
+from owa_metrics import OWAEventMetrics, decode_batch
+from owa_metrics.callbacks import OWAEventMetricsForTrainer
 from owa_metrics.events import simulate_session
 from owa_metrics.functional.report import headline_keys
 from metric_oracle import perturb
@@ -130,3 +131,12 @@ def test_misuse_raises_saying_what_to_do(tokenizer, batches):
     assert float(metric.compute()["count/target_events"]) == 0  # nothing was added by a refused update
     with pytest.raises(ValueError, match="needs the tags' names up front"):
         OWAEventMetrics(tokenizer).update(preds, target, tags=tags)
+    with pytest.raises(ValueError, match="no tag per sequence"):
+        OWAEventMetricsForTrainer(tokenizer, tags=TAGS)
+    with pytest.raises(ValueError, match="slice the token ids"):
+        metric.update(decode_batch(preds, target, metric.vocab))
+    misspelt = OWAEventMetrics(tokenizer, tags=TAGS, tag_keys=["comparable_rate", "comparable_rat"])
+    misspelt.update(preds, target, tags=tags)
+    with pytest.warns(UserWarning, match=r"tag_keys names \['comparable_rat'\]"):
+        got = _report(misspelt)
+    assert {k for k in got if k.startswith("tag/game/")} == {"tag/game/comparable_rate"}
