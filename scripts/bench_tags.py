@@ -50,7 +50,6 @@ def main() -> None:
     for alignment, pairing, mode in (("teacher_forcing", "index", "exact"), ("teacher_forcing", "index", "sketch"),
                                      ("generation", "index", "exact"), ("generation", "time", "exact")):
         p = target if alignment == "teacher_forcing" else preds  # teacher forcing: the true ids as the prediction
-        row = []
         metrics = [OWAEventMetrics(tokenizer, alignment=alignment, pairing=pairing, mode=mode, tags=t)
                    for t in (None, TAGS)]
         kwargs = [{}, {"tags": tags}]

@@ -152,7 +152,8 @@ def test_evaluate_reads_tags_from_jsonl_and_reports_each_alone(tmp_path, capsys)
     events = simulate_session(30, seed=2)
     chunks = [events[i:i + 20] for i in range(0, len(events), 20)][:20]
     tags = [("vscode", "minecraft", "chrome")[i % 3] for i in range(len(chunks))]
-    lines = [("".join(map(codec.encode, perturb(c, rng))), "".join(map(codec.encode, c)), t) for c, t in zip(chunks, tags)]
+    lines = [("".join(map(codec.encode, perturb(c, rng))), "".join(map(codec.encode, c)), t)
+             for c, t in zip(chunks, tags)]
 
     def run(name, rows, tagged=True):
         pred, true, out = (tmp_path / f"{name}.{x}" for x in ("pred.jsonl", "true.jsonl", "json"))

@@ -70,8 +70,9 @@ class OWAEventMetrics(Float64Metric):
     Slices: ``tags=["minecraft", "vscode", ...]`` (at most `MAX_TAGS` names) and ``update(..., tags=)``, one tag per
     sequence ([B] ids into ``tags``, or the names), keep every state once more per tag; ``compute()`` adds, for each
     tag with a sequence on any rank, that tag's report under ``tag/{name}/...``: its sequences and target events and
-    the headline keys (``tag_keys=None``: `default_tag_keys`), every key (``"all"``) or the keys named. A tag's keys are those of a metric fed only that
-    tag's sequences (each tag's rows of every update go through the same update again); the pooled keys stay.
+    the headline keys (``tag_keys=None``: `default_tag_keys`), every key (``"all"``) or the keys named. A tag's keys
+    are those of a metric fed only that tag's sequences (each tag's rows of every update go through the same update
+    again); the pooled keys stay.
     """
 
     full_state_update = False
@@ -99,7 +100,8 @@ class OWAEventMetrics(Float64Metric):
         self.pairing, self.tolerance_ms = pairing, tolerance_ms
         self.tags, self.tag_keys = _check_tags(tags), _check_tag_keys(tag_keys)
         self._tag_ids = {name: i for i, name in enumerate(self.tags)}
-        self._tag_key_set = set(default_tag_keys(alignment) if tag_keys is None else () if tag_keys == "all" else tag_keys)
+        self._tag_key_set = set(default_tag_keys(alignment) if tag_keys is None else
+                                () if tag_keys == "all" else tag_keys)
         self.vocab, self.alignment, self.mode, self.backend = vocab, alignment, mode, backend
         self.spec = check_statistics(relative_accuracy, sketch_range, num_resamples, seed)
         self.num_resamples, self.seed = num_resamples, seed
@@ -124,7 +126,7 @@ class OWAEventMetrics(Float64Metric):
 
     def kept(self, name: str, tag: Optional[int] = None) -> str:
         """The attribute of a declared state: a `Samples` / `GivenSamples` state's is ``{name}_samples`` (exact mode)
-        or ``{name}_sketch``; any other's its name; the copy of tag ``tag`` (its index in ``tags``) ends in ``@{tag}``."""
+        or ``{name}_sketch``; any other's its name; tag ``tag``'s copy (its index in ``tags``) ends in ``@{tag}``."""
         if name in self._sampled_names:
             name = f"{name}_{'samples' if self.mode == 'exact' else 'sketch'}"
         return name if tag is None else f"{name}@{tag}"
@@ -437,7 +439,8 @@ class Read:
         if m.mode == "sketch":
             counts = getattr(m, m.kept(name, self.tag))
             return Distribution(counts=counts[j, 0 if category is None else 1 + category], spec=m.spec)
-        rows = cat_samples(getattr(m, m.kept(name, self.tag)), m.device).reshape(-1, len(state.values) + state.by_category)
+        rows = cat_samples(getattr(m, m.kept(name, self.tag)), m.device)
+        rows = rows.reshape(-1, len(state.values) + state.by_category)
         x = rows[:, j] if category is None else rows[rows[:, -1] == category, j]
         return Distribution.exact(x[~torch.isnan(x)])
 
