@@ -126,7 +126,8 @@ def test_misuse_raises_saying_what_to_do(tokenizer, batches):
         OWAEventMetrics(tokenizer, tags=TAGS, tag_keys="headline")
     metric = OWAEventMetrics(tokenizer, tags=TAGS)
     for bad, says in ((None, "pass update"), (tags + 4, r"in \[0, 4\)"), (tags[:3], "must be 6 integer ids"),
-                      (tags.float(), "integer ids"), (["game"] * 5 + ["chess"], r"\['chess'\] are not among")):
+                      (tags.float(), "integer ids"), (["game"] * 5 + ["chess"], r"\['chess'\] are not among"),
+                      (["game"] * 5 + [1], "integer ids")):
         with pytest.raises(ValueError, match=says):
             metric.update(preds, target, tags=bad)
     assert float(metric.compute()["count/target_events"]) == 0  # nothing was added by a refused update

@@ -202,16 +202,19 @@ class OWAEventMetrics(Float64Metric):
                 raise ValueError(f"this metric reports per tag ({len(self.tags)} tags): pass update(..., tags=) with "
                                  "one tag per sequence (ids into tags, or the names), in every update")
             return []
-        if isinstance(tags, (list, tuple)) and tags and all(isinstance(t, str) for t in tags):
+        if isinstance(tags, (list, tuple, np.ndarray)) and len(tags) and all(isinstance(t, str) for t in tags):
             unknown = sorted(set(tags) - self._tag_ids.keys())
             if unknown:
                 raise ValueError(f"tags {unknown} are not among this metric's tags {self.tags}: name every tag "
                                  "of the data in OWAEventMetrics(..., tags=)")
             tags = [self._tag_ids[t] for t in tags]
-        ids = torch.as_tensor(tags).reshape(-1)
-        if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool or ids.numel() != batch_size:
-            raise ValueError(f"tags must be {batch_size} integer ids (one per sequence) or names, got "
-                             f"{ids.numel()} of {ids.dtype}")
+        try:
+            ids = torch.as_tensor(tags).reshape(-1)
+        except (TypeError, ValueError, RuntimeError):
+            ids = None
+        if ids is None or ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool or \
+                ids.numel() != batch_size:
+            raise ValueError(f"tags must be {batch_size} integer ids (one per sequence) or names, got {tags!r}"[:300])
         ids = ids.cpu().long()
         if ids.numel() and not 0 <= int(ids.min()) <= int(ids.max()) < len(self.tags):
             raise ValueError(f"tag ids must be in [0, {len(self.tags)}) (indices into tags={self.tags}), got "
