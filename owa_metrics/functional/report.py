@@ -42,6 +42,41 @@ GENERATION_ONLY = ("count_accuracy", "count/pred_events", "count/extra_events", 
                    "status/missing")
 
 
+# the report's headline, what a reader sees first (the markdown report, TensorBoard's ``val`` group, the per-tag keys):
+# (key, name, unit, the only alignment it applies to or None)
+HEADLINE = (
+    ("comparable_rate", "comparable events", "ratio", None),
+    ("count_accuracy", "event count right (per sequence)", "ratio", "generation"),
+    ("category/macro_f1", "category macro F1", "ratio", None),
+    ("detect/f1", "detection F1 (time pairing)", "ratio", "generation"),
+    ("mouse/click_offset_p50_mu", "cursor offset at true clicks P50 (raw mouse units)", "mu", "generation"),
+    ("keyboard/sequence_error_rate", "key-sequence error rate (edit distance / true keys)", "ratio", "generation"),
+    ("timestamp/abs_error_p95_ms", "timestamp abs error P95", "ms", None),
+    ("timestamp/signed_error_iqm_ms", "timestamp signed error IQM", "ms", None),
+    ("mouse/euclidean_iqmpe_pct", "mouse euclidean error IQM", "%", None),
+    ("mouse/euclidean_pe_p95_pct", "mouse euclidean error P95", "%", None),
+    ("mouse/direction_error_p50_deg", "mouse direction error P50", "deg", None),
+    ("mouse/direction_error_p95_deg", "mouse direction error P95", "deg", None),
+    ("mouse/action_accuracy", "mouse button accuracy", "ratio", None),
+    ("keyboard/accuracy", "keyboard accuracy (vk and action)", "ratio", None),
+    ("token_accuracy/timestamp", "timestamp tokens right", "ratio", "teacher_forcing"),
+)
+# keys that a few tiny true moves dominate (a percent of the true value, a sum of squares): the spec's, kept in the
+# report, but no headline chart; their robust neighbours are mouse/euclidean_iqmpe_pct and the direction error
+TINY_MOVE_KEYS = ("mouse/euclidean_pe_p95_pct", "mouse/r2")
+
+
+def headline_keys(alignment: str) -> list[str]:
+    """The keys charted first (TensorBoard's ``val`` group): `HEADLINE`'s that apply to ``alignment``, without
+    `TINY_MOVE_KEYS`."""
+    return [key for key, _, _, only in HEADLINE if only in (None, alignment) and key not in TINY_MOVE_KEYS]
+
+
+def default_tag_keys(alignment: str) -> list[str]:
+    """The keys each tag reports by default (`OWAEventMetrics`' ``tags``): its size, then `headline_keys`."""
+    return ["count/sequences", "count/target_events", *headline_keys(alignment)]
+
+
 def _event_keys(r) -> dict:
     counts = torch.cat([r["events"].events.reshape(1), r["batch_counts"].raw, r["comparable_seq"].raw])
     out = event_type_report(r["confusion"].raw, r["statuses"].raw[0], counts)
