@@ -12,8 +12,8 @@ the predicted tokens replaced), after one warm-up update.
 - syncs: the aten calls a `SyncCounter` (a ``TorchDispatchMode``) sees whose result needs the host to wait for
   the device: reading a value (``_local_scalar_dense``: ``.item()``, ``bool()``, ``int()``), an output whose
   shape depends on the data (`nonzero`, `masked_select`, `unique*`, ``repeat_interleave`` without
-  ``output_size``, indexing or ``index_put_`` with a boolean mask), and `bincount` / `histc`, whose CUDA kernels
-  read the input's range on the host. On the CPU nothing waits; these are the calls that would on a GPU.
+  ``output_size``, indexing or ``index_put_`` with a boolean mask), `bincount` / `histc`, whose CUDA kernels
+  read the input's range on the host, and the Tensor methods that read data on the host (`HOST_READS`). On the CPU nothing waits; these are the calls that would on a GPU.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ DATA_SHAPED = {aten.nonzero.default, aten.masked_select.default, aten.unique_con
                aten.unique_dim.default, aten._unique.default, aten._unique2.default, aten.bincount.default,
                aten.histc.default}
 MASK_INDEXED = {aten.index.Tensor, aten.index_put.default, aten.index_put_.default, aten._index_put_impl_.default}
+HOST_READS = ("tolist", "numpy")  # Tensor methods that read the data on the host (a copy to it, on a GPU)
 REPEATS = {aten.repeat_interleave.Tensor, aten.repeat_interleave.self_Tensor}
 VIEWS = {f"aten::{name}" for name in ("view", "select", "slice", "unbind", "squeeze", "unsqueeze", "expand", "permute",
                                       "numpy_T", "t", "transpose", "split", "split_with_sizes", "as_strided", "alias",
@@ -43,6 +44,23 @@ class SyncCounter(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.calls: Counter = Counter()
+
+    def __enter__(self):  # reading a tensor into Python or numpy dispatches no aten op on the CPU: counted here
+        self._saved = {name: getattr(torch.Tensor, name) for name in HOST_READS}
+        for name, method in self._saved.items():
+            setattr(torch.Tensor, name, self._counting(name, method))
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        for name, method in self._saved.items():
+            setattr(torch.Tensor, name, method)
+        return super().__exit__(*exc)
+
+    def _counting(self, name, method):
+        def read(tensor, *args, **kwargs):
+            self.calls[name] += 1
+            return method(tensor, *args, **kwargs)
+        return read
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}

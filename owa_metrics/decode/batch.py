@@ -21,7 +21,6 @@ from __future__ import annotations
 import functools
 import itertools
 import weakref
-from dataclasses import replace
 from typing import Optional, Union
 
 import numpy as np
@@ -80,11 +79,7 @@ def decode_batch(preds: torch.Tensor, target: torch.Tensor, vocab: VocabMap,
     layouts = _Tables.get(vocab.config, target.device)
     if backend == "kernel" or (backend == "auto" and target.device.type == "cpu" and kernel.available()):
         return _decode_with_kernel(preds, target, vocab, alignment, layouts)
-    batch = _decode_with_torch(preds, target, vocab, alignment, layouts)
-    if alignment == "generation":  # every generated event, decoded on its own (the kernel's pass gives them)
-        generated = _decode_with_torch(preds, preds, vocab, "teacher_forcing", layouts)
-        batch = replace(batch, generated=generated.target, generated_seq=generated.seq_idx)
-    return batch
+    return _decode_with_torch(preds, target, vocab, alignment, layouts)
 
 
 def check_pairing(pairing: Pairing, alignment: Alignment) -> None:
@@ -150,7 +145,7 @@ def _check_inputs(preds, target, alignment):
 def _decode_with_torch(preds, target, vocab: VocabMap, alignment: Alignment, L: "_Tables") -> EventBatch:
     """The torch ops: both sides' token planes (`_token_planes`) in one [P, 2B W] lookup, the spans from dense scans,
     then every row of both sides checked and read at once (`_decode_rows`). One host sync: the number of target
-    events (``nonzero``)."""
+    events (``nonzero``; in generation the numbers of events of both sides, every generated event being decoded)."""
     B, T = target.shape
     generation = alignment == "generation"
     if generation:  # the generated rows under the target rows, padded to one width with ignored labels
@@ -163,25 +158,32 @@ def _decode_with_torch(preds, target, vocab: VocabMap, alignment: Alignment, L: 
     table = _token_planes(vocab, L, ids.device)  # a gather along the rows: index_select there is slow on the CPU
     planes = table.gather(1, (ids.clamp(-1, vocab.size) + 1).view(1, -1).expand(len(table), -1))
     scans = _Scans(planes, W)
-    seq, col = scans.marks[:B].nonzero().unbind(1)  # the target spans: the one host sync
-    at, n, BW = torch.add(col, seq, alpha=W), seq.numel(), B * W
     target_count, pred_count = scans.marks.sum(1).split([B, B])  # events per row of each side (B = 0 too)
-    if generation:  # the k-th target event of a row is paired with the k-th generated event of that row
-        counts = torch.stack([target_count, pred_count])
-        above, rank = (counts.cumsum(1) - counts).index_select(1, seq), torch.arange(n, device=at.device)
-        rank = rank - above[0]
-        present = rank < pred_count.index_select(0, seq)
-        # the k-th generated span of row b: where the running count of generated marks first exceeds above + k
-        paired = torch.searchsorted(scans.marks[B:].view(-1).cumsum(0), above[1] + rank, right=True)
-        first, last, cut, slot0 = scans.spans(torch.cat([at, (paired + BW).clamp(max=2 * BW - 1)]))
-        status, kind, code, values, digits = _decode_rows(planes, scans.counts, slot0, last, cut, L, present)
-        rows = torch.stack([status, kind, first % W, last % W, code]).view(5, 2, n)  # a span lies in one row
-        # a target event without its k-th generated one: MISSING, no span
-        paired_or_target = present | L.target_side  # [side, N]
-        rows = torch.where(paired_or_target, rows, L.missing)
-        cuts = (cut.view(2, n) & paired_or_target).unbind(0)
-        status_t, status_p, kind_t, kind_p, start_t, start_p, end_t, end_p, code_t, code_p = rows.view(10, n).unbind(0)
+    if generation:  # every span of both sides (the one host sync), the k-th true event of a row paired with its
+        # k-th generated event: the generated side decoded whole, the pairs read from it
+        n, n_g = torch.stack([target_count.sum(), pred_count.sum()]).tolist()
+        seq, col = torch.nonzero_static(scans.marks, size=n + n_g).unbind(1)
+        first, last, cut, slot0 = scans.spans(torch.add(col, seq, alpha=W))
+        status, kind, code, values, digits = _decode_rows(planes, scans.counts, slot0, last, cut, L)
+        rows = torch.cat([torch.stack([status, kind, first % W, last % W, code, cut.long()]), L.missing], 1)
+        values, digits = torch.cat([values, L.blank], 1), torch.nn.functional.pad(digits, (0, 1), value=-1)
+        seq, g_seq = seq[:n], seq[n:] - B
+        rank = torch.arange(n, device=seq.device) - (target_count.cumsum(0) - target_count).index_select(0, seq)
+        # a target event without its k-th generated one: MISSING, no span (the blank last column)
+        paired = torch.where(rank < pred_count.index_select(0, seq),
+                             n + (pred_count.cumsum(0) - pred_count).index_select(0, seq) + rank, n + n_g)
+        pick = torch.cat([torch.arange(n, device=seq.device), paired])
+        (status_t, status_p), (kind_t, kind_p), (start_t, start_p), (end_t, end_p), (code_t, code_p), cuts = (
+            x.split([n, n]) for x in rows.index_select(1, pick))
+        cuts = tuple(c.bool() for c in cuts)
+        generated = EventFields(*(x[n:n + n_g] for x in (status, kind)), values=values[:, n:n + n_g].t(),
+                                digits=digits[:, n:n + n_g].t(), start=first[n:] % W, end=last[n:] % W,
+                                start_cut=cut[n:], n_timestamp_digits=L.n_ts)
+        values, digits = values.index_select(1, pick), digits.index_select(1, pick)
     else:  # the prediction is read at the target's spans, one side down
+        seq, col = scans.marks[:B].nonzero().unbind(1)  # the target spans: the one host sync
+        at, n, BW = torch.add(col, seq, alpha=W), seq.numel(), B * W
+        generated = g_seq = None
         pred_count = target_count
         first, last, cut, slot0 = scans.spans(at)
         status, kind, code, values, digits = _decode_rows(planes, scans.counts, torch.cat([slot0, slot0 + BW]),
@@ -197,7 +199,8 @@ def _decode_with_torch(preds, target, vocab: VocabMap, alignment: Alignment, L: 
                        start_cut=cuts[1], n_timestamp_digits=L.n_ts)
     status = L.pair_status[generation].index_select(0, torch.add(code_p, code_t, alpha=L.n_codes))
     return EventBatch(seq_idx=seq, status=status, target=tgt, pred=pred, target_count=target_count,
-                      pred_count=pred_count, num_sequences=B, alignment=alignment)
+                      pred_count=pred_count, num_sequences=B, alignment=alignment, generated=generated,
+                      generated_seq=g_seq)
 
 
 class _Scans:
@@ -402,10 +405,9 @@ class _Tables:
         # an event's status and kind in one code, status x K + kind + 1 (K = `KIND_CODES`); a pair's status by the
         # codes of its two sides
         self.n_codes = KIND_CODES * len(Status)
-        self.missing = torch.tensor([int(Status.MISSING), -1, -1, -1, KIND_CODES * int(Status.MISSING)],
-                                    device=device)[:, None, None]  # status, kind, span, code
+        self.missing = torch.tensor([int(Status.MISSING), -1, -1, -1, KIND_CODES * int(Status.MISSING), 0],
+                                    device=device)[:, None]  # status, kind, span, code, cut of no predicted event
         self.pair_status = [torch.tensor(_pair_statuses(generation), device=device) for generation in (False, True)]
-        self.target_side = torch.tensor([True, False], device=device)[:, None]
         self.no_role = torch.tensor([_N_ROLES - 1], device=device)  # the key's role of a span of one token
 
     @classmethod
