@@ -4,9 +4,8 @@
 
 The 32 sequences x 64 events generation batch of `bench_pairing` (5 % dropped, half jittered, 5 % doubled). Timed,
 1 thread, medians of `OWAEventMetrics.update` (exact mode) with the whole report and with the report less the
-`SEQUENCES` and `MOVES_WITH_MISSES` definitions, per pairing and backend (``auto``: the compiled CPU kernels, whose
-index-pairing decode already yields every generated event; ``torch``: the ops a GPU runs, which decode the generated
-side a second time).
+`SEQUENCES` and `MOVES_WITH_MISSES` definitions, per pairing and backend (``auto``: the compiled CPU kernels; ``torch``: the ops a GPU runs).
+Both decoders decode every generated event once, paired or not (`EventBatch.generated`).
 """
 
 from __future__ import annotations
@@ -18,12 +17,11 @@ import time
 import numpy as np
 import torch
 
-from owa_metrics import OWAEventMetrics, VocabMap, build_tokenizer, decode_batch
+from owa_metrics import OWAEventMetrics, VocabMap, build_tokenizer
 from owa_metrics.events import simulate_session
 from owa_metrics.functional import report
 
-from bench_decode import timed  # scripts/ is on sys.path when run as a script
-from bench_pairing import batch
+from bench_pairing import batch  # scripts/ is on sys.path when run as a script
 
 
 def main() -> None:
@@ -55,10 +53,6 @@ def main() -> None:
                     kept.append(time.perf_counter() - begin)
             whole, without = (1e3 * statistics.median(t[1:]) for t in times)
             print(f"| {pairing} | {backend} | {whole:.2f} | {without:.2f} | {whole - without:+.2f} |")
-    # the torch decoder reads only the generated spans paired with target events: the new keys decode the generated
-    # side a second time (the compiled decoder's pass gives every generated event)
-    second = timed(lambda: decode_batch(preds, preds, vocab, "teacher_forcing", "torch"), args.repeats)
-    print(f"\nthe generated side's second decode (index pairing, torch ops: in both of its columns): {1e3 * second:.2f} ms")
 
 
 if __name__ == "__main__":
