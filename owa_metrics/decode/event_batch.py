@@ -27,7 +27,8 @@ class TimeMatching:
     kind matches. ``detection_counts`` [3, N_CAT + 1] (float64): TP, FP, FN per category, the last column the
     invalid generated events (FP of no category). ``detection_error_ms`` [detection matches]: |a_p - a_t|.
     ``extra_events``: valid generated events paired with nothing; ``invalid_pred_events``: generated event
-    spans that do not decode.
+    spans that do not decode. A tolerance sweep: ``sweep_ns`` its tolerances (ns), ``sweep_counts``
+    [len(sweep_ns), 3, N_CAT + 1] the detection counts at each (the first: ``detection_counts``).
     """
 
     detection: torch.Tensor
@@ -36,6 +37,8 @@ class TimeMatching:
     detection_error_ms: torch.Tensor
     extra_events: torch.Tensor
     invalid_pred_events: torch.Tensor
+    sweep_ns: tuple = ()
+    sweep_counts: Optional[torch.Tensor] = None
 
 
 VALUE_COLUMNS = ("category", "timestamp_ns", "vk", "action", "dx", "dy", "button_flags", "button_data")

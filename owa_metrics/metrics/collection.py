@@ -17,7 +17,7 @@ from ..decode.matching import tolerance_ns
 from ..functional import kernel as compiled
 from ..functional.declare import GivenSamples, Samples, Shape, Sums
 from ..functional.plan import SAMPLE_SHIFT, Plan, accumulate
-from ..functional.report import REPORT
+from ..functional.report import KEY_GROUPS, REPORT
 from ..functional.stats import sketch_counts
 from ..functional.tokens import event_token_stats, field_table, given_token_losses, token_losses
 from ..schema import Status
@@ -65,7 +65,14 @@ class OWAEventMetrics(Float64Metric):
     within ``tolerance_ms`` on the unwrapped time axis (``pairing="time"``, see `owa_metrics.decode.matching`;
     ``update(..., origin_ns=)`` gives each row's origin, by default its first valid target event): the pairs feed
     every metric, and the detection matches add ``detect/{category}/precision|recall|f1``, the micro
-    ``detect/precision|recall|f1``, ``detect/time_error_abs_p50_ms`` and ``count/invalid_pred_events``.
+    ``detect/precision|recall|f1``, ``detect/time_error_abs_p50_ms`` and ``count/invalid_pred_events``. A tuple
+    ``tolerance_ms=(50, 100, 200, 500)`` sweeps: the detection matching runs at each tolerance t (keys
+    ``detect/f1|precision|recall@{t}ms``, ``detect/{category}/f1@{t}ms``, ``detect/f1_mean``); the pairs and the
+    keys above come from the first.
+
+    ``key_groups=True`` adds the accuracy and count of the comparable keyboard events by group of the true virtual
+    key (``keyboard/{group}/...``) and of the comparable mouse events with button flags by operation
+    (``mouse_op/{op}/...``): see docs/METRICS.md.
     """
 
     full_state_update = False
@@ -76,7 +83,7 @@ class OWAEventMetrics(Float64Metric):
                  format: Optional[str] = None, alignment: Alignment = "teacher_forcing", mode: Mode = "exact", relative_accuracy: float = 0.005,
                  sketch_range: tuple[float, float] = (1e-4, 1e8), num_resamples: int = 1000, seed: int = 42,
                  persistent: bool = False, backend: Backend = "auto", pairing: Pairing = "index",
-                 tolerance_ms: float = 100.0, **kwargs):
+                 tolerance_ms: Union[float, tuple[float, ...]] = 100.0, key_groups: bool = False, **kwargs):
         kwargs.setdefault("compute_with_cache", False)  # every compute() syncs, on every rank: no stale rank
         super().__init__(**kwargs)
         vocab = _vocab_map(vocab if vocab is not None else tokenizer, config, format)
@@ -89,14 +96,15 @@ class OWAEventMetrics(Float64Metric):
                              f"'torch', got {backend!r}")
         check_pairing(pairing, alignment)
         tolerance_ns(tolerance_ms, vocab.config.timestamp_window_ns)  # raises saying what is allowed
-        self.pairing, self.tolerance_ms = pairing, tolerance_ms
+        sweep = tuple(tolerance_ms) if isinstance(tolerance_ms, (tuple, list)) else ()
+        self.pairing, self.tolerance_ms, self.key_groups = pairing, sweep or tolerance_ms, key_groups
         self.vocab, self.alignment, self.mode, self.backend = vocab, alignment, mode, backend
         self.spec = check_statistics(relative_accuracy, sketch_range, num_resamples, seed)
         self.num_resamples, self.seed = num_resamples, seed
         self.window_ns = vocab.config.timestamp_window_ns
         columns = vocab.config.token_format.digit_columns
-        self.shape = Shape(columns.count("timestamp"), columns.count("dx"), self.window_ns)
-        self.definitions = tuple(d for d in REPORT if d.applies(alignment, pairing))
+        self.shape = Shape(columns.count("timestamp"), columns.count("dx"), self.window_ns, sweep)
+        self.definitions = tuple(d for d in REPORT + ([KEY_GROUPS] if key_groups else []) if d.applies(alignment, pairing))
         self._field_table = field_table(vocab.config).numpy()
         plan = Plan.get(self.definitions, self.shape, "cpu", self._given_names(tokens=True))
         self._sampled_names = {n for n, st in plan.states.items() if isinstance(st, (Samples, GivenSamples))}
@@ -123,7 +131,7 @@ class OWAEventMetrics(Float64Metric):
         logits or a token loss), the detection counts (time pairing)."""
         names = ("token_fields",) + (("token_loss",) if loss else ()) if tokens and self.alignment == "teacher_forcing" \
             else ()
-        return names + (("detection",) if self.pairing == "time" else ())
+        return names + (("detection", "detection_sweep") if self.pairing == "time" else ())
 
     # ------------------------------------------------------------------------------------------ update
     def update(self, preds: Union[torch.Tensor, EventBatch], target: Optional[torch.Tensor] = None,
@@ -142,6 +150,10 @@ class OWAEventMetrics(Float64Metric):
                 raise ValueError(f"this EventBatch was paired by {'time' if batch.time_matching else 'index'} but "
                                  f"the metric pairs by {self.pairing}: decode with decode_batch(..., "
                                  f"pairing='{self.pairing}') or build the metric with the batch's pairing")
+            if self.shape.tolerances_ms and batch.time_matching.sweep_ns != tolerance_ns(self.tolerance_ms,
+                                                                                         self.window_ns):
+                raise ValueError(f"this EventBatch was not matched at the metric's tolerance sweep: decode with "
+                                 f"decode_batch(..., pairing='time', tolerance_ms={self.tolerance_ms})")
         else:
             if target is None:
                 raise ValueError("update(preds, target): target token ids are missing")
