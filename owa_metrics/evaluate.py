@@ -13,7 +13,7 @@ import json
 import re
 import warnings
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 
@@ -174,9 +174,10 @@ def _ids(path, contents, tokenizer, vocab: VocabMap) -> list[list[int]]:
 
 
 def evaluate(pred_path, target_path, mode: str = "exact", batch_size: int = 16, progress: bool = True,
-             format: Optional[str] = None, pairing: str = "index", tolerance_ms: float = 100.0) -> dict:
-    """``OWAEventMetrics(alignment="generation", pairing=, tolerance_ms=)`` over the paired sequences of two files,
-    in ``format`` (guessed from the files' tokens when None, see `guess_format`; `FormatGuessWarning` when they
+             format: Optional[str] = None, pairing: str = "index", tolerance_ms: Union[float, tuple] = 100.0,
+             key_groups: bool = False) -> dict:
+    """``OWAEventMetrics(alignment="generation", pairing=, tolerance_ms=, key_groups=)`` over the paired sequences of
+    two files, in ``format`` (guessed from the files' tokens when None, see `guess_format`; `FormatGuessWarning` when they
     cannot tell; the metric's undecodable-targets warning comes as `UndecodedTargetsWarning`); under time pairing
     each sequence's time origin is its first valid true event."""
     from tqdm.auto import tqdm
@@ -188,7 +189,8 @@ def evaluate(pred_path, target_path, mode: str = "exact", batch_size: int = 16, 
             warnings.warn(FormatGuessWarning(target_path), stacklevel=2)
             format = "hierarchical"
     tokenizer = build_tokenizer(format=format)
-    metric = OWAEventMetrics(tokenizer, alignment="generation", mode=mode, pairing=pairing, tolerance_ms=tolerance_ms)
+    metric = OWAEventMetrics(tokenizer, alignment="generation", mode=mode, pairing=pairing, tolerance_ms=tolerance_ms,
+                             key_groups=key_groups)
     preds, targets = (_ids(path, contents, tokenizer, metric.vocab)
                       for path, contents in ((pred_path, pred_contents), (target_path, target_contents)))
     if len(preds) != len(targets):

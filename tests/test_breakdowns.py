@@ -4,6 +4,7 @@ operation. Oracles: a separate single-tolerance metric at each t and the plain-P
 issue's text."""
 
 import dataclasses
+import json
 import itertools
 
 import numpy as np
@@ -153,3 +154,33 @@ def test_key_groups_are_off_by_default(tokenizer):
     empty = OWAEventMetrics(tokenizer, key_groups=True).compute()  # no events: counts 0, no accuracy, no macro
     assert float(empty["keyboard/letter/count"]) == 0 and "keyboard/letter/accuracy" not in empty
     assert "keyboard/group_macro_accuracy" not in empty
+
+
+def test_the_cli_sweeps_and_groups(tmp_path, capsys):
+    """``owa-metrics evaluate --tolerance-ms 50 100 --key-groups``: half the generated events 70 ms late, so that
+    they match at 100 ms only; the plain-Python matching at each tolerance."""
+    from owa_metrics import EventCodec, VocabMap, build_tokenizer
+    from owa_metrics.cli import main
+    from owa_metrics.evaluate import tokenize
+
+    events, codec = read_recording(recording_paths()[0]), EventCodec()
+    truth = "".join(map(codec.encode, events[:80]))
+    guess = "".join(map(codec.encode, events[:40] + [dataclasses.replace(e, timestamp_ns=e.timestamp_ns + 70_000_000)
+                                                     for e in events[40:80]]))
+    (tmp_path / "true.txt").write_text(truth + "\n")
+    (tmp_path / "pred.txt").write_text(guess + "\n")
+    assert main(["evaluate", "--pred", str(tmp_path / "pred.txt"), "--target", str(tmp_path / "true.txt"), "--pairing",
+                 "time", "--tolerance-ms", "50", "100", "--key-groups", "--json", str(tmp_path / "out.json")]) == 0
+    capsys.readouterr()
+    report = json.loads((tmp_path / "out.json").read_text())
+    tokenizer = build_tokenizer()
+    ids = [[tokenize(text, tokenizer.get_vocab(), tokenizer.unk_token_id)] for text in (guess, truth)]
+    at = {t: time_oracle(*ids, VocabMap.from_tokenizer(tokenizer), tolerance_ms=t) for t in (50, 100)}
+    assert at[50]["detect/f1"] < at[100]["detect/f1"] == 1
+    for t, oracle in at.items():
+        assert all(abs(report[f"{k}@{t}ms"] - v) <= 1e-12 for k, v in oracle.items()
+                   if k.startswith("detect/") and k.endswith("f1"))
+    assert abs(report["detect/f1"] - at[50]["detect/f1"]) <= 1e-12  # the first tolerance pairs
+    assert abs(report["detect/f1_mean"] - (at[50]["detect/f1"] + at[100]["detect/f1"]) / 2) <= 1e-12
+    keyboard = [e for e in events[:80] if e.kind == "keyboard"]
+    assert report["keyboard/letter/count"] == sum(0x41 <= e.vk <= 0x5A for e in keyboard) > 0
