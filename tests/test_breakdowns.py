@@ -163,7 +163,7 @@ def test_the_cli_sweeps_and_groups(tmp_path, capsys):
     from owa_metrics.cli import main
     from owa_metrics.evaluate import tokenize
 
-    events, codec = read_recording(recording_paths()[0]), EventCodec()
+    events, codec = read_recording(recording_paths()[2]), EventCodec()  # 18 keyboard events in the first 80
     truth = "".join(map(codec.encode, events[:80]))
     guess = "".join(map(codec.encode, events[:40] + [dataclasses.replace(e, timestamp_ns=e.timestamp_ns + 70_000_000)
                                                      for e in events[40:80]]))
