@@ -70,6 +70,11 @@ def test_sweep_misuse_raises_saying_what_to_do(tokenizer):
     with pytest.raises(ValueError, match="tolerance sweep"):
         metric.update(decode_batch(ids, ids, metric.vocab, "generation", pairing="time", tolerance_ms=50))
     metric.update(decode_batch(ids, ids, metric.vocab, "generation", pairing="time", tolerance_ms=(50, 200)))
+    from owa_metrics.callbacks import OWAEventMetricsCallback  # the callback passes both on to its metrics
+
+    callback = OWAEventMetricsCallback(tokenizer, alignment="generation", pairing="time", tolerance_ms=(50, 200),
+                                       key_groups=True)
+    assert callback.metric.shape.tolerances_ms == (50, 200) and callback.metric.key_groups
 
 
 # ------------------------------------------------------------------ key groups and mouse ops
