@@ -260,7 +260,7 @@ def _group_states(s: Shape) -> dict:
     for name, flag in MOUSE_OPS.items():
         member = within(true("button_flags"), flag, flag)
         mouse.update({f"{name}_events": member, f"{name}_right": member * _FLAGS_RIGHT})
-    return {"key_groups": Sums(("comparable_keyboard",), keyboard), "mouse_ops": Sums(("comparable_mouse_op",), mouse)}
+    return {"keyboard_groups": Sums(("comparable_keyboard",), keyboard), "mouse_ops": Sums(("comparable_mouse_op",), mouse)}
 
 
 def _group_keys(r) -> dict:
@@ -269,7 +269,7 @@ def _group_keys(r) -> dict:
     events with button flags; ``other``: the rest; ``keyboard/group_macro_accuracy``: the mean over the groups
     with events."""
     out = {}
-    for prefix, state, names in (("keyboard", r["key_groups"], VK_GROUPS), ("mouse_op", r["mouse_ops"], MOUSE_OPS)):
+    for prefix, state, names in (("keyboard", r["keyboard_groups"], VK_GROUPS), ("mouse_op", r["mouse_ops"], MOUSE_OPS)):
         events = {n: getattr(state, f"{n}_events") for n in names}
         right = {n: getattr(state, f"{n}_right") for n in names}
         events["other"], right["other"] = state.events - sum(events.values()), state.right - sum(right.values())
