@@ -239,7 +239,7 @@ DETECTION_SWEEP = Definition("detection_sweep", _sweep_states, _sweep_keys, alig
 REPORT: list[Definition] = [EVENTS, TOKENS, TIMESTAMP, TIMESTAMP_R2, KEYBOARD, MOUSE, DETECTION, DETECTION_SWEEP]
 
 
-# ------------------------------------------------------------------ key groups and mouse ops (OWAEventMetrics(key_groups=True))
+# ------------------------------------------------------------------ key groups, mouse ops (OWAEventMetrics(key_groups=True))
 # Windows virtual-key groups of the true vk (inclusive ranges); a vk in none is `other`
 VK_GROUPS = {"letter": ((0x41, 0x5A),), "digit": ((0x30, 0x39), (0x60, 0x69)),
              "modifier": ((0x10, 0x12), (0x5B, 0x5C), (0xA0, 0xA5)), "navigation": ((0x21, 0x28),),
@@ -273,8 +273,8 @@ def _group_keys(r) -> dict:
         events = {n: getattr(state, f"{n}_events") for n in names}
         right = {n: getattr(state, f"{n}_right") for n in names}
         events["other"], right["other"] = state.events - sum(events.values()), state.right - sum(right.values())
-        for n in events:
-            out[f"{prefix}/{n}/accuracy"], out[f"{prefix}/{n}/count"] = ratio(right[n], events[n]), events[n]
+        for n, count in events.items():
+            out[f"{prefix}/{n}/accuracy"], out[f"{prefix}/{n}/count"] = ratio(right[n], count), count
     present = [out[f"keyboard/{n}/accuracy"] for n in (*VK_GROUPS, "other") if out[f"keyboard/{n}/count"] > 0]
     if present:
         out["keyboard/group_macro_accuracy"] = torch.stack(present).mean()
