@@ -223,8 +223,8 @@ def _sweep_states(s: Shape) -> dict:
 def _sweep_keys(r) -> dict:
     """At each tolerance t of the sweep: ``detect/{f1,precision,recall}@{t}ms`` and ``detect/{cat}/f1@{t}ms``
     (`detection_report` of the counts at t); ``detect/f1_mean``: the mean of the micro F1 over the tolerances."""
-    out, f1 = {}, []
-    for t, counts in zip(r.plan.shape.tolerances_ms, r.given("detection_sweep") if r.plan.shape.tolerances_ms else ()):
+    sweep, out, f1 = r.plan.shape.tolerances_ms, {}, []
+    for t, counts in zip(sweep, r.given("detection_sweep") if sweep else ()):
         at = detection_report(counts)
         out.update({f"{k}@{ms_label(t)}ms": v for k, v in at.items()
                     if k.endswith("/f1") or k in ("detect/precision", "detect/recall")})
