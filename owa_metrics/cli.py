@@ -74,9 +74,6 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--tolerance-ms", type=float, nargs="+", default=[100.0],
                           help="time pairing's tolerance in ms (default 100); several: detection at each "
                                "(detect/f1@{t}ms, ..., detect/f1_mean), the first pairs")
-    evaluate.add_argument("--key-groups", action="store_true",
-                          help="add accuracy and count by key group (keyboard/{group}/...) and mouse operation "
-                               "(mouse_op/{op}/...)")
     evaluate.add_argument("--strict", action="store_true",
                           help="exit 1 when there is any warning (e.g. more than 5 %% of the true events do not "
                                "decode)")
@@ -100,13 +97,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "evaluate":
         tolerance_ms = args.tolerance_ms[0] if len(args.tolerance_ms) == 1 else tuple(args.tolerance_ms)
         return _evaluate(args.pred, args.target, args.mode, args.json, args.format, args.strict, args.pairing,
-                         tolerance_ms, args.key_groups)
+                         tolerance_ms)
     parser.print_help()
     return 0
 
 
 def _evaluate(pred: Path, target: Path, mode: str, json_path: Path | None, format: str | None, strict: bool,
-              pairing: str = "index", tolerance_ms: float | tuple = 100.0, key_groups: bool = False) -> int:
+              pairing: str = "index", tolerance_ms: float | tuple = 100.0) -> int:
     import json
     import warnings
 
@@ -115,8 +112,7 @@ def _evaluate(pred: Path, target: Path, mode: str, json_path: Path | None, forma
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            report = evaluate(pred, target, mode, format=format, pairing=pairing, tolerance_ms=tolerance_ms,
-                              key_groups=key_groups)
+            report = evaluate(pred, target, mode, format=format, pairing=pairing, tolerance_ms=tolerance_ms)
     except (InputError, ImportError) as err:
         print(f"owa-metrics evaluate: {err}".splitlines()[0], file=sys.stderr)
         return 2

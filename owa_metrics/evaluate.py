@@ -175,9 +175,9 @@ def _ids(path, contents, tokenizer, vocab: VocabMap) -> list[list[int]]:
 
 def evaluate(pred_path, target_path, mode: str = "exact", batch_size: int = 16, progress: bool = True,
              format: Optional[str] = None, pairing: str = "index", tolerance_ms: Union[float, tuple] = 100.0,
-             key_groups: bool = False) -> dict:
+             key_groups: bool = True) -> dict:
     """``OWAEventMetrics(alignment="generation", pairing=, tolerance_ms=, key_groups=)`` over the paired sequences of
-    two files, in ``format`` (guessed from the files' tokens when None, see `guess_format`; `FormatGuessWarning` when they
+    two files (the key groups by default: free on the CPU's compiled path), in ``format`` (guessed from the files' tokens when None, see `guess_format`; `FormatGuessWarning` when they
     cannot tell; the metric's undecodable-targets warning comes as `UndecodedTargetsWarning`); under time pairing
     each sequence's time origin is its first valid true event."""
     from tqdm.auto import tqdm

@@ -162,8 +162,8 @@ def test_key_groups_are_off_by_default(tokenizer):
 
 
 def test_the_cli_sweeps_and_groups(tmp_path, capsys):
-    """``owa-metrics evaluate --tolerance-ms 50 100 --key-groups``: half the generated events 70 ms late, so that
-    they match at 100 ms only; the plain-Python matching at each tolerance."""
+    """``owa-metrics evaluate --tolerance-ms 50 100`` (with the key groups, on by default there): half the generated
+    events 70 ms late, so that they match at 100 ms only; the plain-Python matching at each tolerance."""
     from owa_metrics import EventCodec, VocabMap, build_tokenizer
     from owa_metrics.cli import main
     from owa_metrics.evaluate import tokenize
@@ -175,7 +175,7 @@ def test_the_cli_sweeps_and_groups(tmp_path, capsys):
     (tmp_path / "true.txt").write_text(truth + "\n")
     (tmp_path / "pred.txt").write_text(guess + "\n")
     assert main(["evaluate", "--pred", str(tmp_path / "pred.txt"), "--target", str(tmp_path / "true.txt"), "--pairing",
-                 "time", "--tolerance-ms", "50", "100", "--key-groups", "--json", str(tmp_path / "out.json")]) == 0
+                 "time", "--tolerance-ms", "50", "100", "--json", str(tmp_path / "out.json")]) == 0
     capsys.readouterr()
     report = json.loads((tmp_path / "out.json").read_text())
     tokenizer = build_tokenizer()
