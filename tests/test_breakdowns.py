@@ -129,6 +129,7 @@ def test_key_groups_and_mouse_ops_equal_the_oracle_on_recordings(format_vocab, b
     rng = np.random.default_rng(25)
     metrics = {alignment: OWAEventMetrics(vocab=format_vocab, alignment=alignment, backend=backend, key_groups=True)
                for alignment in ("teacher_forcing", "generation")}
+    metrics["without"] = OWAEventMetrics(vocab=format_vocab, alignment="generation", backend=backend)
     pairs, vks, flags = [], itertools.cycle(TRUE_VKS), itertools.cycle(TRUE_FLAGS)
     for path in recording_paths():
         events = _with_keys_and_buttons(read_recording(path, format_vocab.config.format), rng, vks, flags)
@@ -144,8 +145,11 @@ def test_key_groups_and_mouse_ops_equal_the_oracle_on_recordings(format_vocab, b
     oracle = group_oracle(pairs)
     names = [f"keyboard/{g}" for g in (*GROUPS, "other")] + [f"mouse_op/{o}" for o in (*OPS.values(), "other")]
     assert all(oracle[f"{n}/count"] > 0 for n in names) and 0 < oracle["keyboard/group_macro_accuracy"] < 1
+    without = metrics.pop("without").compute()
     for alignment, metric in metrics.items():
         report = metric.compute()
+        if alignment == "generation":  # the rest of the report unchanged
+            assert all(float(report[k]) == float(v) for k, v in without.items())
         assert report["keyboard/count"] == sum(oracle[f"keyboard/{g}/count"] for g in (*GROUPS, "other"))
         bad = {k: (float(report[k]), v) for k, v in oracle.items() if abs(float(report[k]) - v) > 1e-12}
         assert not bad, (alignment, bad)
