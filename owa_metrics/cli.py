@@ -13,7 +13,8 @@ SCREEN = "<EVENT_START><SCREEN><1><5><0><fake_image_placeholder><EVENT_END>"  # 
 EVALUATE_INPUT = f"""\
 input files (--pred, --target): the k-th predicted sequence is compared with the k-th true one
   NAME.mcap   an OWA recording: all its events make one sequence
-  NAME.jsonl  one sequence a line: a JSON string, or an object with a "text" field
+  NAME.jsonl  one sequence a line: a JSON string, or an object with a "text" field (and a "tag": the report
+              adds each tag's keys and a table, a row per tag)
   any other   UTF-8 text, one sequence a line (a blank line is an empty sequence)
 A sequence is event tokens as the model writes them; text between events is ignored. E.g. key A pressed at
 1.00 s, then a screen at 1.50 s (hierarchical format; factorized writes <VK_65> for <65>):
@@ -25,7 +26,7 @@ examples:
   owa-metrics evaluate --pred pred.txt --target true.txt --format factorized --strict
   owa-metrics evaluate --pred pred.txt --target true.txt --pairing time --tolerance-ms 100
 
-pred.jsonl, one line per sequence:
+pred.jsonl, one line per sequence (true.jsonl may tag it: {{"text": ..., "tag": "minecraft"}}):
   {{"text": "{KEY_A}"}}
 """
 

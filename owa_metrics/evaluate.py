@@ -1,7 +1,8 @@
 """Offline evaluation: predicted vs true event sequences from files, one report.
 
 A file is an OWA MCAP recording (one sequence: the whole recording), or text / JSONL with one sequence of
-event tokens per line (JSONL: a JSON string, or an object with a "text" field). The k-th predicted sequence
+event tokens per line (JSONL: a JSON string, or an object with a "text" field and optionally a "tag": the report
+then holds each tag's keys too, `OWAEventMetrics`' ``tags``). The k-th predicted sequence
 is compared with the k-th true one, event by event (generation alignment; events paired by index, or by time
 with ``pairing="time"``). The token format is the target
 file's (`guess_format`; the prediction file's when the target's tokens cannot tell) unless one is named.
@@ -55,20 +56,26 @@ class UndecodedTargetsWarning(UserWarning):
 def read_file(path: str | Path) -> list[str] | list[Event]:
     """A file's token texts (one per sequence), or an MCAP recording's events (see the module docstring); raises
     `InputError` saying what is wrong with the file."""
+    return read_tagged(path)[0]
+
+
+def read_tagged(path: str | Path) -> tuple[list[str] | list[Event], Optional[list[Optional[str]]]]:
+    """`read_file`'s contents and each line's ``"tag"`` (None for a line without; no list when no line has one)."""
     path = Path(path)
     try:
         data = path.read_bytes()
     except OSError as err:
         raise InputError(f"{path}: cannot read it ({err.strerror or err})") from None
     if path.suffix == ".mcap":
-        return _read_mcap(path, data)
+        return _read_mcap(path, data), None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:
         raise InputError(f"{path}: not UTF-8 text (byte 0x{data[err.start]:02x} at offset {err.start}); "
                          "expected one token sequence per line, or an OWA .mcap recording") from None
-    texts = []
+    texts, tags = [], []
     for number, line in enumerate(_lines(text), 1):
+        tag = None
         if path.suffix == ".jsonl" and line.strip():
             try:
                 item = json.loads(line)
@@ -77,10 +84,14 @@ def read_file(path: str | Path) -> list[str] | list[Event]:
             line = item["text"] if isinstance(item, dict) and "text" in item else item
             if not isinstance(line, str):
                 raise InputError(f"{path}:{number}: expected a string or an object with a 'text' field")
+            tag = item.get("tag") if isinstance(item, dict) else None
+            if tag is not None and not (isinstance(tag, str) and tag and "/" not in tag):
+                raise InputError(f"{path}:{number}: 'tag' must be a name (a non-empty string without '/'), got {tag!r}")
         texts.append(line.strip())
+        tags.append(tag)
     if not any(texts):
         raise InputError(f"{path}: no sequences (the file is empty or blank)")
-    return texts
+    return texts, tags if any(tag is not None for tag in tags) else None
 
 
 def _lines(text: str) -> list[str]:
@@ -177,26 +188,30 @@ def evaluate(pred_path, target_path, mode: str = "exact", batch_size: int = 16, 
              format: Optional[str] = None, pairing: str = "index", tolerance_ms: Union[float, tuple] = 100.0,
              key_groups: bool = True) -> dict:
     """``OWAEventMetrics(alignment="generation", pairing=, tolerance_ms=, key_groups=)`` over the paired sequences of
-    two files (the key groups by default: free on the CPU's compiled path), in ``format`` (guessed from the files' tokens when None, see `guess_format`; `FormatGuessWarning` when they
-    cannot tell; the metric's undecodable-targets warning comes as `UndecodedTargetsWarning`); under time pairing
-    each sequence's time origin is its first valid true event."""
+    two files (the key groups by default: free on the CPU's compiled path), in ``format`` (guessed from the files'
+    tokens when None, see `guess_format`; `FormatGuessWarning` when they cannot tell; the metric's
+    undecodable-targets warning comes as `UndecodedTargetsWarning`); under time pairing each sequence's time origin
+    is its first valid true event."""
     from tqdm.auto import tqdm
 
-    pred_contents, target_contents = read_file(pred_path), read_file(target_path)
+    (pred_contents, pred_tags), (target_contents, target_tags) = read_tagged(pred_path), read_tagged(target_path)
     if format is None:
         format = guess_format(target_contents, pred_contents)
         if format is None:
             warnings.warn(FormatGuessWarning(target_path), stacklevel=2)
             format = "hierarchical"
     tokenizer = build_tokenizer(format=format)
-    metric = OWAEventMetrics(tokenizer, alignment="generation", mode=mode, pairing=pairing, tolerance_ms=tolerance_ms,
-                             key_groups=key_groups)
-    preds, targets = (_ids(path, contents, tokenizer, metric.vocab)
+    vocab = VocabMap.from_tokenizer(tokenizer)
+    preds, targets = (_ids(path, contents, tokenizer, vocab)
                       for path, contents in ((pred_path, pred_contents), (target_path, target_contents)))
     if len(preds) != len(targets):
         raise ValueError(f"{pred_path} has {len(preds)} sequences but {target_path} has {len(targets)}")
+    tags = _tags((pred_path, pred_tags), (target_path, target_tags))
+    metric = OWAEventMetrics(vocab=vocab, alignment="generation", mode=mode, pairing=pairing, tolerance_ms=tolerance_ms,
+                             tags=sorted(set(tags)) if tags else None, key_groups=key_groups)
     for first in tqdm(range(0, len(targets), batch_size), desc="evaluate", unit="batch", disable=not progress):
-        metric.update(_pad(preds[first:first + batch_size]), _pad(targets[first:first + batch_size]))
+        metric.update(_pad(preds[first:first + batch_size]), _pad(targets[first:first + batch_size]),
+                      tags=tags[first:first + batch_size] if tags else None)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         report = {k: float(v) for k, v in metric.compute().items()}
@@ -209,6 +224,20 @@ def evaluate(pred_path, target_path, mode: str = "exact", batch_size: int = 16, 
             warnings.warn_explicit(caught_warning.message, caught_warning.category, caught_warning.filename,
                                    caught_warning.lineno)
     return report
+
+
+def _tags(*files: tuple) -> Optional[list[str]]:
+    """Each sequence's tag: from the files (path, tags) that have tags, which must then agree and tag every line."""
+    tagged = [(path, tags) for path, tags in files if tags is not None]
+    for path, tags in tagged:
+        if None in tags:
+            raise InputError(f"{path}:{tags.index(None) + 1}: no 'tag', while other lines have one: tag every "
+                             "sequence or none")
+    if len(tagged) == 2 and tagged[0][1] != tagged[1][1]:
+        k = next(k for k, (a, b) in enumerate(zip(tagged[0][1], tagged[1][1])) if a != b)
+        raise InputError(f"{tagged[0][0]}:{k + 1} is tagged {tagged[0][1][k]!r} but {tagged[1][0]}:{k + 1} "
+                         f"{tagged[1][1][k]!r}: tag one file, or both alike")
+    return tagged[0][1] if tagged else None
 
 
 def _pad(rows: list[list[int]]) -> torch.Tensor:

@@ -12,42 +12,16 @@ import torch
 from .decode.event_batch import Alignment, EventBatch, EventFields
 from .schema import CATEGORY_NAMES, Category, Status
 from .functional.events import direction_error_deg, timestamp_errors
+from .functional.report import HEADLINE
 from .tokens.codec import CodecConfig
 from .tokens.vocab import VocabMap
 
-TEACHER_FORCING, GENERATION = "teacher_forcing", "generation"
-# (key, name, unit, the only alignment it applies to or None)
-HEADLINE = (
-    ("comparable_rate", "comparable events", "ratio", None),
-    ("count_accuracy", "event count right (per sequence)", "ratio", GENERATION),
-    ("category/macro_f1", "category macro F1", "ratio", None),
-    ("detect/f1", "detection F1 (time pairing)", "ratio", GENERATION),
-    ("timestamp/abs_error_p95_ms", "timestamp abs error P95", "ms", None),
-    ("timestamp/signed_error_iqm_ms", "timestamp signed error IQM", "ms", None),
-    ("mouse/euclidean_iqmpe_pct", "mouse euclidean error IQM", "%", None),
-    ("mouse/euclidean_pe_p95_pct", "mouse euclidean error P95", "%", None),
-    ("mouse/direction_error_p50_deg", "mouse direction error P50", "deg", None),
-    ("mouse/direction_error_p95_deg", "mouse direction error P95", "deg", None),
-    ("mouse/action_accuracy", "mouse button accuracy", "ratio", None),
-    ("keyboard/accuracy", "keyboard accuracy (vk and action)", "ratio", None),
-    ("token_accuracy/timestamp", "timestamp tokens right", "ratio", TEACHER_FORCING),
-)
-# keys that a few tiny true moves dominate (a percent of the true value, a sum of squares): the spec's, kept in the
-# report, but no headline chart; their robust neighbours are mouse/euclidean_iqmpe_pct and the direction error
-TINY_MOVE_KEYS = ("mouse/euclidean_pe_p95_pct", "mouse/r2")
-
-
-def headline_keys(alignment: Alignment) -> list[str]:
-    """The keys charted first (TensorBoard's ``val`` group): `HEADLINE`'s that apply to ``alignment``, without
-    `TINY_MOVE_KEYS`."""
-    return [key for key, _, _, only in HEADLINE if only in (None, alignment) and key not in TINY_MOVE_KEYS]
-
-
+TEACHER_FORCING = "teacher_forcing"
 # (key within the category, unit, the only alignment it applies to or None)
 CATEGORY_COLUMNS = (("count", "count", None), ("ratio", "ratio", None), ("comparable_rate", "ratio", None),
                     ("timestamp/abs_error_p95_ms", "ms", None), ("timestamp/signed_error_iqm_ms", "ms", None),
                     ("timestamp/precision_p3", "ratio", None), ("loss", "nats", TEACHER_FORCING))
-DECIMALS = {"count": 0, "ratio": 4, "ms": 1, "%": 1, "deg": 1, "nats": 3}
+DECIMALS = {"count": 0, "ratio": 4, "ms": 1, "%": 1, "deg": 1, "nats": 3, "mu": 1}
 PERCENT_NOTE = ("Percent errors divide by the true value: a true move of 1 px predicted as 20 px is 1,900 %, so P95 "
                 "and R² swing with tiny true moves; the IQM (IQMPE) and the direction error are robust to them.")
 
@@ -80,9 +54,36 @@ def format_report(metrics: dict, title: str = "OWA event metrics", samples: Opti
     lines += ["", "Statuses: " + (", ".join(statuses) or "none")]
     if any(key.startswith("mouse/euclidean") for key in metrics):
         lines += ["", PERCENT_NOTE]
+    tags = tag_table(metrics)
+    if tags:
+        lines += ["", "## Per tag", "", tags]
     if samples:
         lines += ["", "## Samples", "", samples]
     return "\n".join(lines) + "\n"
+
+
+def unit_of(key: str) -> str:
+    """A key's unit (`DECIMALS`), read from its name: names carry their units."""
+    units = {"_ms": "ms", "_pct": "%", "_deg": "deg", "/loss": "nats", "/loss_sum": "nats"}
+    unit = next((u for suffix, u in units.items() if key.endswith(suffix)), "ratio")
+    counted = key.startswith(("count/", "status/")) and not key.endswith("_rate") or key.endswith("/count")
+    return "count" if counted else unit
+
+
+def tag_table(metrics: dict) -> Optional[str]:
+    """The per-tag keys (``tag/{name}/{key}``) as a markdown table, a row per tag and a column per key (the counts
+    first; "–": no value); None without any."""
+    rows: dict[str, dict] = {}
+    for key, value in metrics.items():
+        if key.startswith("tag/"):
+            name, key = key[len("tag/"):].split("/", 1)
+            rows.setdefault(name, {})[key] = value
+    if not rows:
+        return None
+    columns = sorted(dict.fromkeys(key for row in rows.values() for key in row), key=lambda k: unit_of(k) != "count")
+    lines = ["| tag | " + " | ".join(columns) + " |", "|---" + "|---:" * len(columns) + "|"]
+    return "\n".join(lines + [f"| {name} | " + " | ".join(format_number(row.get(key), unit_of(key)) for key in columns)
+                              + " |" for name, row in rows.items()])
 
 
 SAMPLE_COLUMNS = ("seq", "event", "status", "true", "predicted", "errors")

@@ -74,6 +74,22 @@ def prf(tp, fp, fn):
     return p, r, (2 * p * r / (p + r) if p + r else 0.0)
 
 
+def row_pairs(truths, preds, origin, window, tolerance):
+    """One row's valid events -> (absolute times of each side, the detection matches, the pairs: {true: pred})."""
+    origin = origin if origin is not None and origin >= 0 else (truths[0].timestamp_ns if truths else 0)
+    a_t = unwrap([e.timestamp_ns for e in truths], origin, window)
+    a_p = unwrap([e.timestamp_ns for e in preds], origin, window)
+    found = greedy([(a, detection_key(e)) for a, e in zip(a_t, truths)],
+                   [(a, detection_key(e)) for a, e in zip(a_p, preds)], tolerance)
+    taken = set(found.values())
+    rest_t = [i for i in range(len(truths)) if i not in found]
+    rest_p = [j for j in range(len(preds)) if j not in taken]
+    by_kind = greedy([(a_t[i], truths[i].kind) for i in rest_t], [(a_p[j], preds[j].kind) for j in rest_p], tolerance)
+    pairs = dict(found)
+    pairs.update({rest_t[i]: rest_p[j] for i, j in by_kind.items()})
+    return a_t, a_p, found, pairs
+
+
 def time_oracle(pred_rows, target_rows, vocab, tolerance_ms=100, origins=None, fmt=Hierarchical):
     """The report of ``pairing="time"``: rows of generated and target token ids (lists, -100 ignored); ``origins``
     one per row (None or negative: the row's first valid target event)."""
@@ -87,12 +103,8 @@ def time_oracle(pred_rows, target_rows, vocab, tolerance_ms=100, origins=None, f
         truths = [to_event(d) for d in true]
         preds = [to_event(d) for d in gen if d["status"] == 0]
         invalid += len(gen) - len(preds)
-        origin = origins[b] if origins is not None and origins[b] is not None and origins[b] >= 0 else (
-            truths[0].timestamp_ns if truths else 0)
-        a_t = unwrap([e.timestamp_ns for e in truths], origin, window)
-        a_p = unwrap([e.timestamp_ns for e in preds], origin, window)
-        found = greedy([(a, detection_key(e)) for a, e in zip(a_t, truths)],
-                       [(a, detection_key(e)) for a, e in zip(a_p, preds)], tolerance)
+        a_t, a_p, found, pairs = row_pairs(truths, preds, origins[b] if origins is not None else None, window,
+                                           tolerance)
         for i, e in enumerate(truths):
             c = int(e.category)
             if i in found:
@@ -104,12 +116,6 @@ def time_oracle(pred_rows, target_rows, vocab, tolerance_ms=100, origins=None, f
         for j, e in enumerate(preds):
             if j not in taken:
                 fp[int(e.category)] += 1
-        rest_t = [i for i in range(len(truths)) if i not in found]
-        rest_p = [j for j in range(len(preds)) if j not in taken]
-        by_kind = greedy([(a_t[i], truths[i].kind) for i in rest_t], [(a_p[j], preds[j].kind) for j in rest_p],
-                         tolerance)
-        pairs = dict(found)
-        pairs.update({rest_t[i]: rest_p[j] for i, j in by_kind.items()})
         extra += len(preds) - len(pairs)
         missing += len(truths) - len(pairs)
         sequences.append(([preds[pairs[i]] if i in pairs else None for i in range(len(truths))], truths, len(gen)))

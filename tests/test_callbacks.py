@@ -479,6 +479,7 @@ def test_generation_by_time_uses_the_prompts_last_event_as_origin(tmp_path, toke
     """A model that skips the first event it should generate: the callback's time pairing equals the oracle with
     the origin at each prompt's last event (read by the string reference path)."""
     from matching_oracle import parse_rows, time_oracle
+    from sequence_oracle import sequence_oracle
 
     _, val = _loaders(vocab)
     sequences = [x["input_ids"].tolist() for x in event_sequences(vocab)]
@@ -503,6 +504,8 @@ def test_generation_by_time_uses_the_prompts_last_event_as_origin(tmp_path, toke
     origins = [[e["timestamp_ns"] for e in row if e["status"] == 0][-1] for row in parse_rows([k for k, _, _ in seen], vocab)]
     oracle = time_oracle([g for _, g, _ in seen], [r for _, _, r in seen], vocab, origins=origins)
     assert oracle["count/missing_events"] == len(seen) and oracle["detect/recall"] < 1
+    oracle.update(sequence_oracle([g for _, g, _ in seen], [r for _, _, r in seen], vocab, origins)["time"])  # issue 26
+    assert oracle["count/path_rows"] + oracle["count/keyboard_sequence_rows"] > 0
     for key, value in oracle.items():
         assert close(logged[key], value, 1e-6), key
 
@@ -626,3 +629,49 @@ def test_mlflow_gets_the_reports_as_the_runs_artifacts(tmp_path, tokenizer, voca
     assert close(report["comparable_rate"], by_hand["comparable_rate"], 1e-9)
     assert close(client.get_run(run).data.metrics["val/owa/comparable_rate"], by_hand["comparable_rate"], 1e-6)
     assert not (Path.cwd() / "owa_metrics" / "val").exists()  # nothing beside the run
+
+
+TAG_NAMES = ["game", "editor", "browser", "chess"]  # "chess" tags no sequence: left out
+
+
+def test_tags_reach_tensorboard_as_keys_and_a_table(tmp_path, tokenizer, vocab, warm_state):
+    """Slices through the callback: batch["tag"] (names) under teacher forcing, tag_fn (ids) in generation; each
+    tag's logged keys equal the metric run by hand on that tag's rows, and the per-tag table is TensorBoard text and
+    a section of the report file."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    data = [{**item, "tag": TAG_NAMES[i % 3]} for i, item in enumerate(event_sequences(vocab))]
+    module = TinyLM(vocab.size)
+    module.load_state_dict(warm_state)
+    ids = lambda batch: torch.tensor([TAG_NAMES.index(t) for t in batch["tag"]])  # noqa: E731
+    callbacks = [OWAEventMetricsCallback(tokenizer, tags=TAG_NAMES),
+                 OWAEventMetricsCallback(tokenizer, alignment="generation", prefix="val/owa_gen/", tags=TAG_NAMES,
+                                         tag_fn=ids, predict_events=2, max_sequences=6, max_new_tokens=40)]
+    logger = TensorBoardLogger(tmp_path, name="tb")
+    trainer = L.Trainer(accelerator="cpu", devices=1, logger=logger, callbacks=callbacks, enable_progress_bar=False,
+                        enable_model_summary=False, default_root_dir=tmp_path)
+    trainer.validate(module, DataLoader(data, batch_size=4, collate_fn=collate))
+
+    events = EventAccumulator(logger.log_dir, size_guidance={"scalars": 0, "tensors": 0})
+    events.Reload()
+    logged = report_of({tag: events.Scalars(tag)[-1].value for tag in events.Tags()["scalars"]})
+    tags = [TAG_NAMES[i % 3] for i in range(len(data))]
+    batch_tags = [tags[4 * k:4 * k + 4] for k in range(len(module.recorded[-1]))]  # the loader keeps the order
+    for name in TAG_NAMES[:3]:  # teacher forcing: each tag's keys, by hand on its rows
+        rows = [[b for b, tag in enumerate(batch) if tag == name] for batch in batch_tags]
+        by_hand = _by_hand(tokenizer, [(logits[r], labels[r]) for (logits, labels), r in zip(module.recorded[-1], rows)
+                                       if r])
+        assert by_hand["count/sequences"] == tags.count(name)
+        for key in ("comparable_rate", "category/macro_f1", "token_accuracy/timestamp", "count/target_events"):
+            assert close(logged[f"tag/{name}/{key}"], by_hand[key], 1e-5), (name, key)
+    assert not any(key.startswith("tag/chess/") for key in logged)
+    generated = report_of({tag: events.Scalars(tag)[-1].value for tag in events.Tags()["scalars"]}, "val/owa_gen/")
+    assert [generated[f"tag/{name}/count/sequences"] for name in TAG_NAMES[:3]] == [2, 2, 2]  # the first 6 rows
+
+    table = events.Tensors("val/owa/tags")[-1].tensor_proto.string_val[0].decode()
+    header, _, *rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in table.splitlines()]
+    assert [row[0] for row in rows] == TAG_NAMES[:3]
+    column = header.index("count/sequences")
+    assert [int(row[column]) for row in rows] == [tags.count(name) for name in TAG_NAMES[:3]]
+    report = (tmp_path / "tb" / "version_0" / "owa_metrics" / "val" / "owa" / "epoch_0_step_0.md").read_text()
+    assert "## Per tag" in report and table in report

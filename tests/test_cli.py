@@ -115,6 +115,7 @@ def test_demo_learns_and_logs_every_epoch(demo_run):
 def test_evaluate_pairs_by_time(tmp_path, capsys):
     from matching_oracle import time_oracle
     from owa_metrics import build_tokenizer
+    from sequence_oracle import sequence_oracle
     from owa_metrics.evaluate import tokenize
 
     events = read_recording(recording_paths()[0])
@@ -134,7 +135,53 @@ def test_evaluate_pairs_by_time(tmp_path, capsys):
 
     oracle = time_oracle(*ids, VocabMap.from_tokenizer(tokenizer), tolerance_ms=100)
     assert oracle["count/missing_events"] >= 1 and oracle["detect/time_error_abs_p50_ms"] == 70
+    oracle.update(sequence_oracle(*ids, VocabMap.from_tokenizer(tokenizer))["time"])  # issue 26's keys
+    assert oracle["count/path_rows"] == 1 and "mouse/move_coverage" in oracle
     assert all(abs(report[k] - v) <= 1e-9 * max(1, abs(v)) for k, v in oracle.items()), oracle
     assert main(["evaluate", "--pred", str(tmp_path / "pred.txt"), "--target", str(tmp_path / "true.txt"),
                  "--pairing", "time", "--tolerance-ms", "9000"]) == 2
     assert "tolerance_ms must be in [0, 8000)" in capsys.readouterr().err
+
+
+def test_evaluate_reads_tags_from_jsonl_and_reports_each_alone(tmp_path, capsys):
+    """A "tag" per target line: each tag's keys equal the same command on that tag's lines alone; the per-tag
+    table in the printed report (tags sorted); a line without a tag, or files that disagree, are refused."""
+    import numpy as np
+
+    from owa_metrics.events import simulate_session
+    from metric_oracle import perturb
+
+    codec, rng = EventCodec(), np.random.default_rng(1)
+    events = simulate_session(30, seed=2)
+    chunks = [events[i:i + 20] for i in range(0, len(events), 20)][:20]
+    tags = [("vscode", "minecraft", "chrome")[i % 3] for i in range(len(chunks))]
+    lines = [("".join(map(codec.encode, perturb(c, rng))), "".join(map(codec.encode, c)), t)
+             for c, t in zip(chunks, tags)]
+
+    def run(name, rows, tagged=True):
+        pred, true, out = (tmp_path / f"{name}.{x}" for x in ("pred.jsonl", "true.jsonl", "json"))
+        pred.write_text("".join(json.dumps({"text": p}) + "\n" for p, _, _ in rows))
+        true.write_text("".join(json.dumps({"text": t, **({"tag": g} if tagged else {})}) + "\n" for _, t, g in rows))
+        assert main(["evaluate", "--pred", str(pred), "--target", str(true), "--json", str(out)]) == 0
+        return json.loads(out.read_text())
+
+    report = run("all", lines)
+    printed = capsys.readouterr().out
+    table = printed[printed.index("## Per tag"):].splitlines()
+    assert [line.split("|")[1].strip() for line in table[4:7]] == ["chrome", "minecraft", "vscode"]
+    for name in ("chrome", "minecraft", "vscode"):
+        alone = run(name, [row for row in lines if row[2] == name], tagged=False)
+        mine = {k[len(f"tag/{name}/"):]: v for k, v in report.items() if k.startswith(f"tag/{name}/")}
+        assert mine["count/sequences"] == tags.count(name) == alone["count/sequences"]
+        assert mine["count/target_events"] == sum(len(c) for c, t in zip(chunks, tags) if t == name)
+        assert "comparable_rate" in mine and all(abs(v - alone[k]) <= 1e-12 * max(1, abs(v)) for k, v in mine.items())
+    capsys.readouterr()
+
+    (tmp_path / "half.jsonl").write_text(json.dumps({"text": lines[0][1], "tag": "a"}) + "\n"
+                                         + json.dumps({"text": lines[1][1]}) + "\n")
+    (tmp_path / "other.jsonl").write_text("".join(json.dumps({"text": t, "tag": "b"}) + "\n" for _, t, _ in lines[:2]))
+    assert main(["evaluate", "--pred", str(tmp_path / "half.jsonl"), "--target", str(tmp_path / "other.jsonl")]) == 2
+    assert "half.jsonl:2: no 'tag', while other lines have one" in capsys.readouterr().err
+    (tmp_path / "two.jsonl").write_text("".join(json.dumps({"text": t, "tag": "a"}) + "\n" for _, t, _ in lines[:2]))
+    assert main(["evaluate", "--pred", str(tmp_path / "two.jsonl"), "--target", str(tmp_path / "other.jsonl")]) == 2
+    assert "two.jsonl:1 is tagged 'a' but" in capsys.readouterr().err

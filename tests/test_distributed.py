@@ -56,6 +56,8 @@ def _worker(rank, world, port, out_path):
     for preds, target in shards[rank]:
         metric.update(preds, target)
     results["time"] = {"report": {k: v.item() for k, v in metric.compute().items()}, "confusion": []}
+    for mode in ("exact", "sketch"):  # slices: every key of every tag (two tags live on rank 0 only, one nowhere)
+        results[f"tags_{mode}"] = {"report": _tagged(tokenizer, mode, shards[rank]), "confusion": []}
     if world == 2:  # compute() mid-epoch on every rank, then updates on rank 0 only, then compute() again
         metric = OWAEventMetrics(tokenizer, alignment="generation")
         for preds, target in shards[rank][:MID_EPOCH[rank]]:
@@ -71,6 +73,17 @@ def _worker(rank, world, port, out_path):
             json.dump(results, f)
     dist.barrier()
     dist.destroy_process_group()
+
+
+TAGS = ["even", "odd", "even_big", "odd_big", "never"]
+
+
+def _tagged(tokenizer, mode, batches):
+    """Tags by row: even / odd, the rows of batches of 5 or more sequences (rank 0's only) ``_big``; none "never"."""
+    metric = OWAEventMetrics(tokenizer, alignment="generation", pairing="time", mode=mode, tags=TAGS, tag_keys="all")
+    for preds, target in batches:
+        metric.update(preds, target, tags=torch.arange(len(target)) % 2 + 2 * (len(target) >= 5))
+    return {k: v.item() for k, v in metric.compute().items()}
 
 
 MID_EPOCH = (2, 1)  # batches each rank updates before the mid-epoch compute (2 ranks); rank 0 then adds one more
@@ -99,6 +112,10 @@ def test_synced_compute_equals_one_process(tmp_path, world):
     mp.spawn(_worker, args=(world, _free_port(), str(out)), nprocs=world, join=True)
     synced = json.loads(out.read_text())
     assert expected["time"][0]["detect/f1"] < 1 and "detect/time_error_abs_p50_ms" in expected["time"][0]
+    for mode in ("exact", "sketch", "time"):  # issue 26's keys: samples, sketches and sums, synced like the others
+        assert expected[mode][0]["count/click_events"] > 0 and "mouse/click_offset_p95_mu" in expected[mode][0]
+        assert "mouse/path_end_offset_p50_mu" in expected[mode][0] and "keyboard/sequence_error_rate" in expected[mode][0]
+    assert 0 < expected["time"][0]["mouse/move_coverage"] < 1
     for mode in ("exact", "sketch", "time"):
         got = synced[mode]
         report, confusion = expected[mode]
@@ -117,6 +134,14 @@ def test_synced_compute_equals_one_process(tmp_path, world):
         one = {k: v.item() for k, v in metric.compute().items()}
         for answer in synced["mid_epoch"]:  # the same answer on both ranks: no stale cache on the idle one
             assert answer.keys() == one.keys() and all(abs(answer[k] - v) <= 1e-12 * max(1, abs(v)) for k, v in one.items())
+    for mode in ("exact", "sketch"):
+        tokenizer = build_tokenizer()
+        one = _tagged(tokenizer, mode, [b for shard in _batches(VocabMap.from_tokenizer(tokenizer)) for b in shard])
+        got = synced[f"tags_{mode}"]["report"]
+        assert got.keys() == one.keys() and {k.split("/")[1] for k in one if k.startswith("tag/")} == set(TAGS[:4])
+        differ = {k: (got[k], v) for k, v in one.items() if abs(got[k] - v) > 1e-12 * max(1, abs(v))}
+        assert not differ, differ
+        assert one["tag/even_big/detect/f1"] < 1 and one["tag/odd/count/sequences"] > 0
     exact, sketch = expected["exact"][0], expected["sketch"][0]
     for key in ("timestamp/abs_error_p95_ms", "mouse/direction_error_p95_deg", "mouse/euclidean_pe_p95_pct"):
         assert abs(sketch[key] - exact[key]) <= 0.005 * abs(exact[key]) + 1e-9, key

@@ -23,7 +23,10 @@ LIMITS = {
     # the CPU token loss runs in blocks of labelled positions, whose count it reads (no device to wait for on the
     # CPU); off the CPU the loss is dense and sync-free (`test_dense_token_loss_equals_the_blocks_without_a_sync`): 2
     "teacher forcing, logits": (267, 3),
-    "generation (index)": (240, 2),
+    # issue 26: + every generated event decoded on its own (~140 ops, one nonzero: the torch decoder decodes only
+    # the paired spans) and the cursor / key-sequence keys (~160 ops; on a GPU also one copy of the key codes to the
+    # CPU, and in exact mode one read of the new samples' numbers, which this CPU count does not see)
+    "generation (index)": (550, 3),
 }
 
 

@@ -19,6 +19,7 @@ from ..report import SAMPLE_COLUMNS
 
 HISTOGRAM_RANGE = ("Range, per epoch: P2..P98 of the values, narrowed to Tukey's fences (Q1 - 1.5 IQR, Q3 + 1.5 "
                    "IQR); 50 bins; values outside the range are counted in the first and last bin.")
+TAGS_DESCRIPTION = "One row per tag seen in the epoch: the report of its sequences alone (OWAEventMetrics' tag_keys)."
 SAMPLES_DESCRIPTION = ("One row per target event of the first sequences: the true and the predicted event in words "
                        "(the raw tokens of one that does not decode) and a comparable pair's errors.")
 
@@ -45,12 +46,13 @@ def histogram_ranges(histograms: dict) -> str:
 
 
 def log_extras(loggers: list[Logger], prefix: str, suffix: str, histograms: dict, confusion, samples: Optional[str],
-               rows: list, step: int, title: str) -> None:
-    """Histograms, the confusion figure and the samples to TensorBoard and W&B (tags ``{prefix}{name}{suffix}``)."""
+               rows: list, step: int, title: str, tags: Optional[str] = None) -> None:
+    """Histograms, the confusion figure and the samples to TensorBoard and W&B (tags ``{prefix}{name}{suffix}``);
+    the per-tag table (markdown) as TensorBoard text."""
     figure = confusion_figure(confusion, title) if confusion is not None else None
     for logger in loggers:
         if isinstance(logger, TensorBoardLogger):
-            _tensorboard(logger.experiment, prefix, suffix, histograms, figure, samples, step)
+            _tensorboard(logger.experiment, prefix, suffix, histograms, figure, samples, step, tags)
         elif isinstance(logger, WandbLogger):
             _wandb(logger.experiment, prefix, suffix, histograms, figure, rows, step)
     if figure is not None:
@@ -143,7 +145,8 @@ def _histogram_summary(tag: str, counts: np.ndarray, edges: np.ndarray):
     return summary
 
 
-def _tensorboard(writer, prefix: str, suffix: str, histograms: dict, figure, samples: Optional[str], step: int) -> None:
+def _tensorboard(writer, prefix: str, suffix: str, histograms: dict, figure, samples: Optional[str], step: int,
+                 tags: Optional[str] = None) -> None:
     from torch.utils.tensorboard.summary import text
 
     for name, (counts, edges) in histograms.items():
@@ -151,7 +154,8 @@ def _tensorboard(writer, prefix: str, suffix: str, histograms: dict, figure, sam
     if figure is not None:
         writer.add_figure(f"{prefix}category_confusion{suffix}", figure, global_step=step, close=False)
     texts = {"samples": (samples, SAMPLES_DESCRIPTION),
-             "histogram_ranges": (histogram_ranges(histograms) if histograms else None, HISTOGRAM_RANGE)}
+             "histogram_ranges": (histogram_ranges(histograms) if histograms else None, HISTOGRAM_RANGE),
+             "tags": (tags, TAGS_DESCRIPTION)}
     for name, (markdown, description) in texts.items():
         if markdown:
             summary = text(f"{prefix}{name}{suffix}", markdown)

@@ -17,7 +17,7 @@ GENERATE_NEEDS = ("generate_fn(input_ids, attention_mask, max_new_tokens) must r
                   "generated ids, as HF generate does: an integer tensor [batch, prompt_len + new] or a list of id "
                   "lists (one per prompt row); give it keyword arguments batch= and cut= (or **kwargs) to receive the "
                   "validation batch and each prompt's length in it")
-PROMPT_KEYS = ("input_ids", "attention_mask", "labels")  # what the prompt replaces: never passed to generate
+PROMPT_KEYS = ("input_ids", "attention_mask", "labels", "tag")  # what the prompt replaces, the tag: never generate's
 
 
 def check_batch(batch: Any) -> None:

@@ -33,6 +33,9 @@ class OWAEventMetricsForTrainer:
                              "position pairs with itself: alignment / pairing do not apply. To pair generated events "
                              "by time use OWAEventMetrics(tokenizer, alignment='generation', pairing='time') on "
                              "generated ids, or OWAEventMetricsCallback(..., alignment='generation', pairing='time')")
+        if metric_kwargs.get("tags"):
+            raise ValueError("the HF Trainer gives compute_metrics no tag per sequence: slice by tags with "
+                             "OWAEventMetricsCallback (Lightning) or OWAEventMetrics(tokenizer, tags=...) yourself")
         self.metric = OWAEventMetrics(tokenizer, sync_on_compute=False, **metric_kwargs)
         self.prefix, self.log_loss = prefix, log_loss
 

@@ -16,7 +16,8 @@ from ..decode.batch import decode_batch
 from ..decode.event_batch import Pairing
 from ..metrics.base import Mode
 from ..metrics.collection import OWAEventMetrics
-from ..report import format_report, headline_keys, sample_note, sample_rows, sample_table
+from ..functional.report import headline_keys
+from ..report import format_report, sample_note, sample_rows, sample_table, tag_table
 from .artifacts import log_extras, report_json, save_reports, scalar_names
 from .generation import check_batch, generate_batch
 
@@ -63,6 +64,11 @@ class OWAEventMetricsCallback(Callback):
     and image tokens in use are the first line the callback logs. Two instances (e.g. teacher forcing and
     generation) need different prefixes; a checkpoint keeps each one's settings apart (``state_key``), and a
     resumed run keeps the constructor's settings (a difference from the checkpoint's is said once).
+
+    Slices: with ``tags=[names]`` (and ``tag_keys=``, both `OWAEventMetrics`'), each sequence's tag is
+    ``tag_fn(batch)`` or ``batch["tag"]`` (ids into ``tags``, or names; a batch without one is an error); the
+    per-tag keys are logged in one group per tag (``val.owa.tag.minecraft/comparable_rate``), and the per-tag table
+    is the TensorBoard text ``{prefix}tags`` and a section of the ``.md`` report.
     """
 
     SETTINGS = ("alignment", "pairing", "tolerance_ms", "mode", "prefix", "test_prefix", "log_loss", "every_n_batches",
@@ -76,8 +82,9 @@ class OWAEventMetricsCallback(Callback):
                  max_new_tokens: Optional[int] = None, generate_fn: Optional[Callable] = None,
                  histograms: bool = True, confusion_figure: bool = True, samples: int = 8,
                  artifacts: bool = True, artifacts_dir: Optional[str] = None, log_sanity_check: bool = False,
-                 **metric_kwargs: Any):
+                 tag_fn: Optional[Callable] = None, **metric_kwargs: Any):
         self.tokenizer, self.generate_fn, self.metric_kwargs = tokenizer, generate_fn, metric_kwargs
+        self.tag_fn = tag_fn
         self.alignment, self.mode, self.prefix, self.log_loss = alignment, mode, prefix, log_loss
         self.test_prefix = test_prefix or "test/" + (prefix[len("val/"):] if prefix.startswith("val/") else prefix)
         self.pairing, self.tolerance_ms = pairing, tolerance_ms
@@ -87,6 +94,9 @@ class OWAEventMetricsCallback(Callback):
         self.artifacts_dir = None if artifacts_dir is None else str(artifacts_dir)
         self._metrics = [self._new_metric()]  # one per dataloader, kept across epochs (reset at each start)
         self._runs: dict[int, _Run] = {}
+        if tag_fn is not None and not self.metric.tags:
+            raise ValueError("tag_fn gives each sequence's tag: name the tags too, OWAEventMetricsCallback(..., "
+                             "tags=['minecraft', 'vscode', ...], tag_fn=...)")
 
     @property
     def metric(self) -> OWAEventMetrics:
@@ -123,6 +133,7 @@ class OWAEventMetricsCallback(Callback):
                                 batch_idx: int, dataloader_idx: int = 0) -> None:
         if trainer.sanity_checking and not self.log_sanity_check:
             _check_outputs(outputs, batch, self.alignment)  # a wrong validation_step fails before training starts
+            self._tags(batch)
             return
         self._update(trainer, pl_module, outputs, batch, batch_idx, dataloader_idx)
 
@@ -165,7 +176,7 @@ class OWAEventMetricsCallback(Callback):
                 loss = {"token_loss": token_loss[:, :target.shape[1]]}
             elif self.log_loss and logits is not None:
                 loss = {"logits": logits[:, :-1]}
-            run.metric.update(preds, target, **loss)
+            run.metric.update(preds, target, **loss, tags=self._tags(batch))
             self._keep(run, preds, target)
 
     def _generate(self, trainer: Trainer, pl_module: LightningModule, run: _Run, batch: Any, batch_idx: int) -> None:
@@ -178,8 +189,19 @@ class OWAEventMetricsCallback(Callback):
             rows=share - run.generated, predict_events=self.predict_events,
             max_new_tokens=self.max_new_tokens, time_origin=self.pairing == "time")
         run.generated += target.shape[0]
-        run.metric.update(generated, target, origin_ns=origin)
+        tags = self._tags(batch)
+        run.metric.update(generated, target, origin_ns=origin, tags=None if tags is None else tags[:target.shape[0]])
         self._keep(run, generated, target, origin)
+
+    def _tags(self, batch: Any):
+        """Each sequence's tag (``tag_fn(batch)``, else ``batch["tag"]``); None when the metric has no tags."""
+        if not self.metric.tags:
+            return None
+        tags = self.tag_fn(batch) if self.tag_fn else batch.get("tag") if isinstance(batch, Mapping) else None
+        if tags is None:
+            raise RuntimeError(f"OWAEventMetricsCallback(tags={list(self.metric.tags)}) reads each sequence's tag from "
+                               "batch['tag'] (ids into tags, or names) or tag_fn(batch); this batch has neither")
+        return tags
 
     def _keep(self, run: _Run, preds: torch.Tensor, target: torch.Tensor,
               origin_ns: Optional[torch.Tensor] = None) -> None:
@@ -213,7 +235,7 @@ class OWAEventMetricsCallback(Callback):
         rows = self._sample_rows(run)
         samples = f"{sample_table(rows)}\n\n{sample_note(run.metric.vocab.config)}" if rows else None
         log_extras(trainer.loggers, prefix, suffix, histograms, confusion, samples, rows, step,
-                   f"category confusion, epoch {epoch}{where}")
+                   f"category confusion, epoch {epoch}{where}", tag_table(report))
         if self.artifacts:
             name = str(Path(*_folder(prefix), f"epoch_{epoch}_step_{step}" + (f"_dataloader_{idx}" if suffix else "")))
             context = {"epoch": epoch, "step": step, **({"dataloader_idx": idx} if suffix else {})}

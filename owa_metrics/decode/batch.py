@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import itertools
 import weakref
+from dataclasses import replace
 from typing import Optional, Union
 
 import numpy as np
@@ -79,7 +80,11 @@ def decode_batch(preds: torch.Tensor, target: torch.Tensor, vocab: VocabMap,
     layouts = _Tables.get(vocab.config, target.device)
     if backend == "kernel" or (backend == "auto" and target.device.type == "cpu" and kernel.available()):
         return _decode_with_kernel(preds, target, vocab, alignment, layouts)
-    return _decode_with_torch(preds, target, vocab, alignment, layouts)
+    batch = _decode_with_torch(preds, target, vocab, alignment, layouts)
+    if alignment == "generation":  # every generated event, decoded on its own (the kernel's pass gives them)
+        generated = _decode_with_torch(preds, preds, vocab, "teacher_forcing", layouts)
+        batch = replace(batch, generated=generated.target, generated_seq=generated.seq_idx)
+    return batch
 
 
 def check_pairing(pairing: Pairing, alignment: Alignment) -> None:
@@ -92,13 +97,20 @@ def check_pairing(pairing: Pairing, alignment: Alignment) -> None:
 
 
 def _decode_with_kernel(preds, target, vocab: VocabMap, alignment: Alignment, layouts: "_Tables") -> EventBatch:
-    out = kernel_arrays(preds, target, vocab, alignment, layouts)
-    sides = [EventFields(n_timestamp_digits=layouts.n_ts, **{k: torch.from_numpy(np.ascontiguousarray(v))
-                                                             for k, v in out[side].items()})
-             for side in ("target", "pred")]
+    return batch_of_arrays(kernel_arrays(preds, target, vocab, alignment, layouts), layouts.n_ts, target.shape[0],
+                           alignment)
+
+
+def batch_of_arrays(out: dict, n_ts: int, num_sequences: int, alignment: Alignment) -> EventBatch:
+    """The `EventBatch` of `kernel_arrays`' output (no copy)."""
+    sides = [EventFields(n_timestamp_digits=n_ts, **{k: torch.from_numpy(np.ascontiguousarray(v))
+                                                     for k, v in out[side].items()})
+             for side in ("target", "pred", "generated") if side in out]
     return EventBatch(seq_idx=torch.from_numpy(out["seq"]), status=torch.from_numpy(out["status"]), target=sides[0],
                       pred=sides[1], target_count=torch.from_numpy(out["target_count"]),
-                      pred_count=torch.from_numpy(out["pred_count"]), num_sequences=target.shape[0], alignment=alignment)
+                      pred_count=torch.from_numpy(out["pred_count"]), num_sequences=num_sequences, alignment=alignment,
+                      generated=sides[2] if len(sides) > 2 else None,
+                      generated_seq=torch.from_numpy(out["generated_seq"]) if "generated_seq" in out else None)
 
 
 def kernel_arrays(preds, target, vocab: VocabMap, alignment: Alignment, layouts: "_Tables") -> dict:

@@ -27,8 +27,10 @@ class TimeMatching:
     kind matches. ``detection_counts`` [3, N_CAT + 1] (float64): TP, FP, FN per category, the last column the
     invalid generated events (FP of no category). ``detection_error_ms`` [detection matches]: |a_p - a_t|.
     ``extra_events``: valid generated events paired with nothing; ``invalid_pred_events``: generated event
-    spans that do not decode. A tolerance sweep: ``sweep_ns`` its tolerances (ns), ``sweep_counts``
-    [len(sweep_ns), 3, N_CAT + 1] the detection counts at each (the first: ``detection_counts``).
+    spans that do not decode. ``target_ns`` [n_target_events] / ``generated_ns`` [every generated event span]:
+    the absolute times (`unwrap_ns`; 0 where the event does not decode). A tolerance sweep: ``sweep_ns`` its
+    tolerances (ns), ``sweep_counts`` [len(sweep_ns), 3, N_CAT + 1] the detection counts at each (the first:
+    ``detection_counts``).
     """
 
     detection: torch.Tensor
@@ -37,6 +39,8 @@ class TimeMatching:
     detection_error_ms: torch.Tensor
     extra_events: torch.Tensor
     invalid_pred_events: torch.Tensor
+    target_ns: torch.Tensor
+    generated_ns: torch.Tensor
     sweep_ns: tuple = ()
     sweep_counts: Optional[torch.Tensor] = None
 
@@ -99,7 +103,8 @@ class EventBatch:
     type token names another kind: under teacher forcing whatever follows it, in generation the prediction
     decodes), the prediction's own decode status (INVALID_FORMAT, MISSING_FIELDS, TRUNCATED, MISSING) or INVALID_TARGET.
     ``target_count`` / ``pred_count`` [num_sequences] count events per sequence (equal under teacher forcing).
-    ``time_matching``: what generation by time found (`TimeMatching`), else None.
+    ``time_matching``: what generation by time found (`TimeMatching`), else None. ``generated`` /
+    ``generated_seq`` (generation): every generated event span decoded on its own, in (row, position) order, and its row.
     """
 
     seq_idx: torch.Tensor
@@ -111,6 +116,8 @@ class EventBatch:
     num_sequences: int
     alignment: Alignment
     time_matching: Optional[TimeMatching] = None  # pairing="time": detection counts, errors, extra events
+    generated: Optional[EventFields] = None
+    generated_seq: Optional[torch.Tensor] = None
 
     def __len__(self) -> int:
         return int(self.seq_idx.numel())

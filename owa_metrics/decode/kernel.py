@@ -292,8 +292,11 @@ def decode_arrays(t_code: np.ndarray, p_code: np.ndarray, tables, generation: bo
     target.update(start=t_first, end=t_last, start_cut=t_cut)
     status = np.empty(n, np.int64)
     _compare(target["status"], target["kind"], pred["status"], pred["kind"], generation, status)
-    return {"seq": t_seq, "status": status, "target": target, "pred": pred, "target_count": t_counts,
-            "pred_count": p_counts}
+    out = {"seq": t_seq, "status": status, "target": target, "pred": pred, "target_count": t_counts,
+           "pred_count": p_counts}
+    if generation:  # every generated event, as decoded on its own
+        out.update(generated={**generated, "start": p_first, "end": p_last, "start_cut": p_cut}, generated_seq=p_seq)
+    return out
 
 
 def _side_spans(code: np.ndarray):

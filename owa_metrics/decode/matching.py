@@ -210,8 +210,8 @@ def match_by_time(target: EventFields, target_seq: torch.Tensor, pred: EventFiel
     error_ms = (p_abs[detection[matched]] - t_abs[matched]).abs().double() / 1e6
     in_pair = _marked(paired, len(p_ok))
     return TimeMatching(detection=detection, paired=paired, detection_counts=swept[0], detection_error_ms=error_ms,
-                        extra_events=(p_ok & ~in_pair).sum(), invalid_pred_events=(~p_ok).sum(), sweep_ns=sweep,
-                        sweep_counts=swept if sweep else None)
+                        extra_events=(p_ok & ~in_pair).sum(), invalid_pred_events=(~p_ok).sum(), target_ns=t_abs,
+                        generated_ns=p_abs, sweep_ns=sweep, sweep_counts=swept if sweep else None)
 
 
 def _sweep_match(t_key: torch.Tensor, t_ns: torch.Tensor, p_key: torch.Tensor, p_ns: torch.Tensor,
@@ -264,7 +264,7 @@ def pair_by_time(true_batch: EventBatch, gen_batch: EventBatch, window_ns: int, 
                                      int(Status.TYPE_MISMATCH), pred.status))
     return EventBatch(seq_idx=true_batch.seq_idx, status=status, target=true, pred=pred,
                       target_count=true_batch.target_count, pred_count=gen_batch.target_count, num_sequences=B,
-                      alignment="generation", time_matching=found)
+                      alignment="generation", time_matching=found, generated=gen, generated_seq=gen_batch.seq_idx)
 
 
 def _marked(match: torch.Tensor, n: int) -> torch.Tensor:

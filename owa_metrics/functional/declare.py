@@ -182,7 +182,7 @@ class Given:
 
 @dataclass(frozen=True)
 class GivenSamples:
-    """Samples that ``fn(batch, extras)`` gives per update (one value each), beside the event rows."""
+    """Samples that ``fn(batch, extras)`` gives per update (one value each; NaN: no sample), beside the event rows."""
 
     fn: Callable
 

@@ -4,20 +4,20 @@ from __future__ import annotations
 
 import functools
 import warnings
-from typing import Optional, Union
+from typing import Optional, Sequence, Union
 
 import numpy as np
 import torch
 from torchmetrics.utilities import rank_zero_warn
 
 from ..decode import kernel as decode_kernel
-from ..decode.batch import _check_inputs, _Tables, check_pairing, decode_batch, kernel_arrays
+from ..decode.batch import _check_inputs, _Tables, batch_of_arrays, check_pairing, decode_batch, kernel_arrays
 from ..decode.event_batch import Alignment, Backend, EventBatch, Pairing
 from ..decode.matching import tolerance_ns
 from ..functional import kernel as compiled
-from ..functional.declare import GivenSamples, Samples, Shape, Sums
+from ..functional.declare import Given, GivenSamples, Samples, Shape, Sums
 from ..functional.plan import SAMPLE_SHIFT, Plan, accumulate
-from ..functional.report import KEY_GROUPS, REPORT
+from ..functional.report import KEY_GROUPS, REPORT, default_tag_keys
 from ..functional.stats import sketch_counts
 from ..functional.tokens import event_token_stats, field_table, given_token_losses, token_losses
 from ..schema import Status
@@ -70,6 +70,13 @@ class OWAEventMetrics(Float64Metric):
     ``detect/f1|precision|recall@{t}ms``, ``detect/{category}/f1@{t}ms``, ``detect/f1_mean``); the pairs and the
     keys above come from the first.
 
+    Slices: ``tags=["minecraft", "vscode", ...]`` (at most `MAX_TAGS` names) and ``update(..., tags=)``, one tag per
+    sequence ([B] ids into ``tags``, or the names), keep every state once more per tag; ``compute()`` adds, for each
+    tag with a sequence on any rank, that tag's report under ``tag/{name}/...``: its sequences and target events and
+    the headline keys (``tag_keys=None``: `default_tag_keys`), every key (``"all"``) or the keys named. A tag's keys
+    are those of a metric fed only that tag's sequences (each tag's rows of every update go through the same update
+    again); the pooled keys stay.
+
     ``key_groups=True`` adds the accuracy and count of the comparable keyboard events by group of the true virtual
     key (``keyboard/{group}/...``) and of the comparable mouse events with button flags by operation
     (``mouse_op/{op}/...``): see docs/METRICS.md.
@@ -83,7 +90,8 @@ class OWAEventMetrics(Float64Metric):
                  format: Optional[str] = None, alignment: Alignment = "teacher_forcing", mode: Mode = "exact", relative_accuracy: float = 0.005,
                  sketch_range: tuple[float, float] = (1e-4, 1e8), num_resamples: int = 1000, seed: int = 42,
                  persistent: bool = False, backend: Backend = "auto", pairing: Pairing = "index",
-                 tolerance_ms: Union[float, tuple[float, ...]] = 100.0, key_groups: bool = False, **kwargs):
+                 tolerance_ms: Union[float, tuple[float, ...]] = 100.0, tags: Optional[Sequence[str]] = None,
+                 tag_keys: Union[None, str, Sequence[str]] = None, key_groups: bool = False, **kwargs):
         kwargs.setdefault("compute_with_cache", False)  # every compute() syncs, on every rank: no stale rank
         super().__init__(**kwargs)
         vocab = _vocab_map(vocab if vocab is not None else tokenizer, config, format)
@@ -98,6 +106,10 @@ class OWAEventMetrics(Float64Metric):
         tolerance_ns(tolerance_ms, vocab.config.timestamp_window_ns)  # raises saying what is allowed
         sweep = tuple(tolerance_ms) if isinstance(tolerance_ms, (tuple, list)) else ()
         self.pairing, self.tolerance_ms, self.key_groups = pairing, sweep or tolerance_ms, key_groups
+        self.tags, self.tag_keys = _check_tags(tags), _check_tag_keys(tag_keys)
+        self._tag_ids = {name: i for i, name in enumerate(self.tags)}
+        self._tag_key_set = set(default_tag_keys(alignment) if tag_keys is None else
+                                () if tag_keys == "all" else tag_keys)
         self.vocab, self.alignment, self.mode, self.backend = vocab, alignment, mode, backend
         self.spec = check_statistics(relative_accuracy, sketch_range, num_resamples, seed)
         self.num_resamples, self.seed = num_resamples, seed
@@ -109,51 +121,59 @@ class OWAEventMetrics(Float64Metric):
         plan = Plan.get(self.definitions, self.shape, "cpu", self._given_names(tokens=True))
         self._sampled_names = {n for n, st in plan.states.items() if isinstance(st, (Samples, GivenSamples))}
         sketches = plan.sketch_layout(self.spec.size)
-        for name, state in plan.states.items():
+        for tag, (name, state) in ((t, item) for t in (None, *range(len(self.tags))) for item in plan.states.items()):
             if isinstance(state, (Samples, GivenSamples)) and mode == "exact":  # flat float64 rows (NaN: not defined)
-                self.add_state(self.kept(name), default=[], dist_reduce_fx="cat")
+                self.add_state(self.kept(name, tag), default=[], dist_reduce_fx="cat")
             else:
                 shape = sketches[name] if isinstance(state, Samples) else (
                     (self.spec.size,) if isinstance(state, GivenSamples) else plan.state_shapes[name])
-                self.add_state(self.kept(name), default=torch.zeros(shape, dtype=torch.float64), dist_reduce_fx="sum")
+                self.add_state(self.kept(name, tag), default=torch.zeros(shape, dtype=torch.float64),
+                               dist_reduce_fx="sum")
         self._dtype = torch.float64  # an empty list state syncs as an empty tensor of this dtype
         self.persistent(persistent)
 
-    def kept(self, name: str) -> str:
+    def kept(self, name: str, tag: Optional[int] = None) -> str:
         """The attribute of a declared state: a `Samples` / `GivenSamples` state's is ``{name}_samples`` (exact mode)
-        or ``{name}_sketch``; any other's its name."""
+        or ``{name}_sketch``; any other's its name; tag ``tag``'s copy (its index in ``tags``) ends in ``@{tag}``."""
         if name in self._sampled_names:
-            return f"{name}_{'samples' if self.mode == 'exact' else 'sketch'}"
-        return name
+            name = f"{name}_{'samples' if self.mode == 'exact' else 'sketch'}"
+        return name if tag is None else f"{name}@{tag}"
 
     def _given_names(self, tokens: bool, loss: bool = True) -> tuple[str, ...]:
         """The `Given` states an update supplies: the token statistics (teacher forcing, with token ids; the loss with
-        logits or a token loss), the detection counts (time pairing)."""
+        logits or a token loss), and every other one (read from the decoded batch: the detection counts, ...)."""
         names = ("token_fields",) + (("token_loss",) if loss else ()) if tokens and self.alignment == "teacher_forcing" \
             else ()
-        return names + (("detection", "detection_sweep") if self.pairing == "time" else ())
+        return names + self._batch_given
+
+    @functools.cached_property
+    def _batch_given(self) -> tuple[str, ...]:
+        return tuple(n for d in self.definitions for n, s in d.states(self.shape).items()
+                     if isinstance(s, Given) and n not in ("token_fields", "token_loss"))
 
     # ------------------------------------------------------------------------------------------ update
     def update(self, preds: Union[torch.Tensor, EventBatch], target: Optional[torch.Tensor] = None,
                logits: Optional[torch.Tensor] = None, origin_ns: Union[None, int, torch.Tensor] = None,
-               token_loss: Optional[torch.Tensor] = None) -> None:
+               token_loss: Optional[torch.Tensor] = None, tags=None) -> None:
         if origin_ns is not None and self.pairing != "time":
             raise ValueError("origin_ns is the time origin of pairing='time': build OWAEventMetrics(..., "
                              "alignment='generation', pairing='time') to use it")
-        tokens = None  # teacher forcing on token ids: `event_token_stats`
         if isinstance(preds, EventBatch):
-            batch = preds
+            if tags is not None or self.tags:
+                raise ValueError("tags slice the token ids: pass update(preds_ids, target_ids, tags=...) rather than "
+                                 "an EventBatch")
             if target is not None or logits is not None or token_loss is not None:
                 raise ValueError("update(EventBatch) takes the decoded batch alone: the token accuracy and loss need "
                                  "the token ids, so pass update(preds_ids, target_ids, logits=...) instead")
-            if (batch.time_matching is not None) != (self.pairing == "time"):
-                raise ValueError(f"this EventBatch was paired by {'time' if batch.time_matching else 'index'} but "
+            if (preds.time_matching is not None) != (self.pairing == "time"):
+                raise ValueError(f"this EventBatch was paired by {'time' if preds.time_matching else 'index'} but "
                                  f"the metric pairs by {self.pairing}: decode with decode_batch(..., "
                                  f"pairing='{self.pairing}') or build the metric with the batch's pairing")
-            if self.shape.tolerances_ms and batch.time_matching.sweep_ns != tolerance_ns(self.tolerance_ms,
+            if self.shape.tolerances_ms and preds.time_matching.sweep_ns != tolerance_ns(self.tolerance_ms,
                                                                                          self.window_ns):
                 raise ValueError(f"this EventBatch was not matched at the metric's tolerance sweep: decode with "
                                  f"decode_batch(..., pairing='time', tolerance_ms={self.tolerance_ms})")
+            self._accumulate(preds, None)
         else:
             if target is None:
                 raise ValueError("update(preds, target): target token ids are missing")
@@ -169,16 +189,58 @@ class OWAEventMetrics(Float64Metric):
             if token_loss is not None:
                 token_loss = torch.nn.functional.pad(token_loss.reshape(target.shape[0], -1).to(target.device),
                                                      (0, target.shape[1] - token_loss.shape[-1]))  # [B, 0]: one column
-            if self._compiled(target):
-                self._update_compiled(preds, target, logits, token_loss)
-                return
-            batch = decode_batch(preds, target, self.vocab, self.alignment, self.backend, self.pairing,
-                                 self.tolerance_ms, origin_ns)
-            if self.alignment == "teacher_forcing":
-                tokens = event_token_stats(batch, preds, target, self.vocab.config, logits, token_loss)
-        self._accumulate(batch, tokens)
+            rows = self._tag_rows(tags, target.shape[0], target.device)
+            self._update_ids(preds, target, logits, token_loss, origin_ns)
+            for tag, index in rows:  # each tag's rows again, into its states
+                pick = lambda x: x.index_select(0, index) if (  # noqa: E731
+                    isinstance(x, torch.Tensor) and x.dim() and x.shape[0] == target.shape[0]) else x
+                self._update_ids(*map(pick, (preds, target, logits, token_loss, origin_ns)), tag)
 
-    def _accumulate(self, batch: EventBatch, tokens) -> None:
+    def _update_ids(self, preds: torch.Tensor, target: torch.Tensor, logits: Optional[torch.Tensor],
+                    token_loss: Optional[torch.Tensor], origin_ns, tag: Optional[int] = None) -> None:
+        """Decode and accumulate checked ids into the pooled states, or into tag ``tag``'s."""
+        if self._compiled(target):
+            self._update_compiled(preds, target, logits, token_loss, tag)
+            return
+        batch = decode_batch(preds, target, self.vocab, self.alignment, self.backend, self.pairing,
+                             self.tolerance_ms, origin_ns)
+        tokens = None  # teacher forcing: `event_token_stats`
+        if self.alignment == "teacher_forcing":
+            tokens = event_token_stats(batch, preds, target, self.vocab.config, logits, token_loss)
+        self._accumulate(batch, tokens, tag)
+
+    def _tag_rows(self, tags, batch_size: int, device) -> list[tuple[int, torch.Tensor]]:
+        """``(tag, its rows of the batch)`` for each tag present (one host read of the ids); raises on misuse."""
+        if tags is None or not self.tags:
+            if tags is not None:
+                raise ValueError("update(..., tags=) needs the tags' names up front: OWAEventMetrics(..., "
+                                 "tags=['minecraft', 'vscode', ...])")
+            if self.tags:
+                raise ValueError(f"this metric reports per tag ({len(self.tags)} tags): pass update(..., tags=) with "
+                                 "one tag per sequence (ids into tags, or the names), in every update")
+            return []
+        if isinstance(tags, (list, tuple, np.ndarray)) and len(tags) and all(isinstance(t, str) for t in tags):
+            unknown = sorted(set(tags) - self._tag_ids.keys())
+            if unknown:
+                raise ValueError(f"tags {unknown} are not among this metric's tags {self.tags}: name every tag "
+                                 "of the data in OWAEventMetrics(..., tags=)")
+            tags = [self._tag_ids[t] for t in tags]
+        try:
+            ids = torch.as_tensor(tags).reshape(-1)
+        except (TypeError, ValueError, RuntimeError):
+            ids = None
+        if ids is None or ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool or \
+                ids.numel() != batch_size:
+            raise ValueError(f"tags must be {batch_size} integer ids (one per sequence) or names, got {tags!r}"[:300])
+        ids = ids.cpu().long()
+        if ids.numel() and not 0 <= int(ids.min()) <= int(ids.max()) < len(self.tags):
+            raise ValueError(f"tag ids must be in [0, {len(self.tags)}) (indices into tags={self.tags}), got "
+                             f"{sorted(set(ids.tolist()))}")
+        counts = torch.bincount(ids, minlength=len(self.tags)).tolist()
+        rows = torch.argsort(ids, stable=True).to(device).split(counts)
+        return [(tag, index) for tag, index in enumerate(rows) if len(index)]
+
+    def _accumulate(self, batch: EventBatch, tokens, tag: Optional[int] = None) -> None:
         """Every state from a decoded batch with torch ops (`owa_metrics.functional.plan.accumulate`), added in one
         ``_foreach_add_`` (with the sketch counts in sketch mode, and the given sums); exact mode reads the numbers of
         sampled rows in one host sync, then selects them."""
@@ -186,22 +248,23 @@ class OWAEventMetrics(Float64Metric):
         plan = Plan.get(self.definitions, self.shape, batch.seq_idx.device, names)
         sketch = self.mode == "sketch" and plan.samples
         increments, samples, sampled, key = accumulate(plan, batch, plan.sketch_tables[0] if sketch else None)
-        states, increments, counts = self._flat_states(plan.sums_states), increments[:-1], increments[-1]
+        states = self._flat_states([self.kept(name, tag) for name in plan.sums_states])
+        increments, counts = increments[:-1], increments[-1]
         if sketch:
             _, rows, n_rows = plan.sketch_tables
             flat = sketch_counts(samples, self.spec, rows.index_select(0, key), n_rows + 1)
-            states += self._flat_states([self.kept(name) for name in plan.samples])
+            states += self._flat_states([self.kept(name, tag) for name in plan.samples])
             increments += flat.view(-1).split([getattr(self, self.kept(name)).numel() for name in plan.samples]
                                               + [self.spec.size])[:-1]  # the last: the rows of no state's group
         extras = {"tokens": tokens}
         given = [piece for name in plan.given for piece in plan.states[name].fn(batch, extras)]
-        torch._foreach_add_(states + self._given_views(plan), increments + given)
+        torch._foreach_add_(states + self._given_views(plan, tag), increments + given)
         if self.mode == "exact" and plan.samples:
-            self._append_rows(plan, samples, sampled, counts)
-        for name in plan.given_samples:
-            self._add_given_samples(name, plan.states[name].fn(batch, extras))
+            self._append_rows(plan, samples, sampled, counts, tag)
+        self._add_given_samples(plan, batch, extras, tag)
 
-    def _append_rows(self, plan: Plan, samples: torch.Tensor, sampled: torch.Tensor, counts: torch.Tensor) -> None:
+    def _append_rows(self, plan: Plan, samples: torch.Tensor, sampled: torch.Tensor, counts: torch.Tensor,
+                     tag: Optional[int] = None) -> None:
         """Each `Samples` state's rows: the rows of its group (their numbers read in one host sync: packed, see
         `Plan.sample_counts`), its values."""
         if plan.packed:
@@ -214,22 +277,30 @@ class OWAEventMetrics(Float64Metric):
             sizes = [int(n) for n in counts.tolist()]
         rows = torch.nonzero_static(sampled.T, size=sum(sizes))[:, 1].split(sizes)
         for name, chosen, values in zip(plan.samples, rows, samples.split(plan.sample_widths, 1)):
-            append_samples(getattr(self, self.kept(name)), values.index_select(0, chosen).reshape(-1))
+            append_samples(getattr(self, self.kept(name, tag)), values.index_select(0, chosen).reshape(-1))
 
-    def _add_given_samples(self, name: str, values: torch.Tensor) -> None:
-        if self.mode == "exact":
-            append_samples(getattr(self, self.kept(name)), values.to(self.device).double())
-        else:
-            getattr(self, self.kept(name)).add_(sketch_counts(values.to(self.device), self.spec))
+    def _add_given_samples(self, plan: Plan, batch: EventBatch, extras: dict, tag: Optional[int] = None) -> None:
+        """The `GivenSamples` states' values (NaN: no sample): counted in the sketch, or kept (their numbers read in
+        one host sync)."""
+        values = [plan.states[name].fn(batch, extras).to(self.device).double() for name in plan.given_samples]
+        if self.mode == "sketch":
+            for name, x in zip(plan.given_samples, values):
+                getattr(self, self.kept(name, tag)).add_(sketch_counts(x, self.spec))
+            return
+        kept = [~torch.isnan(x) for x in values]
+        sizes = torch.stack([k.sum() for k in kept]).tolist() if kept else []
+        for name, x, k, n in zip(plan.given_samples, values, kept, sizes):
+            append_samples(getattr(self, self.kept(name, tag)),
+                           x.index_select(0, torch.nonzero_static(k, size=n)[:, 0]))
 
     def _flat_states(self, names: list[str]) -> list[torch.Tensor]:
         """Flat views of the named states: the additions of `_accumulate` go through them without a view op."""
         return [view for name in names for view in self._views(name, "flat", lambda state: [state.view(-1)])]
 
-    def _given_views(self, plan: Plan) -> list[torch.Tensor]:
+    def _given_views(self, plan: Plan, tag: Optional[int] = None) -> list[torch.Tensor]:
         """The views ``state[part]`` that the `Given` states' pieces add to."""
-        return [view for name in plan.given
-                for view in self._views(name, "parts", lambda state: [state[p] for p in plan.states[name].parts])]
+        return [view for name in plan.given for view in self._views(
+            self.kept(name, tag), "parts", lambda state: [state[p] for p in plan.states[name].parts])]
 
     def _views(self, name: str, kind: str, make) -> list[torch.Tensor]:
         """``make(state)``'s views of a state, kept while the state is the same tensor (`reset` and syncs replace
@@ -247,7 +318,7 @@ class OWAEventMetrics(Float64Metric):
         return self.backend == "kernel" or (target.device.type == "cpu" and decode_kernel.available())
 
     def _update_compiled(self, preds: torch.Tensor, target: torch.Tensor, logits: Optional[torch.Tensor],
-                         token_loss: Optional[torch.Tensor] = None) -> None:
+                         token_loss: Optional[torch.Tensor] = None, tag: Optional[int] = None) -> None:
         """The same states as `_accumulate`, from compiled loops: `kernel.decode_arrays` over the tokens, then
         `functional.kernel.accumulate` over the rows with the same plan (and `token_stats` under teacher forcing)."""
         out = kernel_arrays(preds, target, self.vocab, self.alignment, _Tables.get(self.vocab.config, target.device))
@@ -264,13 +335,21 @@ class OWAEventMetrics(Float64Metric):
             whole = {"token_fields": torch.from_numpy(fields), "token_loss": torch.from_numpy(loss)}
         plan = Plan.get(self.definitions, self.shape, "cpu", self._given_names(self.alignment == "teacher_forcing",
                                                                                with_loss))
-        pieces = [whole[name][part] for name in plan.given for part in plan.states[name].parts]  # as declared
+        # the other given states read the decoded batch: its arrays as an `EventBatch` (no copy)
+        batch = batch_of_arrays(out, self.shape.n_timestamp_digits, target.shape[0], self.alignment) \
+            if set(plan.given) - set(whole) or plan.given_samples else None
+        extras = {"tokens": None}
+        pieces = [piece for name in plan.given for piece in (  # as declared
+            [whole[name][part] for part in plan.states[name].parts] if name in whole else
+            plan.states[name].fn(batch, extras))]
         increments, samples = compiled.accumulate(plan, out, self.mode == "sketch", self.spec)
-        states = list(plan.sums_states) + ([self.kept(n) for n in plan.samples] if self.mode == "sketch" else [])
-        torch._foreach_add_(self._flat_states(states) + self._given_views(plan), increments + pieces)
+        states = list(plan.sums_states) + (list(plan.samples) if self.mode == "sketch" else [])
+        torch._foreach_add_(self._flat_states([self.kept(n, tag) for n in states]) + self._given_views(plan, tag),
+                            increments + pieces)
         if self.mode == "exact":
             for name, values in zip(plan.samples, samples):
-                append_samples(getattr(self, self.kept(name)), values.reshape(-1))
+                append_samples(getattr(self, self.kept(name, tag)), values.reshape(-1))
+        self._add_given_samples(plan, batch, extras, tag)
 
     # ----------------------------------------------------------------------------------------- compute
     def _wrap_compute(self, compute):
@@ -287,18 +366,33 @@ class OWAEventMetrics(Float64Metric):
         return quiet
 
     def compute(self) -> dict[str, torch.Tensor]:
-        read = Read(self)
-        out = {}
-        for definition in self.definitions:
-            out.update(definition.compute(read))
-        out["status/invalid_target_rate"] = self._warn_invalid_targets()
+        out = self._keys()
+        self._warn_invalid_targets(out["status/invalid_target_rate"])
+        if self.tag_keys not in (None, "all") and set(self.tag_keys) - out.keys():
+            rank_zero_warn(f"tag_keys names {sorted(set(self.tag_keys) - out.keys())}, which this report does not "
+                           "hold (a misspelt key, or no samples for it yet): see docs/METRICS.md for the keys")
+        for tag, name in enumerate(self.tags):
+            if Read(self, tag)["batch_counts"].raw[0] > 0:  # a sequence of the tag on some rank
+                out.update({f"tag/{name}/{k}": v for k, v in self._keys(tag).items() if self._is_tag_key(k)})
         return {k: torch.as_tensor(v, dtype=torch.float64).to(self.device) for k, v in out.items()
                 if not bool(torch.isnan(torch.as_tensor(v)))}
 
-    def _warn_invalid_targets(self, threshold: float = 0.05) -> torch.Tensor:
-        """invalid targets / target events (0 without events); above ``threshold`` one warning on rank zero
-        naming the most frequent decode failure and the likely fix."""
-        rate = self.statuses[0, int(Status.INVALID_TARGET)] / self.events[0, 0].clamp(min=1)
+    def _keys(self, tag: Optional[int] = None) -> dict:
+        """Every definition's keys over the pooled states, or over tag ``tag``'s."""
+        read, out = Read(self, tag), {}
+        for definition in self.definitions:
+            out.update(definition.compute(read))
+        events = read["events"].events.clamp(min=1)
+        out["status/invalid_target_rate"] = read["statuses"].raw[0, int(Status.INVALID_TARGET)] / events
+        return out
+
+    def _is_tag_key(self, key: str) -> bool:
+        """Whether a tag reports ``key``: `default_tag_keys` (``tag_keys=None``), all, or those named."""
+        return self.tag_keys == "all" or key in self._tag_key_set
+
+    def _warn_invalid_targets(self, rate: torch.Tensor, threshold: float = 0.05) -> None:
+        """Above ``threshold`` of invalid targets / target events, one warning on rank zero naming the most frequent
+        decode failure and the likely fix."""
         if float(rate) > threshold:
             failures = self.target_statuses[0].clone()
             failures[int(Status.VALID)] = 0
@@ -309,7 +403,6 @@ class OWAEventMetrics(Float64Metric):
                 "pass format='hierarchical' | 'factorized'; if screens use other image tokens, pass a CodecConfig with "
                 "your image_prefix / image_token / image_suffix (or let the tokenizer's be detected by not passing "
                 "config). status/invalid_target_rate logs this rate.")))
-        return rate
 
     def extra_repr(self) -> str:
         pairing = f", pairing={self.pairing}, tolerance_ms={self.tolerance_ms}" if self.pairing == "time" else ""
@@ -360,17 +453,17 @@ class Named:
 class Read:
     """What a `Definition`'s compute reads: the (synced) states of an `OWAEventMetrics` by name."""
 
-    def __init__(self, metric: OWAEventMetrics):
-        self.metric = metric
+    def __init__(self, metric: OWAEventMetrics, tag: Optional[int] = None):
+        self.metric, self.tag = metric, tag
         self.plan = Plan.get(metric.definitions, metric.shape, "cpu", metric._given_names(tokens=True))
         self.num_resamples, self.seed, self.alignment = metric.num_resamples, metric.seed, metric.alignment
 
     def __getitem__(self, name: str) -> Named:
-        state, value = self.plan.states[name], getattr(self.metric, name)
+        state, value = self.plan.states[name], getattr(self.metric, self.metric.kept(name, self.tag))
         return Named(value, tuple(state.values)) if isinstance(state, Sums) else Named(value)
 
     def given(self, name: str) -> torch.Tensor:
-        return getattr(self.metric, name)
+        return getattr(self.metric, self.metric.kept(name, self.tag))
 
     def samples(self, name: str, value: str, category: Optional[int] = None) -> Distribution:
         """The distribution of a `Samples` state's ``value`` (over its whole group, or the events of one true
@@ -378,16 +471,46 @@ class Read:
         state, m = self.plan.states[name], self.metric
         j = list(state.values).index(value)
         if m.mode == "sketch":
-            return Distribution(counts=getattr(m, m.kept(name))[j, 0 if category is None else 1 + category], spec=m.spec)
-        rows = cat_samples(getattr(m, m.kept(name)), m.device).reshape(-1, len(state.values) + state.by_category)
+            counts = getattr(m, m.kept(name, self.tag))
+            return Distribution(counts=counts[j, 0 if category is None else 1 + category], spec=m.spec)
+        rows = cat_samples(getattr(m, m.kept(name, self.tag)), m.device)
+        rows = rows.reshape(-1, len(state.values) + state.by_category)
         x = rows[:, j] if category is None else rows[rows[:, -1] == category, j]
         return Distribution.exact(x[~torch.isnan(x)])
 
     def given_samples(self, name: str) -> Distribution:
         m = self.metric
         if m.mode == "sketch":
-            return Distribution(counts=getattr(m, m.kept(name)), spec=m.spec)
-        return Distribution.exact(cat_samples(getattr(m, m.kept(name)), m.device))
+            return Distribution(counts=getattr(m, m.kept(name, self.tag)), spec=m.spec)
+        return Distribution.exact(cat_samples(getattr(m, m.kept(name, self.tag)), m.device))
+
+
+MAX_TAGS = 64  # each tag copies every state: sketch mode ~0.7 MB per tag, exact mode grows with its events
+
+
+def _check_tags(tags) -> tuple[str, ...]:
+    """The tags' names, checked: distinct non-empty strings without ``/`` (they name keys), at most `MAX_TAGS`."""
+    if tags is None:
+        return ()
+    if isinstance(tags, str) or not all(isinstance(t, str) and t and "/" not in t for t in tags) or not tags:
+        raise ValueError(f"tags must be a list of names (non-empty strings without '/'), got {tags!r}")
+    if len(set(tags)) != len(tags):
+        raise ValueError(f"tags must be distinct names, got {list(tags)}")
+    if len(tags) > MAX_TAGS:
+        raise ValueError(f"{len(tags)} tags: at most {MAX_TAGS} (each tag keeps a copy of every state, ~0.7 MB in "
+                         "sketch mode, growing with its events in exact mode); group rare tags into one (e.g. 'other')"
+                         " or slice by a coarser label")
+    return tuple(tags)
+
+
+def _check_tag_keys(tag_keys):
+    """``None`` (the headline keys and the counts), ``"all"``, or key names."""
+    if tag_keys is None or tag_keys == "all":
+        return tag_keys
+    if isinstance(tag_keys, str) or not all(isinstance(k, str) for k in tag_keys):
+        raise ValueError(f"tag_keys must be None (the headline keys and the counts), 'all' or a list of report keys, "
+                         f"got {tag_keys!r}")
+    return tuple(tag_keys)
 
 
 def _vocab_map(vocab, config: Optional[CodecConfig], format: Optional[str]) -> VocabMap:

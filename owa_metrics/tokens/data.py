@@ -24,7 +24,8 @@ def collate(items: Sequence[dict], pad_id: int = 0) -> dict[str, torch.Tensor]:
     """A batch of ``{"input_ids", "labels"[, "attention_mask"], ...}`` items, right-padded to the longest: ids with
     ``pad_id``, labels with -100, the attention mask 1 over each item's own length (or its ``attention_mask``),
     never read from the ids (a tokenizer's id 0 is often a real token). Any other tensor (``pixel_values``: one
-    entry per image) is concatenated along its first dimension, in item order, as HF VLMs take it."""
+    entry per image) is concatenated along its first dimension, in item order, as HF VLMs take it; numbers (a tag id)
+    make a [B] tensor, strings (a tag name) a list."""
     width = max(len(x["input_ids"]) for x in items)
     pad = lambda key, value: torch.stack(  # noqa: E731
         [torch.nn.functional.pad(torch.as_tensor(x[key]), (0, width - len(x[key])), value=value) for x in items])
@@ -34,6 +35,7 @@ def collate(items: Sequence[dict], pad_id: int = 0) -> dict[str, torch.Tensor]:
              "attention_mask": torch.stack([torch.nn.functional.pad(m, (0, width - len(m))) for m in masks])}
     if "labels" in items[0]:
         batch["labels"] = pad("labels", -100)
-    for key in [k for k in items[0] if k not in SEQUENCE_KEYS]:
-        batch[key] = torch.cat([torch.as_tensor(x[key]) for x in items])
+    for key in [k for k in items[0] if k not in SEQUENCE_KEYS]:  # a string per item (a tag): their list
+        batch[key] = [x[key] for x in items] if isinstance(items[0][key], str) else torch.cat(
+            [torch.atleast_1d(torch.as_tensor(x[key])) for x in items])
     return batch

@@ -1,0 +1,122 @@
+"""What a generated sequence does (issue 26): cursor path offsets, key-sequence error rate, movement with its misses,
+against the plain-Python oracle written from the issue (`sequence_oracle`) and hand-computed cases."""
+
+import numpy as np
+import pytest
+import torch
+
+from owa_metrics import Event, OWAEventMetrics, decode_batch
+from owa_metrics.functional.sequences import levenshtein, levenshtein_torch
+from metric_oracle import FORMATS
+from sequence_oracle import levenshtein as oracle_levenshtein, sequence_oracle
+from test_pairing import _recording_batches, pad
+
+MS = 1_000_000
+NEW = ("mouse/click_offset", "mouse/path_end_offset", "keyboard/sequence_", "_with_misses", "mouse/move_coverage",
+       "count/click_events", "count/path_rows", "count/keyboard_sequence_rows", "count/move_events")
+QUANTILES = ("mouse/click_offset_p50_mu", "mouse/click_offset_p95_mu", "mouse/path_end_offset_p50_mu")
+
+
+def _report(metric):
+    return {k: float(v) for k, v in metric.compute().items() if any(n in k for n in NEW)}
+
+
+def _assert_equal(report, oracle, sketch=False):
+    assert set(report) == set(oracle), set(report) ^ set(oracle)
+    for key, want in oracle.items():
+        # the sketch: each order statistic within its relative accuracy (0.5 %), and so their interpolation
+        tol = 0.005 * abs(want) + 1e-9 if sketch and key in QUANTILES else 1e-9 * max(1.0, abs(want))
+        assert abs(report[key] - want) <= tol, (key, report[key], want)
+
+
+def _events(rows):
+    return [Event(kind=k, timestamp_ns=t * MS, **fields) for k, t, fields in rows]
+
+
+def _run(tokenizer, pairing, generated, true, mode="exact", backend="auto"):
+    metric = OWAEventMetrics(tokenizer, alignment="generation", pairing=pairing, mode=mode, backend=backend)
+    v = metric.vocab
+    metric.update(pad([v.encode(g) for g in generated]), pad([v.encode(t, ignore_images=True) for t in true]))
+    return {k: float(x) for k, x in metric.compute().items()}
+
+
+def test_hand_computed_cases(tokenizer):
+    """A click after three moves of (10, 0), generated as three of (10, 1): offset |(30, 3) - (30, 0)| = 3.
+    "abc" typed as "abd" (press and release each): 2 substitutions / 6 keys. Moves (10, 0) and (0, 10), only the
+    first generated: coverage 1 / 2, cosine (1 + 0) / 2, R² = 1 - 100 / 100 = 0."""
+    moves = lambda dy: [("mouse", 100 + 50 * i, dict(dx=10, dy=dy)) for i in range(3)]  # noqa: E731
+    click = [("mouse", 300, dict(dx=0, dy=0, button_flags=0x001))]
+    typed = lambda word: _events([("keyboard", 100 + 40 * i + 20 * a, dict(vk=ord(c), action=("press", "release")[a]))  # noqa: E731
+                                  for i, c in enumerate(word) for a in (0, 1)])
+    true_moves = _events([("mouse", 100, dict(dx=10, dy=0)), ("mouse", 600, dict(dx=0, dy=10))])
+    for pairing in ("index", "time"):
+        for mode, backend in (("exact", "kernel"), ("sketch", "torch")):
+            got = _run(tokenizer, pairing, [_events(moves(1) + click), typed("abd")],
+                       [_events(moves(0) + click), typed("abc")], mode, backend)
+            tol = 0.005 * 3 if mode == "sketch" else 1e-12
+            for key in QUANTILES:
+                assert abs(got[key] - 3) <= tol, (pairing, mode, key, got[key])
+            assert got["count/click_events"] == 1 and got["count/path_rows"] == 1
+            assert got["keyboard/sequence_error_rate"] == 2 / 6 and got["keyboard/sequence_exact_rate"] == 0
+            assert got["count/keyboard_sequence_rows"] == 1
+    got = _run(tokenizer, "time", [true_moves[:1]], [true_moves])
+    assert got["mouse/move_coverage"] == 0.5 and got["count/move_events"] == 2
+    assert got["mouse/cosine_with_misses"] == 0.5 and abs(got["mouse/r2_with_misses"]) <= 1e-12
+    assert "mouse/move_coverage" not in _run(tokenizer, "index", [true_moves[:1]], [true_moves])  # time pairing only
+
+
+@pytest.fixture(scope="module")
+def recording_rows(format_vocab):
+    """The recordings as targets, generated sides that drop, insert, jitter (out of order too) and swap events,
+    garbage and empty generations (tests/test_pairing.py), some rows with an origin; and the oracle's keys."""
+    rows = {"preds": [], "targets": [], "origins": []}
+    for preds, targets, origins in _recording_batches(format_vocab, np.random.default_rng(26)):
+        for key, part in zip(rows, (preds, targets, origins)):
+            rows[key].append(part)
+    flat = {k: [x for part in v for x in part] for k, v in rows.items()}
+    oracle = sequence_oracle(flat["preds"], flat["targets"], format_vocab, flat["origins"],
+                             FORMATS[format_vocab.config.format])
+    return rows, oracle
+
+
+@pytest.mark.parametrize("pairing", ["index", "time"])
+def test_each_key_equals_the_oracle_on_recordings(recording_rows, format_vocab, pairing):
+    rows, oracle = recording_rows
+    metrics = {(mode, backend): OWAEventMetrics(vocab=format_vocab, alignment="generation", pairing=pairing,
+                                                mode=mode, backend=backend)
+               for mode, backend in (("exact", "kernel"), ("exact", "torch"), ("sketch", "auto"))}
+    for preds, targets, origins in zip(rows["preds"], rows["targets"], rows["origins"]):
+        for metric in metrics.values():
+            metric.update(pad(preds), pad(targets), origin_ns=torch.tensor(origins) if pairing == "time" else None)
+    want = oracle[pairing]
+    assert want["count/click_events"] >= 5 and want["count/path_rows"] > 10 and want["mouse/click_offset_p95_mu"] > 0
+    assert 0 < want["keyboard/sequence_error_rate"] and 0 < want["keyboard/sequence_exact_rate"] < 1
+    if pairing == "time":
+        assert 0 < want["mouse/move_coverage"] < 1 and want["mouse/r2_with_misses"] < 1
+    for (mode, _), metric in metrics.items():
+        _assert_equal(_report(metric), want, sketch=mode == "sketch")
+
+
+def test_levenshtein_compiled_and_torch_equal_the_textbook_recurrence():
+    rng = np.random.default_rng(5)
+    B = 40
+    sides = []
+    for _ in range(2):  # rows of 0..12 codes from a small alphabet, some entries not codes (-1)
+        lengths = rng.integers(0, 13, size=B)
+        rows = np.repeat(np.arange(B), lengths)
+        codes = np.where(rng.random(len(rows)) < 0.15, -1, rng.integers(0, 4, size=len(rows)))
+        sides += [torch.from_numpy(codes), torch.from_numpy(rows)]
+    want = [oracle_levenshtein([int(c) for c, r in zip(sides[0], sides[1]) if r == b and c >= 0],
+                               [int(c) for c, r in zip(sides[2], sides[3]) if r == b and c >= 0]) for b in range(B)]
+    assert max(want) > 5 and min(want) == 0
+    assert levenshtein(*sides, B).tolist() == want
+    assert levenshtein_torch(*sides, B).tolist() == want
+
+
+def test_a_batch_without_its_generated_side_is_refused(tokenizer):
+    metric = OWAEventMetrics(tokenizer, alignment="generation")
+    ids = pad([metric.vocab.encode(_events([("mouse", 100, dict(dx=1, dy=0))]))])
+    batch = decode_batch(ids, ids, metric.vocab, "generation")
+    batch.generated = None  # an EventBatch built by hand
+    with pytest.raises(ValueError, match="decode_batch"):
+        metric.update(batch)
