@@ -72,8 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--pairing", choices=["index", "time"], default="index",
                           help="pair the k-th events (index) or match events within --tolerance-ms (time) "
                                "(default index)")
-    evaluate.add_argument("--tolerance-ms", type=float, default=100.0,
-                          help="time pairing's tolerance in ms (default 100)")
+    evaluate.add_argument("--tolerance-ms", type=float, nargs="+", default=[100.0],
+                          help="time pairing's tolerance in ms (default 100); several: detection at each "
+                               "(detect/f1@{t}ms, ..., detect/f1_mean), the first pairs")
     evaluate.add_argument("--strict", action="store_true",
                           help="exit 1 when there is any warning (e.g. more than 5 %% of the true events do not "
                                "decode)")
@@ -95,14 +96,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"owa-metrics demo: {err}".splitlines()[0], file=sys.stderr)
             return 2
     if args.command == "evaluate":
+        tolerance_ms = args.tolerance_ms[0] if len(args.tolerance_ms) == 1 else tuple(args.tolerance_ms)
         return _evaluate(args.pred, args.target, args.mode, args.json, args.format, args.strict, args.pairing,
-                         args.tolerance_ms)
+                         tolerance_ms)
     parser.print_help()
     return 0
 
 
 def _evaluate(pred: Path, target: Path, mode: str, json_path: Path | None, format: str | None, strict: bool,
-              pairing: str = "index", tolerance_ms: float = 100.0) -> int:
+              pairing: str = "index", tolerance_ms: float | tuple = 100.0) -> int:
     import json
     import warnings
 

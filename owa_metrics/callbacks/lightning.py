@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal, Optional
+from typing import Any, Callable, Literal, Optional, Union
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
@@ -76,7 +76,7 @@ class OWAEventMetricsCallback(Callback):
                 "artifacts", "artifacts_dir", "log_sanity_check")
 
     def __init__(self, tokenizer, *, alignment: Literal["teacher_forcing", "generation"] = "teacher_forcing",
-                 pairing: Pairing = "index", tolerance_ms: float = 100.0, mode: Mode = "exact",
+                 pairing: Pairing = "index", tolerance_ms: Union[float, tuple] = 100.0, mode: Mode = "exact",
                  prefix: str = "val/owa/", test_prefix: Optional[str] = None, log_loss: bool = True,
                  every_n_batches: int = 1, max_sequences: int = 32, predict_events: int = 4,
                  max_new_tokens: Optional[int] = None, generate_fn: Optional[Callable] = None,

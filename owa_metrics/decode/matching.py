@@ -25,9 +25,15 @@ STEP_BACK_NS = 1_000_000_000  # a step of more than W - 1 s is a step back (the 
 _ROW_SHIFT, _CATEGORY_SHIFT = 2 ** 40, 2 ** 34  # match keys packed into one int64: row, category, detail
 
 
-def tolerance_ns(tolerance_ms: float, window_ns: int) -> int:
+def tolerance_ns(tolerance_ms: Union[float, tuple], window_ns: int) -> Union[int, tuple[int, ...]]:
     """``tolerance_ms`` as whole ns, checked: 0 <= tolerance < W / 2 (so a pair's wrapped timestamp error is
-    exactly a_p - a_t)."""
+    exactly a_p - a_t); a sweep (a tuple or list of distinct tolerances) -> a tuple, each checked."""
+    if isinstance(tolerance_ms, (tuple, list)):
+        sweep = tuple(tolerance_ns(t, window_ns) for t in tolerance_ms)
+        if not sweep or len(set(sweep)) < len(sweep):
+            raise ValueError(f"a tolerance_ms sweep is a non-empty tuple of distinct tolerances (ms), got "
+                             f"{tolerance_ms!r}")
+        return sweep
     if isinstance(tolerance_ms, bool) or not isinstance(tolerance_ms, (int, float)) or not math.isfinite(tolerance_ms):
         raise ValueError(f"tolerance_ms must be a finite number of milliseconds, got {tolerance_ms!r}")
     ns = round(tolerance_ms * 1_000_000)
@@ -64,10 +70,11 @@ def unwrap_ns(seq: torch.Tensor, timestamp_ns: torch.Tensor, valid: torch.Tensor
 
 
 def greedy_match(target_key: torch.Tensor, target_ns: torch.Tensor, pred_key: torch.Tensor, pred_ns: torch.Tensor,
-                 tolerance_ns: int, backend: Backend = "auto") -> torch.Tensor:
+                 tolerance_ns: Union[int, torch.Tensor], backend: Backend = "auto") -> torch.Tensor:
     """The greedy rule: for each target in order of time (ties: position), the still unmatched candidate with the
-    same key and the smallest |a_p - a_t| <= ``tolerance_ns`` (ties: the earlier candidate). Both sides in
-    position order (index order); keys include the row. Returns [n_targets] candidate indices (-1: none).
+    same key and the smallest |a_p - a_t| <= ``tolerance_ns`` (one, or one per target) (ties: the earlier
+    candidate). Both sides in position order (index order); keys include the row. Returns [n_targets] candidate
+    indices (-1: none).
 
     First the E edges (target, candidate) with the same key within the tolerance, sorted by (target order,
     distance, candidate): a few sorts and one search, O((n + E) log(n + E)). Then, on the CPU with numba
@@ -161,11 +168,13 @@ def detection_key(seq: torch.Tensor, side: EventFields) -> torch.Tensor:
 
 
 def match_by_time(target: EventFields, target_seq: torch.Tensor, pred: EventFields, pred_seq: torch.Tensor,
-                  num_sequences: int, window_ns: int, tolerance_ns: int,
+                  num_sequences: int, window_ns: int, tolerance_ns: Union[int, tuple],
                   origin_ns: Optional[torch.Tensor] = None, backend: Backend = "auto") -> TimeMatching:
     """Detection matching (key = category and detail), then pairing (key = kind) over what is left, both by
     `greedy_match` on the absolute times `unwrap_ns` from each row's origin (``origin_ns`` [B]; a negative
-    one, or None, is the row's first valid target event)."""
+    one, or None, is the row's first valid target event). A sweep (``tolerance_ns`` a tuple) runs the detection
+    matching at each of its tolerances (`_sweep_match`); the first one's matches are the detection and the pairs."""
+    sweep = tolerance_ns if isinstance(tolerance_ns, tuple) else ()
     device = target.status.device
     t_ok, p_ok = target.status == int(Status.VALID), pred.status == int(Status.VALID)
     valid_at = t_ok.nonzero().squeeze(1)
@@ -178,10 +187,16 @@ def match_by_time(target: EventFields, target_seq: torch.Tensor, pred: EventFiel
     p_abs = unwrap_ns(pred_seq, pred.timestamp_ns, p_ok, origin, window_ns)
 
     ti, pi = valid_at, p_ok.nonzero().squeeze(1)
-    found = greedy_match(detection_key(target_seq, target)[ti], t_abs[ti], detection_key(pred_seq, pred)[pi],
-                         p_abs[pi], tolerance_ns, backend)
-    detection = torch.full_like(target_seq, -1, dtype=torch.long)
-    detection[ti] = _or_none(pi)[found]
+    t_key, p_key = detection_key(target_seq, target)[ti], detection_key(pred_seq, pred)[pi]
+    if sweep:
+        every = _sweep_match(t_key, t_abs[ti], p_key, p_abs[pi], sweep, backend)
+        detections = torch.full((len(sweep), len(target_seq)), -1, dtype=torch.long, device=device)
+        detections[:, ti] = _or_none(pi)[every]
+        found, detection, tolerance_ns = every[0], detections[0].clone(), sweep[0]
+    else:
+        found = greedy_match(t_key, t_abs[ti], p_key, p_abs[pi], tolerance_ns, backend)
+        detection = torch.full_like(target_seq, -1, dtype=torch.long)
+        detection[ti] = _or_none(pi)[found]
     used = _marked(detection, len(p_ok))
     t_rest, p_rest = ti[found < 0], pi[~used[pi]]
     kind_key = lambda seq, side: seq * _ROW_SHIFT + side.kind  # noqa: E731
@@ -191,20 +206,44 @@ def match_by_time(target: EventFields, target_seq: torch.Tensor, pred: EventFiel
     paired[t_rest] = _or_none(p_rest)[by_kind]
 
     matched = detection >= 0
-    # [TP, FP, FN] x category: matched targets, generated events left over (an invalid one has category INVALID,
-    # column N_CAT: FP of no category), valid targets left over; one index_add_ (a CUDA bincount reads its range)
-    width = N_CAT + 1
-    cells = torch.cat([target.category, pred.category + width, target.category + 2 * width])
-    counts = torch.zeros(3 * width, dtype=torch.float64, device=device).index_add_(
-        0, cells, torch.cat([matched, ~used, t_ok & ~matched]).double()).view(3, width)
+    swept = _detection_counts(target, pred, t_ok, detections if sweep else detection[None])
     error_ms = (p_abs[detection[matched]] - t_abs[matched]).abs().double() / 1e6
     in_pair = _marked(paired, len(p_ok))
-    return TimeMatching(detection=detection, paired=paired, detection_counts=counts, detection_error_ms=error_ms,
+    return TimeMatching(detection=detection, paired=paired, detection_counts=swept[0], detection_error_ms=error_ms,
                         extra_events=(p_ok & ~in_pair).sum(), invalid_pred_events=(~p_ok).sum(), target_ns=t_abs,
-                        generated_ns=p_abs)
+                        generated_ns=p_abs, sweep_ns=sweep, sweep_counts=swept if sweep else None)
 
 
-def pair_by_time(true_batch: EventBatch, gen_batch: EventBatch, window_ns: int, tolerance_ns: int,
+def _sweep_match(t_key: torch.Tensor, t_ns: torch.Tensor, p_key: torch.Tensor, p_ns: torch.Tensor,
+                 sweep: tuple[int, ...], backend: Backend) -> torch.Tensor:
+    """[len(sweep), n_t]: `greedy_match` at each tolerance of ``sweep``, in one call: S copies of both sides, each
+    copy's keys its own (key x S + copy), so that no copy meets another's and each one's matches are those of a
+    match at its tolerance alone. Candidate indices of the original side (-1: none)."""
+    S, n_t, n_p = len(sweep), len(t_key), len(p_key)
+    copy = torch.arange(S, device=t_key.device)[:, None]
+    group = torch.unique(torch.cat([t_key, p_key]), return_inverse=True)[1] * S
+    tolerance = torch.tensor(sweep, device=t_key.device)[:, None].expand(S, n_t).reshape(-1)
+    found = greedy_match((group[:n_t] + copy).view(-1), t_ns.repeat(S), (group[n_t:] + copy).view(-1),
+                         p_ns.repeat(S), tolerance, backend).view(S, n_t)
+    return torch.where(found >= 0, found - copy * n_p, -1)
+
+
+def _detection_counts(target: EventFields, pred: EventFields, t_ok: torch.Tensor, detection: torch.Tensor
+                      ) -> torch.Tensor:
+    """[S, 3, N_CAT + 1]: TP, FP, FN by category of S detection matchings (``detection`` [S, target events]):
+    matched targets, generated events left over (an invalid one has category INVALID, column N_CAT: FP of no
+    category), valid targets left over; one index_add_ (a CUDA bincount reads its range)."""
+    S, n_p, width = detection.shape[0], len(pred.status), N_CAT + 1
+    matched = detection >= 0
+    used = torch.zeros((S, n_p + 1), dtype=torch.bool, device=detection.device).scatter_(
+        1, torch.where(matched, detection, n_p), True)[:, :n_p]
+    base = torch.arange(S, device=detection.device)[:, None] * (3 * width)
+    cells = torch.cat([target.category + base, pred.category + (width + base), target.category + (2 * width + base)], 1)
+    return torch.zeros(S * 3 * width, dtype=torch.float64, device=detection.device).index_add_(
+        0, cells.view(-1), torch.cat([matched, ~used, t_ok & ~matched], 1).double().view(-1)).view(S, 3, width)
+
+
+def pair_by_time(true_batch: EventBatch, gen_batch: EventBatch, window_ns: int, tolerance_ns: Union[int, tuple],
                  origin_ns: Union[None, int, torch.Tensor] = None, backend: Backend = "auto") -> EventBatch:
     """``pairing="time"``: the true and the generated events, each side decoded on its own (the target side of
     ``decode_batch(ids, ids, vocab)``), -> an `EventBatch` (one row per target event, paired by `match_by_time`,

@@ -11,7 +11,8 @@ A `Definition` names its states and says how ``compute`` turns them into keys. A
 - `Given`: sums that a step beside the event rows gives (the token statistics, the time matching).
 
 A per-event value is a `Value`: an expression over one decoded row (`owa_metrics.decode.EventBatch`) whose
-leaves are the row's codes and fields (`one`, `code_is`, `same`, `present`, `true`, `pred`, `error`). The plan
+leaves are the row's codes and fields (`one`, `code_is`, `same`, `present`, `true`, `pred`, `error`), with integer
+constants where an op takes them (`within`). The plan
 (`owa_metrics.functional.plan`) derives from the declarations every table that both the torch path and the
 compiled CPU path read: no metric is written twice.
 """
@@ -105,6 +106,11 @@ def sqrt(value: Value) -> Value:
 def percent(num: Value, den: Value) -> Value:
     """``num / den * 100``, NaN where ``den`` is 0."""
     return Value("pct", (num, den))
+
+
+def within(value: Value, low: int, high: int) -> Value:
+    """1 where ``low <= value <= high`` (integers), else 0 (a key group: the true vk within a range)."""
+    return Value("within", (value, int(low), int(high)))
 
 
 def direction_deg(px: Value, py: Value, gx: Value, gy: Value) -> Value:
@@ -201,8 +207,10 @@ class Definition:
 
 @dataclass(frozen=True)
 class Shape:
-    """What a format gives the declarations: the digits per field, the timestamp window."""
+    """What a format gives the declarations: the digits per field, the timestamp window; and the metric's tolerance
+    sweep (ms; empty: one tolerance)."""
 
     n_timestamp_digits: int
     n_delta_digits: int
     window_ns: int
+    tolerances_ms: tuple = ()

@@ -18,9 +18,9 @@ from ..decode.kernel import VALID, _jit
 from .plan import N_CAT, OPS, Plan, compiled_tables
 from .stats import SketchSpec, sketch_counts
 
-NUMBER, ADD, SUB, MUL, ABS, SQRT, MS, WRAP, PCT, DIRECTION = (OPS.index(op) for op in OPS)
+NUMBER, ADD, SUB, MUL, ABS, SQRT, MS, WRAP, PCT, DIRECTION, WITHIN = (OPS.index(op) for op in OPS)
 CODE_NAMES = ("VALID",)
-OP_NAMES = ("NUMBER", "ADD", "SUB", "MUL", "ABS", "SQRT", "MS", "WRAP", "PCT", "DIRECTION")
+OP_NAMES = ("NUMBER", "ADD", "SUB", "MUL", "ABS", "SQRT", "MS", "WRAP", "PCT", "DIRECTION", "WITHIN")
 # the plan's tables (`plan.compiled_tables`) in `_accumulate`'s order
 TABLES = ("key_columns", "key_weights", "key_offsets", "coded", "groups", "match_ptr", "match_column", "match_sign",
           "read_ptr", "read_match", "run_ptr", "run", "code", "sum_regs", "sample_regs", "n_regs", "const_ptr",
@@ -37,7 +37,7 @@ def compiled_codes():
 @_jit
 def compiled_ops():
     """`OP_NAMES`' values as the compiled (possibly cached) kernels of this module hold them."""
-    return NUMBER, ADD, SUB, MUL, ABS, SQRT, MS, WRAP, PCT, DIRECTION
+    return NUMBER, ADD, SUB, MUL, ABS, SQRT, MS, WRAP, PCT, DIRECTION, WITHIN
 
 
 @_jit
@@ -70,6 +70,8 @@ def _run(code, run, v, window_ns, reg):
                 reg[dst] = min(delta, 2 * math.pi - delta) * (180 / math.pi)
             else:
                 reg[dst] = np.nan
+        elif op == WITHIN:
+            reg[dst] = 1.0 if b <= reg[a] <= c else 0.0
 
 
 @_jit

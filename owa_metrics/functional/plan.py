@@ -240,7 +240,7 @@ def evaluate(values: list[Value], leaf_matrix: torch.Tensor, names: list[str], w
     def run(v: Value) -> torch.Tensor:
         if v in memo:
             return memo[v]
-        a = [run(x) for x in v.args] if v.op not in ("number", "match", "one") else []
+        a = [run(x) if isinstance(x, Value) else x for x in v.args] if v.op not in ("number", "match", "one") else []
         if v.op == "number":
             out = leaves[v.args[0]]
         elif v.op == "one":
@@ -260,6 +260,8 @@ def evaluate(values: list[Value], leaf_matrix: torch.Tensor, names: list[str], w
             out = a[0].sqrt()
         elif v.op == "ms":
             out = a[0] / 1e6
+        elif v.op == "within":
+            out = ((a[0] >= a[1]) & (a[0] <= a[2])).double()
         elif v.op == "wrap":  # exact in float64: integers, and fmod is exact
             out = torch.remainder(a[0] + half, window_ns) - half
         elif v.op == "pct":
@@ -331,22 +333,24 @@ def accumulate(plan: Plan, batch: EventBatch, sketched: Optional[list[int]] = No
 
 
 # ------------------------------------------------------------------------------------------ the compiled path's tables
-OPS = ("number", "add", "sub", "mul", "abs", "sqrt", "ms", "wrap", "pct", "direction")
+OPS = ("number", "add", "sub", "mul", "abs", "sqrt", "ms", "wrap", "pct", "direction", "within")
 
 
 def program(plan: Plan) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The number values as instructions over registers, for the compiled loop: ``(code [n, 6]: op, destination,
-    up to four operands (a V column for ``number``), registers of the sum values, of the sample values, depends
-    [n, n]: the registers each one is computed from, itself included)``; each shared node once, in order."""
+    up to four operands (a V column for ``number``, constants as they are), registers of the sum values, of the
+    sample values, depends [n, n]: the registers each one is computed from, itself included)``; each shared node
+    once, in order."""
     register: dict[Value, int] = {}
     code, reads = [], []
 
     def emit(v: Value) -> int:
         if v not in register:
-            operands = [plan.column[v.args[0]]] if v.op == "number" else [emit(a) for a in v.args]
+            operands = [plan.column[v.args[0]]] if v.op == "number" else [
+                emit(a) if isinstance(a, Value) else a for a in v.args]
             register[v] = len(register)
             code.append([OPS.index(v.op), register[v], *operands, *[0] * (4 - len(operands))])
-            reads.append([] if v.op == "number" else operands)
+            reads.append([o for a, o in zip(v.args, operands) if isinstance(a, Value)] if v.op != "number" else [])
         return register[v]
 
     sums = [emit(v) for v in plan.numbers]

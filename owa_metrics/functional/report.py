@@ -7,12 +7,14 @@ own: docs/METRICS.md, "Adding a metric"). Each ``compute`` reads its states by n
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ..schema import CATEGORY_NAMES, Status
 from .declare import (
-    ONE, BatchCounts, Definition, Given, GivenSamples, Samples, SequenceMean, Shape, Sums, code_is, digit_prefix,
-    true,
+    ONE, BatchCounts, Definition, Given, GivenSamples, Samples, SequenceMean, Shape, Sums, Value, code_is,
+    digit_prefix, error, same, true, within,
 )
 from . import sequences, values
 from .events import detection_report, event_type_report, keyboard_report, mouse_action_report, movement_r2_report, ratio
@@ -278,8 +280,81 @@ def _moves_keys(r) -> dict:
 MOVES_WITH_MISSES = Definition("moves_with_misses", _moves_states, _moves_keys, alignment="generation",
                                pairing="time")
 
-REPORT: list[Definition] = [EVENTS, TOKENS, TIMESTAMP, TIMESTAMP_R2, KEYBOARD, MOUSE, DETECTION, SEQUENCES,
-                            MOVES_WITH_MISSES]
+
+# ------------------------------------------------------------------ detection over a tolerance sweep
+def ms_label(tolerance_ms: float) -> str:
+    """A tolerance as keys name it: ``50``, ``12.5`` (no trailing ``.0``)."""
+    return str(int(tolerance_ms)) if float(tolerance_ms).is_integer() else str(float(tolerance_ms))
+
+
+def _sweep_states(s: Shape) -> dict:
+    return {"detection_sweep": Given((len(s.tolerances_ms), 3, N_CAT + 1),
+                                     lambda batch, x: (batch.time_matching.sweep_counts,))} if s.tolerances_ms else {}
+
+
+def _sweep_keys(r) -> dict:
+    """At each tolerance t of the sweep: ``detect/{f1,precision,recall}@{t}ms`` and ``detect/{cat}/f1@{t}ms``
+    (`detection_report` of the counts at t); ``detect/f1_mean``: the mean of the micro F1 over the tolerances."""
+    sweep, out, f1 = r.plan.shape.tolerances_ms, {}, []
+    for t, counts in zip(sweep, r.given("detection_sweep") if sweep else ()):
+        at = detection_report(counts)
+        out.update({f"{k}@{ms_label(t)}ms": v for k, v in at.items()
+                    if k.endswith("/f1") or k in ("detect/precision", "detect/recall")})
+        f1 += [at["detect/f1"]] if "detect/f1" in at else []
+    if f1:
+        out["detect/f1_mean"] = torch.stack(f1).mean()
+    return out
+
+
+DETECTION_SWEEP = Definition("detection_sweep", _sweep_states, _sweep_keys, alignment="generation", pairing="time")
+
+REPORT: list[Definition] = [EVENTS, TOKENS, TIMESTAMP, TIMESTAMP_R2, KEYBOARD, MOUSE, DETECTION, DETECTION_SWEEP,
+                            SEQUENCES, MOVES_WITH_MISSES]
+
+
+# ------------------------------------------------------------------ key groups, mouse ops (OWAEventMetrics(key_groups=True))
+# Windows virtual-key groups of the true vk (inclusive ranges); a vk in none is `other`
+VK_GROUPS = {"letter": ((0x41, 0x5A),), "digit": ((0x30, 0x39), (0x60, 0x69)),
+             "modifier": ((0x10, 0x12), (0x5B, 0x5C), (0xA0, 0xA5)), "navigation": ((0x21, 0x28),),
+             "editing": ((0x08, 0x09), (0x0D, 0x0D), (0x1B, 0x1B), (0x20, 0x20), (0x2D, 0x2E)),
+             "function": ((0x70, 0x87),)}
+# the true button_flags of a mouse op (RAWMOUSE); other flags (several at once) are `other`
+MOUSE_OPS = {"left_down": 0x001, "left_up": 0x002, "right_down": 0x004, "right_up": 0x008, "middle_down": 0x010,
+             "middle_up": 0x020, "wheel": 0x400, "hwheel": 0x800}
+_KEY_RIGHT = within(error("vk"), 0, 0) * within(error("action"), 0, 0)
+_FLAGS_RIGHT = within(error("button_flags"), 0, 0)
+
+
+def _group_states(s: Shape) -> dict:
+    keyboard, mouse = {"events": ONE, "right": values.KEYBOARD_BOTH}, {"events": ONE, "right": same("button_flags")}
+    for name, ranges in VK_GROUPS.items():
+        member = functools.reduce(Value.__add__, [within(true("vk"), low, high) for low, high in ranges])
+        keyboard.update({f"{name}_events": member, f"{name}_right": member * _KEY_RIGHT})
+    for name, flag in MOUSE_OPS.items():
+        member = within(true("button_flags"), flag, flag)
+        mouse.update({f"{name}_events": member, f"{name}_right": member * _FLAGS_RIGHT})
+    return {"keyboard_groups": Sums(("comparable_keyboard",), keyboard), "mouse_ops": Sums(("comparable_mouse_op",), mouse)}
+
+
+def _group_keys(r) -> dict:
+    """``keyboard/{group}/accuracy`` (vk and action right) and ``/count`` over the comparable keyboard events of each
+    group of the true vk; ``mouse_op/{op}/accuracy`` (button_flags right) and ``/count`` over the comparable mouse
+    events with button flags; ``other``: the rest; ``keyboard/group_macro_accuracy``: the mean over the groups
+    with events."""
+    out = {}
+    for prefix, state, names in (("keyboard", r["keyboard_groups"], VK_GROUPS), ("mouse_op", r["mouse_ops"], MOUSE_OPS)):
+        events = {n: getattr(state, f"{n}_events") for n in names}
+        right = {n: getattr(state, f"{n}_right") for n in names}
+        events["other"], right["other"] = state.events - sum(events.values()), state.right - sum(right.values())
+        for n, count in events.items():
+            out[f"{prefix}/{n}/accuracy"], out[f"{prefix}/{n}/count"] = ratio(right[n], count), count
+    present = [out[f"keyboard/{n}/accuracy"] for n in (*VK_GROUPS, "other") if out[f"keyboard/{n}/count"] > 0]
+    if present:
+        out["keyboard/group_macro_accuracy"] = torch.stack(present).mean()
+    return out
+
+
+KEY_GROUPS = Definition("key_groups", _group_states, _group_keys)
 
 
 def register(definition: Definition) -> Definition:

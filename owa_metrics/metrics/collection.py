@@ -17,7 +17,7 @@ from ..decode.matching import tolerance_ns
 from ..functional import kernel as compiled
 from ..functional.declare import Given, GivenSamples, Samples, Shape, Sums
 from ..functional.plan import SAMPLE_SHIFT, Plan, accumulate
-from ..functional.report import REPORT, default_tag_keys
+from ..functional.report import KEY_GROUPS, REPORT, default_tag_keys
 from ..functional.stats import sketch_counts
 from ..functional.tokens import event_token_stats, field_table, given_token_losses, token_losses
 from ..schema import Status
@@ -65,7 +65,10 @@ class OWAEventMetrics(Float64Metric):
     within ``tolerance_ms`` on the unwrapped time axis (``pairing="time"``, see `owa_metrics.decode.matching`;
     ``update(..., origin_ns=)`` gives each row's origin, by default its first valid target event): the pairs feed
     every metric, and the detection matches add ``detect/{category}/precision|recall|f1``, the micro
-    ``detect/precision|recall|f1``, ``detect/time_error_abs_p50_ms`` and ``count/invalid_pred_events``.
+    ``detect/precision|recall|f1``, ``detect/time_error_abs_p50_ms`` and ``count/invalid_pred_events``. A tuple
+    ``tolerance_ms=(50, 100, 200, 500)`` sweeps: the detection matching runs at each tolerance t (keys
+    ``detect/f1|precision|recall@{t}ms``, ``detect/{category}/f1@{t}ms``, ``detect/f1_mean``); the pairs and the
+    keys above come from the first.
 
     Slices: ``tags=["minecraft", "vscode", ...]`` (at most `MAX_TAGS` names) and ``update(..., tags=)``, one tag per
     sequence ([B] ids into ``tags``, or the names), keep every state once more per tag; ``compute()`` adds, for each
@@ -73,6 +76,10 @@ class OWAEventMetrics(Float64Metric):
     the headline keys (``tag_keys=None``: `default_tag_keys`), every key (``"all"``) or the keys named. A tag's keys
     are those of a metric fed only that tag's sequences (each tag's rows of every update go through the same update
     again); the pooled keys stay.
+
+    ``key_groups=True`` adds the accuracy and count of the comparable keyboard events by group of the true virtual
+    key (``keyboard/{group}/...``) and of the comparable mouse events with button flags by operation
+    (``mouse_op/{op}/...``): see docs/METRICS.md.
     """
 
     full_state_update = False
@@ -83,8 +90,8 @@ class OWAEventMetrics(Float64Metric):
                  format: Optional[str] = None, alignment: Alignment = "teacher_forcing", mode: Mode = "exact", relative_accuracy: float = 0.005,
                  sketch_range: tuple[float, float] = (1e-4, 1e8), num_resamples: int = 1000, seed: int = 42,
                  persistent: bool = False, backend: Backend = "auto", pairing: Pairing = "index",
-                 tolerance_ms: float = 100.0, tags: Optional[Sequence[str]] = None,
-                 tag_keys: Union[None, str, Sequence[str]] = None, **kwargs):
+                 tolerance_ms: Union[float, tuple[float, ...]] = 100.0, tags: Optional[Sequence[str]] = None,
+                 tag_keys: Union[None, str, Sequence[str]] = None, key_groups: bool = False, **kwargs):
         kwargs.setdefault("compute_with_cache", False)  # every compute() syncs, on every rank: no stale rank
         super().__init__(**kwargs)
         vocab = _vocab_map(vocab if vocab is not None else tokenizer, config, format)
@@ -97,7 +104,8 @@ class OWAEventMetrics(Float64Metric):
                              f"'torch', got {backend!r}")
         check_pairing(pairing, alignment)
         tolerance_ns(tolerance_ms, vocab.config.timestamp_window_ns)  # raises saying what is allowed
-        self.pairing, self.tolerance_ms = pairing, tolerance_ms
+        sweep = tuple(tolerance_ms) if isinstance(tolerance_ms, (tuple, list)) else ()
+        self.pairing, self.tolerance_ms, self.key_groups = pairing, sweep or tolerance_ms, key_groups
         self.tags, self.tag_keys = _check_tags(tags), _check_tag_keys(tag_keys)
         self._tag_ids = {name: i for i, name in enumerate(self.tags)}
         self._tag_key_set = set(default_tag_keys(alignment) if tag_keys is None else
@@ -107,8 +115,8 @@ class OWAEventMetrics(Float64Metric):
         self.num_resamples, self.seed = num_resamples, seed
         self.window_ns = vocab.config.timestamp_window_ns
         columns = vocab.config.token_format.digit_columns
-        self.shape = Shape(columns.count("timestamp"), columns.count("dx"), self.window_ns)
-        self.definitions = tuple(d for d in REPORT if d.applies(alignment, pairing))
+        self.shape = Shape(columns.count("timestamp"), columns.count("dx"), self.window_ns, sweep)
+        self.definitions = tuple(d for d in REPORT + ([KEY_GROUPS] if key_groups else []) if d.applies(alignment, pairing))
         self._field_table = field_table(vocab.config).numpy()
         plan = Plan.get(self.definitions, self.shape, "cpu", self._given_names(tokens=True))
         self._sampled_names = {n for n, st in plan.states.items() if isinstance(st, (Samples, GivenSamples))}
@@ -161,6 +169,10 @@ class OWAEventMetrics(Float64Metric):
                 raise ValueError(f"this EventBatch was paired by {'time' if preds.time_matching else 'index'} but "
                                  f"the metric pairs by {self.pairing}: decode with decode_batch(..., "
                                  f"pairing='{self.pairing}') or build the metric with the batch's pairing")
+            if self.shape.tolerances_ms and preds.time_matching.sweep_ns != tolerance_ns(self.tolerance_ms,
+                                                                                         self.window_ns):
+                raise ValueError(f"this EventBatch was not matched at the metric's tolerance sweep: decode with "
+                                 f"decode_batch(..., pairing='time', tolerance_ms={self.tolerance_ms})")
             self._accumulate(preds, None)
         else:
             if target is None:

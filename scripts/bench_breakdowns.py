@@ -1,0 +1,64 @@
+"""Issue 25's breakdowns: the update cost of a 4-tolerance sweep and of the key groups, next to without.
+
+    python scripts/bench_breakdowns.py [--repeats 20]
+
+One generation batch of 32 sequences x 64 events (`bench_pairing`'s: 5 % dropped, half jittered by up to
++/- 150 ms, 5 % near-duplicates), 1 thread, medians of `OWAEventMetrics.update` (exact mode), each row's cases timed
+in the same run: time pairing with ``tolerance_ms=100`` and ``(50, 100, 200, 500)``; index pairing (generation)
+and teacher forcing with ``key_groups`` off and on, on the compiled CPU path and the torch path (with the torch
+ops per update, `count_ops`).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import torch
+
+from owa_metrics import OWAEventMetrics, VocabMap, build_tokenizer
+from owa_metrics.events import simulate_session
+
+from bench_decode import timed  # scripts/ is on sys.path when run as a script
+from bench_pairing import batch
+from count_ops import top_level_ops
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=20)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    tokenizer = build_tokenizer()
+    vocab = VocabMap.from_tokenizer(tokenizer)
+    events = simulate_session(600, seed=2)
+    preds, target = batch(vocab, [events[64 * i:64 * (i + 1)] for i in range(32)], np.random.default_rng(0))
+    aligned = target.clamp(min=0)  # teacher forcing: the target's own tokens
+
+    def cost(options: dict, p, t, ops: bool = False) -> str:
+        metric = OWAEventMetrics(tokenizer, **options)
+        metric.update(p, t)  # warm (numba, plans)
+
+        def update():
+            metric.reset()
+            metric.update(p, t)
+
+        text = f"{1e3 * timed(update, args.repeats):.2f}"
+        return text + (f" ({sum(top_level_ops(update).values())} ops)" if ops else "")
+
+    print(f"torch {torch.__version__}, 32 x 64 events, 1 thread, median of {args.repeats}")
+    print("| update | without | with |")
+    print("|---|---:|---:|")
+    time = {"alignment": "generation", "pairing": "time"}
+    print(f"| time pairing: tolerance_ms 100 / (50, 100, 200, 500) | {cost({**time, 'tolerance_ms': 100}, preds, target)}"
+          f" | {cost({**time, 'tolerance_ms': (50, 100, 200, 500)}, preds, target)} |")
+    for name, options, p in (("generation (index)", {"alignment": "generation"}, preds),
+                             ("teacher forcing", {}, aligned)):
+        for backend in ("kernel", "torch"):
+            ops = backend == "torch"
+            row = [cost({**options, "backend": backend, "key_groups": on}, p, target, ops) for on in (False, True)]
+            print(f"| {name}, {backend}: key_groups False / True | {row[0]} | {row[1]} |")
+
+
+if __name__ == "__main__":
+    main()
