@@ -185,13 +185,11 @@ def _ids(path, contents, tokenizer, vocab: VocabMap) -> list[list[int]]:
 
 
 def evaluate(pred_path, target_path, mode: str = "exact", batch_size: int = 16, progress: bool = True,
-             format: Optional[str] = None, pairing: str = "index", tolerance_ms: Union[float, tuple] = 100.0,
-             key_groups: bool = True) -> dict:
-    """``OWAEventMetrics(alignment="generation", pairing=, tolerance_ms=, key_groups=)`` over the paired sequences of
-    two files (the key groups by default: free on the CPU's compiled path), in ``format`` (guessed from the files'
-    tokens when None, see `guess_format`; `FormatGuessWarning` when they cannot tell; the metric's
-    undecodable-targets warning comes as `UndecodedTargetsWarning`); under time pairing each sequence's time origin
-    is its first valid true event."""
+             format: Optional[str] = None, pairing: str = "index", tolerance_ms: Union[float, tuple] = 100.0) -> dict:
+    """``OWAEventMetrics(alignment="generation", pairing=, tolerance_ms=)`` over the paired sequences of two files,
+    in ``format`` (guessed from the files' tokens when None, see `guess_format`; `FormatGuessWarning` when they
+    cannot tell; the metric's undecodable-targets warning comes as `UndecodedTargetsWarning`); under time pairing
+    each sequence's time origin is its first valid true event."""
     from tqdm.auto import tqdm
 
     (pred_contents, pred_tags), (target_contents, target_tags) = read_tagged(pred_path), read_tagged(target_path)
@@ -208,7 +206,7 @@ def evaluate(pred_path, target_path, mode: str = "exact", batch_size: int = 16, 
         raise ValueError(f"{pred_path} has {len(preds)} sequences but {target_path} has {len(targets)}")
     tags = _tags((pred_path, pred_tags), (target_path, target_tags))
     metric = OWAEventMetrics(vocab=vocab, alignment="generation", mode=mode, pairing=pairing, tolerance_ms=tolerance_ms,
-                             tags=sorted(set(tags)) if tags else None, key_groups=key_groups)
+                             tags=sorted(set(tags)) if tags else None)
     for first in tqdm(range(0, len(targets), batch_size), desc="evaluate", unit="batch", disable=not progress):
         metric.update(_pad(preds[first:first + batch_size]), _pad(targets[first:first + batch_size]),
                       tags=tags[first:first + batch_size] if tags else None)

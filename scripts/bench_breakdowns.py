@@ -5,8 +5,8 @@
 One generation batch of 32 sequences x 64 events (`bench_pairing`'s: 5 % dropped, half jittered by up to
 +/- 150 ms, 5 % near-duplicates), 1 thread, medians of `OWAEventMetrics.update` (exact mode), each row's cases timed
 in the same run: time pairing with ``tolerance_ms=100`` and ``(50, 100, 200, 500)``; index pairing (generation)
-and teacher forcing with ``key_groups`` off and on, on the compiled CPU path and the torch path (with the torch
-ops per update, `count_ops`).
+and teacher forcing without and with the key groups (`report.KEY_GROUPS` unregistered, then back in its place), on
+the compiled CPU path and the torch path (with the torch ops per update, `count_ops`).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import torch
 
 from owa_metrics import OWAEventMetrics, VocabMap, build_tokenizer
 from owa_metrics.events import simulate_session
+from owa_metrics.functional import report
 
 from bench_decode import timed  # scripts/ is on sys.path when run as a script
 from bench_pairing import batch
@@ -35,8 +36,12 @@ def main() -> None:
     preds, target = batch(vocab, [events[64 * i:64 * (i + 1)] for i in range(32)], np.random.default_rng(0))
     aligned = target.clamp(min=0)  # teacher forcing: the target's own tokens
 
-    def cost(options: dict, p, t, ops: bool = False) -> str:
+    def cost(options: dict, p, t, ops: bool = False, groups: bool = True) -> str:
+        saved = list(report.REPORT)
+        if not groups:
+            report.unregister("key_groups")
         metric = OWAEventMetrics(tokenizer, **options)
+        report.REPORT[:] = saved
         metric.update(p, t)  # warm (numba, plans)
 
         def update():
@@ -56,8 +61,8 @@ def main() -> None:
                              ("teacher forcing", {}, aligned)):
         for backend in ("kernel", "torch"):
             ops = backend == "torch"
-            row = [cost({**options, "backend": backend, "key_groups": on}, p, target, ops) for on in (False, True)]
-            print(f"| {name}, {backend}: key_groups False / True | {row[0]} | {row[1]} |")
+            row = [cost({**options, "backend": backend}, p, target, ops, groups) for groups in (False, True)]
+            print(f"| {name}, {backend}: key groups | {row[0]} | {row[1]} |")
 
 
 if __name__ == "__main__":

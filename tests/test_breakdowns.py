@@ -13,6 +13,7 @@ import torch
 
 from owa_metrics import OWAEventMetrics, decode_batch
 from owa_metrics.events import read_recording
+from owa_metrics.functional.report import REPORT, unregister
 from conftest import recording_paths
 from matching_oracle import time_oracle
 from metric_oracle import perturb
@@ -72,9 +73,8 @@ def test_sweep_misuse_raises_saying_what_to_do(tokenizer):
     metric.update(decode_batch(ids, ids, metric.vocab, "generation", pairing="time", tolerance_ms=(50, 200)))
     from owa_metrics.callbacks import OWAEventMetricsCallback  # the callback passes both on to its metrics
 
-    callback = OWAEventMetricsCallback(tokenizer, alignment="generation", pairing="time", tolerance_ms=(50, 200),
-                                       key_groups=True)
-    assert callback.metric.shape.tolerances_ms == (50, 200) and callback.metric.key_groups
+    callback = OWAEventMetricsCallback(tokenizer, alignment="generation", pairing="time", tolerance_ms=(50, 200))
+    assert callback.metric.shape.tolerances_ms == (50, 200)
 
 
 # ------------------------------------------------------------------ key groups and mouse ops
@@ -127,9 +127,14 @@ def test_key_groups_and_mouse_ops_equal_the_oracle_on_recordings(format_vocab, b
     """Both formats, both accumulation paths, teacher forcing and generation: predictions that keep every event's
     token layout (wrong keys, actions and buttons), so that every event is comparable, position by position."""
     rng = np.random.default_rng(25)
-    metrics = {alignment: OWAEventMetrics(vocab=format_vocab, alignment=alignment, backend=backend, key_groups=True)
+    metrics = {alignment: OWAEventMetrics(vocab=format_vocab, alignment=alignment, backend=backend)
                for alignment in ("teacher_forcing", "generation")}
-    metrics["without"] = OWAEventMetrics(vocab=format_vocab, alignment="generation", backend=backend)
+    saved = list(REPORT)
+    try:  # the report without the key groups' definition
+        unregister("key_groups")
+        metrics["without"] = OWAEventMetrics(vocab=format_vocab, alignment="generation", backend=backend)
+    finally:
+        REPORT[:] = saved
     pairs, vks, flags = [], itertools.cycle(TRUE_VKS), itertools.cycle(TRUE_FLAGS)
     for path in recording_paths():
         events = _with_keys_and_buttons(read_recording(path, format_vocab.config.format), rng, vks, flags)
@@ -149,7 +154,8 @@ def test_key_groups_and_mouse_ops_equal_the_oracle_on_recordings(format_vocab, b
     for alignment, metric in metrics.items():
         report = metric.compute()
         if alignment == "generation":  # the rest of the report unchanged
-            assert all(float(report[k]) == float(v) for k, v in without.items())
+            assert without and all(float(report[k]) == float(v) for k, v in without.items())
+            assert not [k for k in without if "/left_down/" in k or "/letter/" in k]
         assert report["keyboard/count"] == sum(oracle[f"keyboard/{g}/count"] for g in (*GROUPS, "other"))
         bad = {k: (float(report[k]), v) for k, v in oracle.items() if abs(float(report[k]) - v) > 1e-12}
         assert not bad, (alignment, bad)
@@ -157,10 +163,8 @@ def test_key_groups_and_mouse_ops_equal_the_oracle_on_recordings(format_vocab, b
                 and k.split("/")[1] != "timestamp"} == {k for k in oracle if k.count("/") == 2}
 
 
-def test_key_groups_are_off_by_default(tokenizer):
-    report = OWAEventMetrics(tokenizer).compute()
-    assert not [k for k in report if k.startswith("keyboard/letter") or "group" in k]
-    empty = OWAEventMetrics(tokenizer, key_groups=True).compute()  # no events: counts 0, no accuracy, no macro
+def test_key_groups_without_events(tokenizer):
+    empty = OWAEventMetrics(tokenizer).compute()  # no events: counts 0, no accuracy, no macro
     assert float(empty["keyboard/letter/count"]) == 0 and "keyboard/letter/accuracy" not in empty
     assert "keyboard/group_macro_accuracy" not in empty
 

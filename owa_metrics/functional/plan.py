@@ -224,8 +224,8 @@ def row_matrix(batch: EventBatch) -> torch.Tensor:
 
 def evaluate(values: list[Value], leaf_matrix: torch.Tensor, names: list[str], window_ns: int) -> list[torch.Tensor]:
     """Each number value over the rows, from its leaves (``leaf_matrix``: the float64 columns ``names`` of V): one op
-    per node, shared nodes once; the squares of leaves in one product, and the percentages that nothing else reads
-    in one ``where`` at the end."""
+    per node, shared nodes once; the squares of leaves in one product, the ranges of one leaf (`within`) in one
+    comparison, and the percentages that nothing else reads in one ``where`` at the end."""
     leaves = dict(zip(names, leaf_matrix.unbind(1)))
     memo: dict[Value, torch.Tensor] = {}
     half = window_ns // 2
@@ -234,6 +234,15 @@ def evaluate(values: list[Value], leaf_matrix: torch.Tensor, names: list[str], w
     if len(squares) > 1:  # the squares of leaves: of every leaf in one product
         squared = dict(zip(leaves, (leaf_matrix * leaf_matrix).unbind(1)))
         memo.update((v, squared[v.args[0].args[0]]) for v in squares)
+    ranges: dict[str, list[Value]] = {}
+    for v in dict.fromkeys(a for v in values for a in _nodes(v)):
+        if v.op == "within" and v.args[0].op == "number":
+            ranges.setdefault(v.args[0].args[0], []).append(v)
+    for leaf, nodes in ranges.items():  # every range of one leaf in one comparison
+        if len(nodes) > 1:
+            low, high = _bounds(tuple(v.args[1:] for v in nodes), leaf_matrix.device)
+            x = leaves[leaf][:, None]
+            memo.update(zip(nodes, ((x >= low) & (x <= high)).double().unbind(1)))
     operands = {a for v in values for a in _nodes(v) if a is not v}
     last = [v for v in dict.fromkeys(values) if v.op == "pct" and v not in operands]
 
@@ -282,6 +291,12 @@ def evaluate(values: list[Value], leaf_matrix: torch.Tensor, names: list[str], w
         num, den = (torch.stack([run(v.args[k]) for v in last], 1) for k in (0, 1))
         memo.update(zip(last, torch.where(den != 0, num / den * 100, float("nan")).unbind(1)))
     return [run(v) for v in values]
+
+
+@functools.lru_cache(maxsize=None)
+def _bounds(ranges: tuple[tuple[int, int], ...], device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The low and high ends of ``ranges`` as float64 tensors on ``device`` (made once)."""
+    return tuple(torch.tensor(ends, dtype=torch.float64, device=device) for ends in zip(*ranges))
 
 
 def _nodes(v: Value):

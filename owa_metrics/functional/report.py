@@ -308,11 +308,9 @@ def _sweep_keys(r) -> dict:
 
 DETECTION_SWEEP = Definition("detection_sweep", _sweep_states, _sweep_keys, alignment="generation", pairing="time")
 
-REPORT: list[Definition] = [EVENTS, TOKENS, TIMESTAMP, TIMESTAMP_R2, KEYBOARD, MOUSE, DETECTION, DETECTION_SWEEP,
-                            SEQUENCES, MOVES_WITH_MISSES]
 
 
-# ------------------------------------------------------------------ key groups, mouse ops (OWAEventMetrics(key_groups=True))
+# ------------------------------------------------------------------ key groups, mouse ops
 # Windows virtual-key groups of the true vk (inclusive ranges); a vk in none is `other`
 VK_GROUPS = {"letter": ((0x41, 0x5A),), "digit": ((0x30, 0x39), (0x60, 0x69)),
              "modifier": ((0x10, 0x12), (0x5B, 0x5C), (0xA0, 0xA5)), "navigation": ((0x21, 0x28),),
@@ -355,6 +353,9 @@ def _group_keys(r) -> dict:
 
 
 KEY_GROUPS = Definition("key_groups", _group_states, _group_keys)
+
+REPORT: list[Definition] = [EVENTS, TOKENS, TIMESTAMP, TIMESTAMP_R2, KEYBOARD, MOUSE, KEY_GROUPS, DETECTION,
+                            DETECTION_SWEEP, SEQUENCES, MOVES_WITH_MISSES]
 
 
 def register(definition: Definition) -> Definition:

@@ -17,7 +17,7 @@ from ..decode.matching import tolerance_ns
 from ..functional import kernel as compiled
 from ..functional.declare import Given, GivenSamples, Samples, Shape, Sums
 from ..functional.plan import SAMPLE_SHIFT, Plan, accumulate
-from ..functional.report import KEY_GROUPS, REPORT, default_tag_keys
+from ..functional.report import REPORT, default_tag_keys
 from ..functional.stats import sketch_counts
 from ..functional.tokens import event_token_stats, field_table, given_token_losses, token_losses
 from ..schema import Status
@@ -76,10 +76,6 @@ class OWAEventMetrics(Float64Metric):
     the headline keys (``tag_keys=None``: `default_tag_keys`), every key (``"all"``) or the keys named. A tag's keys
     are those of a metric fed only that tag's sequences (each tag's rows of every update go through the same update
     again); the pooled keys stay.
-
-    ``key_groups=True`` adds the accuracy and count of the comparable keyboard events by group of the true virtual
-    key (``keyboard/{group}/...``) and of the comparable mouse events with button flags by operation
-    (``mouse_op/{op}/...``): see docs/METRICS.md.
     """
 
     full_state_update = False
@@ -91,7 +87,7 @@ class OWAEventMetrics(Float64Metric):
                  sketch_range: tuple[float, float] = (1e-4, 1e8), num_resamples: int = 1000, seed: int = 42,
                  persistent: bool = False, backend: Backend = "auto", pairing: Pairing = "index",
                  tolerance_ms: Union[float, tuple[float, ...]] = 100.0, tags: Optional[Sequence[str]] = None,
-                 tag_keys: Union[None, str, Sequence[str]] = None, key_groups: bool = False, **kwargs):
+                 tag_keys: Union[None, str, Sequence[str]] = None, **kwargs):
         kwargs.setdefault("compute_with_cache", False)  # every compute() syncs, on every rank: no stale rank
         super().__init__(**kwargs)
         vocab = _vocab_map(vocab if vocab is not None else tokenizer, config, format)
@@ -105,7 +101,7 @@ class OWAEventMetrics(Float64Metric):
         check_pairing(pairing, alignment)
         tolerance_ns(tolerance_ms, vocab.config.timestamp_window_ns)  # raises saying what is allowed
         sweep = tuple(tolerance_ms) if isinstance(tolerance_ms, (tuple, list)) else ()
-        self.pairing, self.tolerance_ms, self.key_groups = pairing, sweep or tolerance_ms, key_groups
+        self.pairing, self.tolerance_ms = pairing, sweep or tolerance_ms
         self.tags, self.tag_keys = _check_tags(tags), _check_tag_keys(tag_keys)
         self._tag_ids = {name: i for i, name in enumerate(self.tags)}
         self._tag_key_set = set(default_tag_keys(alignment) if tag_keys is None else
@@ -116,7 +112,7 @@ class OWAEventMetrics(Float64Metric):
         self.window_ns = vocab.config.timestamp_window_ns
         columns = vocab.config.token_format.digit_columns
         self.shape = Shape(columns.count("timestamp"), columns.count("dx"), self.window_ns, sweep)
-        self.definitions = tuple(d for d in REPORT + ([KEY_GROUPS] if key_groups else []) if d.applies(alignment, pairing))
+        self.definitions = tuple(d for d in REPORT if d.applies(alignment, pairing))
         self._field_table = field_table(vocab.config).numpy()
         plan = Plan.get(self.definitions, self.shape, "cpu", self._given_names(tokens=True))
         self._sampled_names = {n for n, st in plan.states.items() if isinstance(st, (Samples, GivenSamples))}
