@@ -11,29 +11,19 @@ the compiled CPU path and the torch path (with the torch ops per update, `count_
 
 from __future__ import annotations
 
-import argparse
 
-import numpy as np
 import torch
 
-from owa_metrics import OWAEventMetrics, VocabMap, build_tokenizer
-from owa_metrics.events import simulate_session
+from owa_metrics import OWAEventMetrics
 from owa_metrics.functional import report
 
 from bench_decode import timed  # scripts/ is on sys.path when run as a script
-from bench_pairing import batch
+from bench_pairing import setup
 from count_ops import top_level_ops
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=20)
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    tokenizer = build_tokenizer()
-    vocab = VocabMap.from_tokenizer(tokenizer)
-    events = simulate_session(600, seed=2)
-    preds, target = batch(vocab, [events[64 * i:64 * (i + 1)] for i in range(32)], np.random.default_rng(0))
+    args, tokenizer, vocab, preds, target = setup(20)
     aligned = target.clamp(min=0)  # teacher forcing: the target's own tokens
 
     def cost(options: dict, p, t, ops: bool = False, groups: bool = True) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 
 import numpy as np
 import torch
@@ -35,6 +36,20 @@ def generated(events, rng):
         if rng.random() < 0.05:
             out.append(dataclasses.replace(e, timestamp_ns=e.timestamp_ns + 20_000_000))
     return out
+
+
+def setup(repeats: int) -> tuple:
+    """The issue 25 / 26 benchmarks' start: ``--repeats`` (default ``repeats``) parsed, 1 thread, ``(args, tokenizer,
+    vocab, preds, target)`` of a 32 sequences x 64 events generation batch of a simulated session."""
+    parser = argparse.ArgumentParser(description=sys.modules["__main__"].__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=repeats)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    tokenizer = build_tokenizer()
+    vocab = VocabMap.from_tokenizer(tokenizer)
+    events = simulate_session(600, seed=2)
+    return (args, tokenizer, vocab, *batch(vocab, [events[64 * i:64 * (i + 1)] for i in range(32)],
+                                           np.random.default_rng(0)))
 
 
 def batch(vocab, chunks, rng):

@@ -10,29 +10,18 @@ Both decoders decode every generated event once, paired or not (`EventBatch.gene
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
-import numpy as np
-import torch
 
-from owa_metrics import OWAEventMetrics, VocabMap, build_tokenizer
-from owa_metrics.events import simulate_session
+from owa_metrics import OWAEventMetrics
 from owa_metrics.functional import report
 
-from bench_pairing import batch  # scripts/ is on sys.path when run as a script
+from bench_pairing import setup  # scripts/ is on sys.path when run as a script
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=30)
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    tokenizer = build_tokenizer()
-    vocab = VocabMap.from_tokenizer(tokenizer)
-    events = simulate_session(600, seed=2)
-    preds, target = batch(vocab, [events[64 * i:64 * (i + 1)] for i in range(32)], np.random.default_rng(0))
+    args, tokenizer, vocab, preds, target = setup(30)
     new = (report.SEQUENCES, report.MOVES_WITH_MISSES)
     print("| pairing | backend | update ms, whole report | without the new keys | the new keys |")
     print("|---|---|---|---|---|")

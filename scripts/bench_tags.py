@@ -10,16 +10,14 @@ time) and `compute()` after one update (exact and sketch: every tag's report is 
 
 from __future__ import annotations
 
-import argparse
 
 import numpy as np
 import torch
 
-from owa_metrics import OWAEventMetrics, VocabMap, build_tokenizer
-from owa_metrics.events import simulate_session
+from owa_metrics import OWAEventMetrics
 
 from bench_decode import timed  # scripts/ is on sys.path when run as a script
-from bench_pairing import batch
+from bench_pairing import setup
 
 TAGS = [f"tag{i}" for i in range(8)]
 
@@ -35,14 +33,7 @@ def state_bytes(metric: OWAEventMetrics, tag) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=20)
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    tokenizer = build_tokenizer()
-    vocab = VocabMap.from_tokenizer(tokenizer)
-    events = simulate_session(600, seed=2)
-    preds, target = batch(vocab, [events[64 * i:64 * (i + 1)] for i in range(32)], np.random.default_rng(0))
+    args, tokenizer, vocab, preds, target = setup(20)
     tags = torch.arange(32) % 8
     print(f"batch: preds {tuple(preds.shape)}, target {tuple(target.shape)}, 8 tags x 4 sequences\n")
     print("| setting | update ms | update, 8 tags ms | ratio | compute ms | compute, 8 tags ms |")
