@@ -64,23 +64,28 @@ def format_report(metrics: dict, title: str = "OWA event metrics", samples: Opti
 
 def unit_of(key: str) -> str:
     """A key's unit (`DECIMALS`), read from its name: names carry their units."""
-    units = {"_ms": "ms", "_pct": "%", "_deg": "deg", "/loss": "nats", "/loss_sum": "nats"}
+    units = {"_ms": "ms", "_pct": "%", "_deg": "deg", "_mu": "mu", "/loss": "nats", "/loss_sum": "nats"}
     unit = next((u for suffix, u in units.items() if key.endswith(suffix)), "ratio")
     counted = key.startswith(("count/", "status/")) and not key.endswith("_rate") or key.endswith("/count")
     return "count" if counted else unit
 
 
-def tag_table(metrics: dict) -> Optional[str]:
-    """The per-tag keys (``tag/{name}/{key}``) as a markdown table, a row per tag and a column per key (the counts
-    first; "–": no value); None without any."""
+def tag_rows(metrics: dict) -> tuple[list[str], dict[str, dict]]:
+    """The per-tag keys (``tag/{name}/{key}``): ``(columns, {tag: {key: value}})``, the counts first."""
     rows: dict[str, dict] = {}
     for key, value in metrics.items():
         if key.startswith("tag/"):
             name, key = key[len("tag/"):].split("/", 1)
             rows.setdefault(name, {})[key] = value
+    columns = sorted(dict.fromkeys(key for row in rows.values() for key in row), key=lambda k: unit_of(k) != "count")
+    return columns, rows
+
+
+def tag_table(metrics: dict) -> Optional[str]:
+    """`tag_rows` as a markdown table, a row per tag and a column per key ("–": no value); None without any."""
+    columns, rows = tag_rows(metrics)
     if not rows:
         return None
-    columns = sorted(dict.fromkeys(key for row in rows.values() for key in row), key=lambda k: unit_of(k) != "count")
     lines = ["| tag | " + " | ".join(columns) + " |", "|---" + "|---:" * len(columns) + "|"]
     return "\n".join(lines + [f"| {name} | " + " | ".join(format_number(row.get(key), unit_of(key)) for key in columns)
                               + " |" for name, row in rows.items()])

@@ -675,3 +675,39 @@ def test_tags_reach_tensorboard_as_keys_and_a_table(tmp_path, tokenizer, vocab, 
     assert [int(row[column]) for row in rows] == [tags.count(name) for name in TAG_NAMES[:3]]
     report = (tmp_path / "tb" / "version_0" / "owa_metrics" / "val" / "owa" / "epoch_0_step_0.md").read_text()
     assert "## Per tag" in report and table in report
+
+
+def test_tags_reach_wandb_as_a_table(tmp_path, tokenizer, vocab, warm_state, monkeypatch):
+    """The per-tag table as a W&B table of numbers (an offline run): a row per tag seen, its sequences counted by
+    hand and its comparable rate equal to the metric run by hand on that tag's rows."""
+    wandb = pytest.importorskip("wandb", reason="W&B is the optional 'wandb' extra")
+    from lightning.pytorch.loggers import WandbLogger
+
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    data = [{**item, "tag": TAG_NAMES[i % 3]} for i, item in enumerate(event_sequences(vocab))]
+    module = TinyLM(vocab.size)
+    module.load_state_dict(warm_state)
+    logger = WandbLogger(offline=True, save_dir=str(tmp_path), project="owa-metrics-test")
+    trainer = L.Trainer(accelerator="cpu", devices=1, logger=logger, callbacks=[OWAEventMetricsCallback(
+        tokenizer, tags=TAG_NAMES)], enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
+    trainer.validate(module, DataLoader(data, batch_size=4, collate_fn=collate))
+    wandb.finish()
+    tables = []
+    for _ in range(100):  # W&B's service writes the files after finish() returns: wait up to 10 s
+        tables = [json.loads(p.read_text()) for p in (tmp_path / "wandb").glob("offline-run-*/files/media/table/**/"
+                                                                              "*.table.json")]
+        tables = [t for t in tables if t["columns"][0] == "tag"]
+        if tables:
+            break
+        time.sleep(0.1)
+    (table,) = tables
+    rows = {row[0]: dict(zip(table["columns"], row)) for row in table["data"]}
+    tags = [TAG_NAMES[i % 3] for i in range(len(data))]
+    assert list(rows) == TAG_NAMES[:3]  # "chess" tags no sequence
+    batch_tags = [tags[4 * k:4 * k + 4] for k in range(len(module.recorded[-1]))]
+    for name in TAG_NAMES[:3]:
+        assert rows[name]["count/sequences"] == tags.count(name)
+        picked = [[b for b, tag in enumerate(batch) if tag == name] for batch in batch_tags]
+        by_hand = _by_hand(tokenizer, [(logits[r], labels[r]) for (logits, labels), r in
+                                       zip(module.recorded[-1], picked) if r])
+        assert close(rows[name]["comparable_rate"], by_hand["comparable_rate"], 1e-6), name

@@ -15,7 +15,7 @@ from lightning.pytorch.loggers import CSVLogger, Logger, MLFlowLogger, TensorBoa
 from lightning.pytorch.utilities import rank_zero_warn
 
 from ..schema import CATEGORY_NAMES
-from ..report import SAMPLE_COLUMNS
+from ..report import SAMPLE_COLUMNS, tag_rows, tag_table
 
 HISTOGRAM_RANGE = ("Range, per epoch: P2..P98 of the values, narrowed to Tukey's fences (Q1 - 1.5 IQR, Q3 + 1.5 "
                    "IQR); 50 bins; values outside the range are counted in the first and last bin.")
@@ -46,15 +46,15 @@ def histogram_ranges(histograms: dict) -> str:
 
 
 def log_extras(loggers: list[Logger], prefix: str, suffix: str, histograms: dict, confusion, samples: Optional[str],
-               rows: list, step: int, title: str, tags: Optional[str] = None) -> None:
-    """Histograms, the confusion figure and the samples to TensorBoard and W&B (tags ``{prefix}{name}{suffix}``);
-    the per-tag table (markdown) as TensorBoard text."""
+               rows: list, step: int, title: str, report: Optional[dict] = None) -> None:
+    """Histograms, the confusion figure, the samples and the per-tag table of ``report`` (`tag_rows`) to TensorBoard
+    (text) and W&B (tables), named ``{prefix}{name}{suffix}``."""
     figure = confusion_figure(confusion, title) if confusion is not None else None
     for logger in loggers:
         if isinstance(logger, TensorBoardLogger):
-            _tensorboard(logger.experiment, prefix, suffix, histograms, figure, samples, step, tags)
+            _tensorboard(logger.experiment, prefix, suffix, histograms, figure, samples, step, tag_table(report or {}))
         elif isinstance(logger, WandbLogger):
-            _wandb(logger.experiment, prefix, suffix, histograms, figure, rows, step)
+            _wandb(logger.experiment, prefix, suffix, histograms, figure, rows, step, tag_rows(report or {}))
     if figure is not None:
         import matplotlib.pyplot as plt
 
@@ -164,7 +164,8 @@ def _tensorboard(writer, prefix: str, suffix: str, histograms: dict, figure, sam
             writer.file_writer.add_summary(summary, step)
 
 
-def _wandb(run, prefix: str, suffix: str, histograms: dict, figure, rows: list, step: int) -> None:
+def _wandb(run, prefix: str, suffix: str, histograms: dict, figure, rows: list, step: int,
+           tags: tuple[list, dict]) -> None:
     import wandb
 
     data = {f"{prefix}{name}{suffix}": wandb.Histogram(np_histogram=(counts, edges))
@@ -174,4 +175,8 @@ def _wandb(run, prefix: str, suffix: str, histograms: dict, figure, rows: list, 
     if rows:
         numbers = [[int(seq), int(event), *rest] for seq, event, *rest in rows]  # seq and event as numbers
         data[f"{prefix}samples{suffix}"] = wandb.Table(columns=list(SAMPLE_COLUMNS), data=numbers)
+    columns, by_tag = tags
+    if by_tag:
+        data[f"{prefix}tags{suffix}"] = wandb.Table(columns=["tag", *columns], data=[
+            [name, *(row.get(key) for key in columns)] for name, row in by_tag.items()])
     run.log({**data, "trainer/global_step": step})

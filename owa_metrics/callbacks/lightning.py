@@ -17,7 +17,7 @@ from ..decode.event_batch import Pairing
 from ..metrics.base import Mode
 from ..metrics.collection import OWAEventMetrics
 from ..functional.report import headline_keys
-from ..report import format_report, sample_note, sample_rows, sample_table, tag_table
+from ..report import format_report, sample_note, sample_rows, sample_table
 from .artifacts import log_extras, report_json, save_reports, scalar_names
 from .generation import check_batch, generate_batch
 
@@ -235,7 +235,7 @@ class OWAEventMetricsCallback(Callback):
         rows = self._sample_rows(run)
         samples = f"{sample_table(rows)}\n\n{sample_note(run.metric.vocab.config)}" if rows else None
         log_extras(trainer.loggers, prefix, suffix, histograms, confusion, samples, rows, step,
-                   f"category confusion, epoch {epoch}{where}", tag_table(report))
+                   f"category confusion, epoch {epoch}{where}", report)
         if self.artifacts:
             name = str(Path(*_folder(prefix), f"epoch_{epoch}_step_{step}" + (f"_dataloader_{idx}" if suffix else "")))
             context = {"epoch": epoch, "step": step, **({"dataloader_idx": idx} if suffix else {})}
