@@ -62,12 +62,16 @@ def test_each_tags_keys_equal_its_sequences_scored_alone(tokenizer, batches, ali
     alone = [OWAEventMetrics(tokenizer, **settings) for _ in TAGS]  # the oracle: a metric fed one tag's sequences
     for preds, target, tags, logits, _ in batches:
         loss = {"logits": logits} if alignment == "teacher_forcing" else {}
-        tagged.update(preds, target, tags=tags, **loss)
-        pooled.update(preds, target, **loss)
+        # time pairing: one origin per sequence given as a list / numpy array (not a tensor), sliced per tag too
+        origins = [5_000_000 * k for k in range(len(target))] if pairing == "time" else None
+        origin = {"origin_ns": origins if mode == "exact" else np.array(origins)} if origins else {}
+        tagged.update(preds, target, tags=tags, **loss, **origin)
+        pooled.update(preds, target, **loss, **origin)
         for t, metric in enumerate(alone):
             rows = (tags == t).nonzero()[:, 0]
             if len(rows):
-                metric.update(preds[rows], target[rows], **{k: v[rows] for k, v in loss.items()})
+                metric.update(preds[rows], target[rows], **{k: v[rows] for k, v in loss.items()},
+                              **({"origin_ns": [origins[r] for r in rows]} if origins else {}))
     got = _report(tagged)
     _assert_same({k: v for k, v in got.items() if not k.startswith("tag/")}, _report(pooled), "pooled")
     for name, metric in zip(TAGS[:3], alone):

@@ -186,6 +186,8 @@ class OWAEventMetrics(Float64Metric):
                 token_loss = torch.nn.functional.pad(token_loss.reshape(target.shape[0], -1).to(target.device),
                                                      (0, target.shape[1] - token_loss.shape[-1]))  # [B, 0]: one column
             rows = self._tag_rows(tags, target.shape[0], target.device)
+            if rows and origin_ns is not None:  # one per sequence (any array) or one for all: sliced per tag below
+                origin_ns = torch.as_tensor(origin_ns, dtype=torch.long).to(target.device)
             self._update_ids(preds, target, logits, token_loss, origin_ns)
             for tag, index in rows:  # each tag's rows again, into its states
                 pick = lambda x: x.index_select(0, index) if (  # noqa: E731
