@@ -126,8 +126,9 @@ def test_misuse_raises_saying_what_to_do(tokenizer, batches):
                       ([f"t{i}" for i in range(65)], "at most 64")):
         with pytest.raises(ValueError, match=says):
             OWAEventMetrics(tokenizer, tags=bad)
-    with pytest.raises(ValueError, match="tag_keys must be"):
-        OWAEventMetrics(tokenizer, tags=TAGS, tag_keys="headline")
+    for bad_keys in ("headline", []):  # [] would report nothing per tag
+        with pytest.raises(ValueError, match="tag_keys must be"):
+            OWAEventMetrics(tokenizer, tags=TAGS, tag_keys=bad_keys)
     metric = OWAEventMetrics(tokenizer, tags=TAGS)
     for bad, says in ((None, "pass update"), (tags + 4, r"in \[0, 4\)"), (tags[:3], "must be 6 integer ids"),
                       (tags.float(), "integer ids"), (["game"] * 5 + ["chess"], r"\['chess'\] are not among"),

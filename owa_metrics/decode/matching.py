@@ -10,6 +10,7 @@ bounded loop over deferred-acceptance rounds elsewhere (`greedy_match`).
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import replace
 from typing import Optional, Union
 
@@ -34,7 +35,7 @@ def tolerance_ns(tolerance_ms: Union[float, tuple], window_ns: int) -> Union[int
             raise ValueError(f"a tolerance_ms sweep is a non-empty tuple of distinct tolerances (ms), got "
                              f"{tolerance_ms!r}")
         return sweep
-    if isinstance(tolerance_ms, bool) or not isinstance(tolerance_ms, (int, float)) or not math.isfinite(tolerance_ms):
+    if isinstance(tolerance_ms, bool) or not isinstance(tolerance_ms, numbers.Real) or not math.isfinite(tolerance_ms):
         raise ValueError(f"tolerance_ms must be a finite number of milliseconds, got {tolerance_ms!r}")
     ns = round(tolerance_ms * 1_000_000)
     if not 0 <= ns < window_ns // 2:

@@ -505,7 +505,7 @@ def _check_tag_keys(tag_keys):
     """``None`` (the headline keys and the counts), ``"all"``, or key names."""
     if tag_keys is None or tag_keys == "all":
         return tag_keys
-    if isinstance(tag_keys, str) or not all(isinstance(k, str) for k in tag_keys):
+    if isinstance(tag_keys, str) or not tag_keys or not all(isinstance(k, str) for k in tag_keys):
         raise ValueError(f"tag_keys must be None (the headline keys and the counts), 'all' or a list of report keys, "
                          f"got {tag_keys!r}")
     return tuple(tag_keys)
