@@ -67,10 +67,15 @@ def test_hand_computed_cases(tokenizer):
 
 @pytest.fixture(scope="module")
 def recording_rows(format_vocab):
-    """The recordings as targets, generated sides that drop, insert, jitter (out of order too) and swap events,
-    garbage and empty generations (tests/test_pairing.py), some rows with an origin; and the oracle's keys."""
+    """The recordings as targets (a few true tokens corrupted), generated sides that drop, insert, jitter (out of
+    order too) and swap events, garbage and empty generations (tests/test_pairing.py), some rows with an origin; and
+    the oracle's keys."""
     rows = {"preds": [], "targets": [], "origins": []}
-    for preds, targets, origins in _recording_batches(format_vocab, np.random.default_rng(26)):
+    rng = np.random.default_rng(26)
+    for preds, targets, origins in _recording_batches(format_vocab, rng):
+        for target in targets[::3]:  # a few corrupted true tokens: invalid true events among valid ones
+            for i in rng.integers(0, len(target), size=2):
+                target[i] = int(rng.integers(0, format_vocab.size))
         for key, part in zip(rows, (preds, targets, origins)):
             rows[key].append(part)
     flat = {k: [x for part in v for x in part] for k, v in rows.items()}
@@ -94,6 +99,7 @@ def test_each_key_equals_the_oracle_on_recordings(recording_rows, format_vocab, 
     if pairing == "time":
         assert 0 < want["mouse/move_coverage"] < 1 and want["mouse/r2_with_misses"] < 1
     for (mode, _), metric in metrics.items():
+        assert metric.compute()["status/invalid_target"] > 0  # the case is there: invalid true events
         _assert_equal(_report(metric), want, sketch=mode == "sketch")
 
 
