@@ -309,7 +309,6 @@ def _sweep_keys(r) -> dict:
 DETECTION_SWEEP = Definition("detection_sweep", _sweep_states, _sweep_keys, alignment="generation", pairing="time")
 
 
-
 # ------------------------------------------------------------------ key groups, mouse ops
 # Windows virtual-key groups of the true vk (inclusive ranges); a vk in none is `other`
 VK_GROUPS = {"letter": ((0x41, 0x5A),), "digit": ((0x30, 0x39), (0x60, 0x69)),
@@ -319,6 +318,7 @@ VK_GROUPS = {"letter": ((0x41, 0x5A),), "digit": ((0x30, 0x39), (0x60, 0x69)),
 # the true button_flags of a mouse op (RAWMOUSE); other flags (several at once) are `other`
 MOUSE_OPS = {"left_down": 0x001, "left_up": 0x002, "right_down": 0x004, "right_up": 0x008, "middle_down": 0x010,
              "middle_up": 0x020, "wheel": 0x400, "hwheel": 0x800}
+# vk and action right, flags right, as numbers (`values.KEYBOARD_BOTH`, `same`: matches, which a product cannot read)
 _KEY_RIGHT = within(error("vk"), 0, 0) * within(error("action"), 0, 0)
 _FLAGS_RIGHT = within(error("button_flags"), 0, 0)
 
