@@ -51,8 +51,9 @@ class OWAEventMetricsCallback(Callback):
     share, ``max_sequences / world_size``, so that a DDP run scores what one process scores when the ranks' batches
     split the validation set evenly); the sequence minus its last ``predict_events`` events is the prompt; greedy
     ``generate`` (or ``generate_fn``, see `generation`) continues it, and the generated events are paired with the
-    true ones by index, or with ``pairing="time"`` matched within ``tolerance_ms`` on the time axis unwrapped from
-    the prompt's last event (`generation.last_event_ns`).
+    true ones by index, or with ``pairing="time"`` matched within ``tolerance_ms`` (default 100; with another pairing
+    it has no effect and is refused) on the time axis unwrapped from the prompt's last event
+    (`generation.last_event_ns`).
 
     Every rank computes (the metric syncs); then rank zero adds, each switchable: histograms of the errors, the
     category confusion matrix as a figure, a sample table (TensorBoard, W&B: up to 24 events of the epoch's first
@@ -76,7 +77,7 @@ class OWAEventMetricsCallback(Callback):
                 "artifacts", "artifacts_dir", "log_sanity_check")
 
     def __init__(self, tokenizer, *, alignment: Literal["teacher_forcing", "generation"] = "teacher_forcing",
-                 pairing: Pairing = "index", tolerance_ms: Union[float, tuple] = 100.0, mode: Mode = "exact",
+                 pairing: Pairing = "index", tolerance_ms: Union[None, float, tuple] = None, mode: Mode = "exact",
                  prefix: str = "val/owa/", test_prefix: Optional[str] = None, log_loss: bool = True,
                  every_n_batches: int = 1, max_sequences: int = 32, predict_events: int = 4,
                  max_new_tokens: Optional[int] = None, generate_fn: Optional[Callable] = None,
@@ -119,7 +120,7 @@ class OWAEventMetricsCallback(Callback):
                 raise ValueError(f"two OWAEventMetricsCallback log under prefix {self.prefix!r} / test_prefix "
                                  f"{self.test_prefix!r}: give each its own prefix= (e.g. prefix='val/owa_gen/' for "
                                  "the generation one)")
-        pairing = f", pairing=time (tolerance {self.tolerance_ms} ms)" if self.pairing == "time" else ""
+        pairing = f", pairing=time (tolerance {self.metric.tolerance_ms} ms)" if self.pairing == "time" else ""
         rank_zero_info(f"OWAEventMetricsCallback: {self.metric.vocab.describe()}; alignment={self.alignment}"
                        f"{pairing}, mode={self.mode}")
 
