@@ -12,8 +12,13 @@ from owa_metrics.callbacks import OWAEventMetricsCallback
 from lightning_fixtures import TinyLM, collate, event_sequences, report_of
 
 
-def _truth(vocab):
-    sequences = [x["input_ids"].tolist() for x in event_sequences(vocab)]
+@pytest.fixture(scope="module")
+def data(vocab):
+    return event_sequences(vocab)
+
+
+def _truth(data):
+    sequences = [x["input_ids"].tolist() for x in data]
 
     def rows(input_ids, attention_mask):
         """Per prompt row: (its prompt as given, its own prompt, the true rest of its sequence)."""
@@ -31,22 +36,22 @@ def _padded(rows, value=0):
     return torch.tensor([r + [value] * (width - len(r)) for r in rows])
 
 
-def _validate(tmp_path, vocab, callbacks):
+def _validate(tmp_path, vocab, data, callbacks):
     trainer = L.Trainer(accelerator="cpu", logger=False, callbacks=callbacks, enable_progress_bar=False,
-                        enable_model_summary=False, enable_checkpointing=False, default_root_dir=tmp_path)
-    trainer.validate(TinyLM(vocab.size), DataLoader(event_sequences(vocab), batch_size=4, collate_fn=collate))
+                        enable_model_summary=False, enable_checkpointing=False, default_root_dir=tmp_path,
+                        limit_val_batches=2)
+    trainer.validate(TinyLM(vocab.size), DataLoader(data, batch_size=4, collate_fn=collate))
     return trainer.callback_metrics
 
 
-def test_each_output_shape_of_a_perfect_generate_fn_scores_perfect(tmp_path, tokenizer, vocab):
-    truth = _truth(vocab)
+def test_each_output_shape_of_a_perfect_generate_fn_scores_perfect(tmp_path, tokenizer, vocab, data):
+    truth = _truth(data)
     forms = {  # a perfect generator (the true rest of each row) in each shape a generate_fn may return
         "left": lambda rows: _padded([p + rest for p, _, rest in rows]),  # HF generate: the prompts as given
         "dict": lambda rows: GenerateDecoderOnlyOutput(sequences=_padded([p + rest for p, _, rest in rows])),
         "own_lists": lambda rows: [own + rest for _, own, rest in rows],
         "own_padded": lambda rows: _padded([own + rest for _, own, rest in rows], tokenizer.pad_token_id),
-        "new_lists": lambda rows: [rest for _, _, rest in rows],
-        "new_padded": lambda rows: _padded([rest for _, _, rest in rows], -100),
+        "new": lambda rows: _padded([rest for _, _, rest in rows], tokenizer.pad_token_id),
     }
     widths = set()
 
@@ -58,10 +63,10 @@ def test_each_output_shape_of_a_perfect_generate_fn_scores_perfect(tmp_path, tok
 
     callbacks = [OWAEventMetricsCallback(tokenizer, alignment="generation", predict_events=3, max_sequences=8,
                                          prefix=f"val/{form}/", generate_fn=generate_fn(form)) for form in forms]
-    logged = _validate(tmp_path, vocab, callbacks)
+    logged = _validate(tmp_path, vocab, data, callbacks)
     assert any(len(set(w)) > 1 for w in widths)  # prompts of different lengths in a batch: left != own padding
     reports = {form: {k: float(v) for k, v in report_of(logged, f"val/{form}/").items()} for form in forms}
-    plain = reports["new_lists"]  # the new ids alone, as they are: nothing to cut
+    plain = reports["new"]  # the new ids alone: nothing to cut
     assert plain["count/sequences"] == 8 and plain["comparable_rate"] == 1.0 and plain["count_accuracy"] == 1.0
     for form, report in reports.items():
         assert report == plain, form
@@ -74,11 +79,11 @@ def test_each_output_shape_of_a_perfect_generate_fn_scores_perfect(tmp_path, tok
     (lambda rows: _padded([p + rest for p, _, rest in rows]).float(), r"got Tensor of shape \(4, \d+\) / torch.float32"),
     (lambda rows: torch.tensor(rows[0][0] + rows[0][2]), r"got Tensor of shape \(\d+,\)"),
 ], ids=["rows missing", "rows read two ways", "float", "1-D"])
-def test_an_output_generate_fn_cannot_be_read_stops_the_run(tmp_path, tokenizer, vocab, returned, expected):
-    truth = _truth(vocab)
+def test_an_output_generate_fn_cannot_be_read_stops_the_run(tmp_path, tokenizer, vocab, data, returned, expected):
+    truth = _truth(data)
     callback = OWAEventMetricsCallback(tokenizer, alignment="generation", predict_events=3,
                                        generate_fn=lambda ids, mask, new: returned(truth(ids, mask)))
     with pytest.raises(RuntimeError, match=r"cannot read what generate_fn returned at validation batch 0 \(\w+Error: "
                                            + expected + r".*\)\. generate_fn\(input_ids, attention_mask, "
                                            r"max_new_tokens\) must return one row per prompt row"):
-        _validate(tmp_path, vocab, [callback])
+        _validate(tmp_path, vocab, data, [callback])
