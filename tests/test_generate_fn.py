@@ -76,12 +76,14 @@ def test_each_output_shape_of_a_perfect_generate_fn_scores_perfect(tmp_path, tok
     (lambda rows: [p + rest for p, _, rest in rows][:-1], r"got 3 rows for 4 prompt rows"),
     (lambda rows: [own + rest if i % 2 else rest for i, (_, own, rest) in enumerate(rows)],
      r"rows \[1, 3\] hold their prompt \(at columns \[0, 0\]\), rows \[0, 2\] do not"),
+    (lambda rows: [own[1:] + rest for _, own, rest in rows],  # a prompt of its own (re-tokenized, say)
+     r"rows of \d+ ids \(more than max_new_tokens=100\) hold none of the prompts given"),
     (lambda rows: _padded([p + rest for p, _, rest in rows]).float(), r"got Tensor of shape \(4, \d+\) / torch.float32"),
     (lambda rows: torch.tensor(rows[0][0] + rows[0][2]), r"got Tensor of shape \(\d+,\)"),
-], ids=["rows missing", "rows read two ways", "float", "1-D"])
+], ids=["rows missing", "rows read two ways", "other prompts", "float", "1-D"])
 def test_an_output_generate_fn_cannot_be_read_stops_the_run(tmp_path, tokenizer, vocab, data, returned, expected):
     truth = _truth(data)
-    callback = OWAEventMetricsCallback(tokenizer, alignment="generation", predict_events=3,
+    callback = OWAEventMetricsCallback(tokenizer, alignment="generation", predict_events=3, max_new_tokens=100,
                                        generate_fn=lambda ids, mask, new: returned(truth(ids, mask)))
     with pytest.raises(RuntimeError, match=r"cannot read what generate_fn returned at validation batch 0 \(\w+Error: "
                                            + expected + r".*\)\. generate_fn\(input_ids, attention_mask, "

@@ -324,3 +324,30 @@ def test_a_batch_the_default_generation_cannot_cut_stops_fit_at_step_0(tmp_path,
     finally:
         model.eval()
     assert trainer.global_step == 0  # stopped in the sanity check, before any training step
+
+
+def test_collate_keeps_each_familys_layout():
+    ids = [torch.tensor([1, 2, 3]), torch.tensor([4])]
+    idefics = collate([{"input_ids": i, "pixel_values": torch.full((1, n, 3, 2, 2), float(n)),
+                        "pixel_attention_mask": torch.ones(1, n, 2, 2, dtype=torch.bool)} for i, n in zip(ids, (2, 1))])
+    assert idefics["pixel_values"].shape == (2, 2, 3, 2, 2)  # [B, most images, 3, H, W], zero-padded
+    assert idefics["pixel_values"][:, :, 0, 0, 0].tolist() == [[2, 2], [1, 0]]
+    assert idefics["pixel_attention_mask"][:, :, 0, 0].tolist() == [[True, True], [True, False]]
+    qwen = collate([{"input_ids": i, "pixel_values": torch.full((4 * n, 24), float(n)), "mm_token_type_ids": (i > 1).long(),
+                     "image_grid_thw": torch.tensor([[1, 2, 2]] * n)} for i, n in zip(ids, (2, 1))])
+    assert qwen["pixel_values"][:, 0].tolist() == [2] * 8 + [1] * 4 and qwen["image_grid_thw"].tolist() == [[1, 2, 2]] * 3
+    assert qwen["mm_token_type_ids"].tolist() == [[0, 1, 1], [1, 0, 0]]  # per token: [B, T], padded with 0
+
+
+@pytest.mark.parametrize("family", ["idefics3", "qwen2_vl"])
+def test_images_that_do_not_fit_their_tokens_raise(families, family):
+    tokenizer, config, vocab, items, _, model = families[family]
+    batch = collate(items[:2])
+    if family == "qwen2_vl":  # the first image's grid says 8 patches (2 tokens), its tokens say 4
+        batch["image_grid_thw"] = batch["image_grid_thw"].clone()
+        batch["image_grid_thw"][0] = torch.tensor([1, 2, 4])
+    else:  # row 0 has one image fewer than its tokens
+        batch["pixel_attention_mask"] = batch["pixel_attention_mask"].clone()
+        batch["pixel_attention_mask"][0, int(batch["pixel_attention_mask"][0].flatten(1).any(1).sum()) - 1] = False
+    with pytest.raises(PromptInputsError, match=r"do not split into one run per image.*generate_fn\("):
+        prompt_inputs(batch, torch.tensor([150, 150]), model.config.image_token_id)

@@ -58,7 +58,7 @@ def generate_batch(pl_module, batch: Any, batch_idx: int, tokenizer, vocab: Voca
             raise RuntimeError(f"OWAEventMetricsCallback: generate_fn failed at validation batch {batch_idx} "
                                f"({type(err).__name__}: {err}). {GENERATE_NEEDS}") from err
     try:
-        generated = new_ids(as_ids(out, prompt.device), prompt, mask)
+        generated = new_ids(as_ids(out, prompt.device), prompt, mask, max_new)
     except (TypeError, ValueError) as err:
         raise RuntimeError(f"OWAEventMetricsCallback cannot read what generate_fn returned at validation batch "
                            f"{batch_idx} ({type(err).__name__}: {err}). {GENERATE_NEEDS}") from err
@@ -84,11 +84,12 @@ def as_ids(out: Any, device) -> torch.Tensor:
                                                    if isinstance(out, torch.Tensor) else ""))
 
 
-def new_ids(rows: torch.Tensor, prompt: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def new_ids(rows: torch.Tensor, prompt: torch.Tensor, mask: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
     """The new ids [B, N] (-100 padded) of a generate_fn's rows [B, L] for the left-padded ``prompt`` [B, W]: each
     row's prompt ids are looked for in it; found in every row, ending at one column (the prompt as given, HF
     generate's output; or any left padding) or starting at column 0 (each row's own prompt), the new ids follow
-    them; found in none, the rows are the new ids alone. Anything else is a ValueError: never a silent cut."""
+    them; found in none, the rows are the new ids alone (at most ``max_new_tokens``: longer rows hold a prompt the
+    callback did not give, e.g. re-tokenized). Anything else is a ValueError: never a silent cut."""
     B, W = prompt.shape
     if rows.shape[0] != B:
         raise ValueError(f"got {rows.shape[0]} rows for {B} prompt rows")
@@ -104,8 +105,11 @@ def new_ids(rows: torch.Tensor, prompt: torch.Tensor, mask: torch.Tensor) -> tor
         begin = start + length  # the prompts as given (left-padded)
     elif bool(found.all()) and not bool(start.any()):
         begin = length  # each row's own prompt, then its new ids
-    elif not bool(found.any()):
+    elif not bool(found.any()) and rows.shape[1] <= max_new_tokens:
         begin = torch.zeros_like(length)  # the new ids alone
+    elif not bool(found.any()):
+        raise ValueError(f"rows of {rows.shape[1]} ids (more than max_new_tokens={max_new_tokens}) hold none of the "
+                         "prompts given")
     else:
         raise ValueError(f"rows {found.nonzero().squeeze(1).tolist()} hold their prompt (at columns "
                          f"{start[found].tolist()}), rows {(~found).nonzero().squeeze(1).tolist()} do not; every "
@@ -209,11 +213,15 @@ def _prompt_images(inputs: Mapping, ids: torch.Tensor, cut: torch.Tensor, image_
             (per_row == count * per).all())
     else:  # one entry per image
         tokens = torch.full((len(pixels),), total // max(len(pixels), 1), device=ids.device)
-    ends = tokens.cumsum(0)  # each image's run ends there among the batch's image tokens in order
+    ends = tokens.cumsum(0)  # each image's tokens end there among the batch's image tokens in order
     row_start = per_row.cumsum(0) - per_row
     lo, hi = row_start[:len(cut)], row_start[:len(cut)] + in_prompt
     bounds = torch.cat([ends.new_zeros(1), ends])
-    if not fits or int(tokens.sum()) != total or not bool(torch.isin(torch.cat([row_start, hi]), bounds).all()):
+    first = is_image & ~torch.nn.functional.pad(is_image[:, :-1], (1, 0))
+    run = first.flatten().cumsum(0)[is_image.flatten()]  # each image token's run of adjacent image tokens
+    fits = fits and int(tokens.sum()) == total and bool((run[(ends - tokens)[tokens > 0]] == run[
+        ends[tokens > 0] - 1]).all())  # an image's tokens are one run, or part of one (InternVL's tiles)
+    if not fits or not bool(torch.isin(torch.cat([row_start, hi]), bounds).all()):
         raise PromptInputsError(
             f"OWAEventMetricsCallback (generation): the batch's {total} image tokens (id {image_token_id}) do not "
             f"split into one run per image of pixel_values {tuple(pixels.shape)}"
