@@ -176,7 +176,7 @@ def _runs(ids, image):
     return torch.where(is_image, first.long().cumsum(0) - 1, -1)
 
 
-def family_data(family, tokenizer, vocab):
+def family_data(family, vocab):
     """Four sequences (a screen among the last 3 events of the first, none in the second) with their frames as the
     family's processor gives one sample; image k of item n is filled with 100 n + k + 1. Returns (items, images): each
     item's images, as the oracle reads them (pixels, and the Qwen grid)."""
@@ -239,7 +239,7 @@ def families():
         tokenizer = stand_in_tokenizer(list(dict.fromkeys([*prefix, token, *suffix, *videos])))
         config = family_config(family)
         vocab = VocabMap.from_tokenizer(tokenizer, config=config)
-        out[family] = (tokenizer, config, vocab, *family_data(family, tokenizer, vocab),
+        out[family] = (tokenizer, config, vocab, *family_data(family, vocab),
                        tiny_family_model(family, tokenizer))
     return out
 
