@@ -133,7 +133,10 @@ class OWAEventMetricsCallback(Callback):
     def on_validation_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
                                 batch_idx: int, dataloader_idx: int = 0) -> None:
         if trainer.sanity_checking and not self.log_sanity_check:
-            _check_outputs(outputs, batch, self.alignment)  # a wrong validation_step fails before training starts
+            if self.alignment == "generation":  # a batch generation cannot read fails before training starts
+                check_batch(batch, pl_module, self.metric.vocab, self.predict_events, self.generate_fn)
+            else:  # and so does a wrong validation_step
+                _find(outputs, batch)
             self._tags(batch)
             return
         self._update(trainer, pl_module, outputs, batch, batch_idx, dataloader_idx)
@@ -278,14 +281,6 @@ class OWAEventMetricsCallback(Callback):
         if changed:
             rank_zero_info(f"OWAEventMetricsCallback: resumed with settings other than the checkpoint's; using "
                            f"the new ones: {', '.join(changed)}")
-
-
-def _check_outputs(outputs: Any, batch: Any, alignment: str) -> None:
-    """Raise now, naming what is missing, if the callback could not read this batch."""
-    if alignment == "generation":
-        check_batch(batch)
-    else:
-        _find(outputs, batch)
 
 
 def _find(outputs: Any, batch: Any):
