@@ -12,15 +12,7 @@ from typing import Sequence
 import torch
 
 from .events.d2e import D2ERecording, common_range_ns, read_d2e_recording
-from .functional.d2e import D2EEvents, d2e_keys, d2e_states, shift_rows
-
-
-def bin_ns_of(bin_ms: float) -> int:
-    """A bin width in ms as whole ns (> 0), checked."""
-    ns = round(float(bin_ms) * 1_000_000)
-    if ns <= 0:
-        raise ValueError(f"bin_ms must be a positive number of milliseconds, got {bin_ms!r}")
-    return ns
+from .functional.d2e import D2EEvents, bin_ns_of, d2e_keys, d2e_states, shift_rows
 
 
 def recording_events(recording: D2ERecording, seq: int = 0) -> D2EEvents:

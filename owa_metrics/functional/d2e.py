@@ -69,6 +69,15 @@ def shift_rows(bin_shifts: Sequence[int] = ()) -> tuple[int, ...]:
     return tuple(sorted({0, *(int(k) for k in bin_shifts)}))
 
 
+def bin_ns_of(bin_ms: float) -> int:
+    """A bin width in ms as whole ns (> 0), checked."""
+    if isinstance(bin_ms, bool) or not isinstance(bin_ms, (int, float)) or not math.isfinite(bin_ms) or \
+            round(float(bin_ms) * 1_000_000) <= 0:
+        raise ValueError(f"bin_ms must be a positive number of milliseconds (upstream's D2E protocol: 50), got "
+                         f"{bin_ms!r}")
+    return round(float(bin_ms) * 1_000_000)
+
+
 def num_bins(start_ns: torch.Tensor, end_ns: torch.Tensor, bin_ns: int) -> torch.Tensor:
     """Bins of each range: ceil((end - start) / bin_ns), 0 where end <= start."""
     return torch.div((end_ns - start_ns).clamp(min=0) + bin_ns - 1, bin_ns, rounding_mode="floor")
@@ -218,3 +227,63 @@ def best_shift(by_shift: dict[int, dict[str, float]]) -> Optional[int]:
     if not scores:
         return None
     return min(scores, key=lambda k: (-scores[k], abs(k), k))
+
+
+# ------------------------------------------------------------------------------------------ decoded token sequences
+def batch_events(batch, window_ns: int) -> tuple[D2EEvents, D2EEvents, torch.Tensor, torch.Tensor]:
+    """``(truth, pred, start_ns, end_ns)`` of a decoded `EventBatch`: each side's valid keyboard and mouse events on
+    the row's time axis, and each row's range.
+
+    Times: with time pairing, the matching's absolute times (from the row's origin); otherwise the target's
+    timestamps unwrapped along the row from its first valid target event (`unwrap_ns`), the generated ones likewise
+    (generation), and under teacher forcing each prediction at its target's time plus the wrapped difference of
+    the two timestamps (in [-W/2, W/2); a prediction whose target does not decode has no time and is left out).
+    Range: [the row's origin (time pairing) or its first valid target event, its last valid target event]; as
+    upstream's end_time (the last message), the last event closes the range and falls outside it. A row with
+    fewer than two target times has no bins.
+    """
+    from ..decode.matching import unwrap_ns
+    from ..schema import Category, Status
+
+    t, seq, B = batch.target, batch.seq_idx.long(), batch.num_sequences
+    t_ok = t.status == int(Status.VALID)
+    tm = batch.time_matching
+    first = torch.full((B,), len(t_ok), dtype=torch.long, device=seq.device).scatter_reduce(
+        0, seq, torch.where(t_ok, torch.arange(len(t_ok), device=seq.device), len(t_ok)), "amin")
+    origin = torch.cat([t.timestamp_ns, t.timestamp_ns.new_zeros(1)]).index_select(0, first)
+    if tm is not None:
+        t_ns, origin = tm.target_ns, tm.origin_ns
+    else:
+        t_ns = unwrap_ns(seq, t.timestamp_ns, t_ok, origin, window_ns)
+    if batch.generated is not None:
+        p, p_seq = batch.generated, batch.generated_seq.long()
+        p_ok = p.status == int(Status.VALID)
+        p_ns = tm.generated_ns if tm is not None else unwrap_ns(p_seq, p.timestamp_ns, p_ok, origin, window_ns)
+    else:  # teacher forcing: one prediction per target row
+        p, p_seq = batch.pred, seq
+        p_ok = (p.status == int(Status.VALID)) & t_ok
+        half = window_ns // 2
+        p_ns = t_ns + torch.remainder(p.timestamp_ns - t.timestamp_ns + half, window_ns) - half
+    low, high = torch.iinfo(torch.long).min, torch.iinfo(torch.long).max
+    start = torch.full((B,), high, dtype=torch.long, device=seq.device).scatter_reduce(
+        0, seq, torch.where(t_ok, t_ns, high), "amin")
+    end = torch.full((B,), low, dtype=torch.long, device=seq.device).scatter_reduce(
+        0, seq, torch.where(t_ok, t_ns, low), "amax")
+    if tm is not None:
+        start = torch.where(end > low, origin, start)
+    start, end = torch.where(end > low, start, 0), torch.where(end > low, end, 0)  # no valid target: no bins
+    sides = []
+    for f, s, ok, ns in ((t, seq, t_ok, t_ns), (p, p_seq, p_ok, p_ns)):
+        key = (ok & (f.category == int(Category.KEYBOARD))).nonzero().squeeze(1)
+        mouse = (ok & ((f.category == int(Category.MOUSE_OP)) | (f.category == int(Category.MOUSE_NOP)))).nonzero(
+        ).squeeze(1)
+        pick = lambda x, at: x.index_select(0, at).long()  # noqa: E731
+        sides.append(D2EEvents(pick(s, key), pick(ns, key), pick(f.vk * 2 + f.action, key), pick(s, mouse),
+                               pick(ns, mouse), pick(f.dx, mouse), pick(f.dy, mouse), pick(f.button_flags, mouse)))
+    return sides[0], sides[1], start, end
+
+
+def batch_states(batch, window_ns: int, bin_ms: float, bin_shifts: Sequence[int] = ()) -> torch.Tensor:
+    """`d2e_states` of a decoded batch's rows (`batch_events`), one row per shift of `shift_rows`."""
+    truth, pred, start, end = batch_events(batch, window_ns)
+    return d2e_states(truth, pred, start, end, bin_ns_of(bin_ms), shift_rows(bin_shifts))
