@@ -8,6 +8,8 @@ the differences of consecutive positions, a click the raw flag of its button and
 
 from __future__ import annotations
 
+import bisect
+import functools
 import math
 import warnings
 
@@ -91,6 +93,7 @@ def perturb(src, dst, seed, clock_ns, pts0_ns):
     return write_mcap(dst, [(t + clock_ns, pts0_ns + t - first) for t in screens], keys, mice)
 
 
+@functools.lru_cache(maxsize=None)
 def _read(path):
     from mcap_owa.highlevel import OWAMcapReader
 
@@ -107,8 +110,8 @@ def _read(path):
 def oracle(truth_path, pred_path, bin_ms, empty_bins_as_correct=False, shift=0):
     """Every key of the protocol (a none left out; ``num_bins``: the bins compared), at shift k: true bin i against
     predicted bin i + k, over the bins where both exist."""
-    t0, t1, t_events = _read(truth_path)
-    p0, p1, p_events = _read(pred_path)
+    t0, t1, t_events = _read(str(truth_path))
+    p0, p1, p_events = _read(str(pred_path))
     start, end = max(t0, p0), min(t1, p1)
     assert end > start
     return oracle_events(t_events, p_events, start, end, bin_ms, empty_bins_as_correct, shift)
@@ -123,13 +126,15 @@ def oracle_events(t_events, p_events, start, end, bin_ms, empty_bins_as_correct=
         bins.append((b, min(b + size, end)))
         b = min(b + size, end)
 
+    starts = [a for a, _ in bins]
+
     def per_bin(events):
         out = [{"moves": [], "buttons": {}, "keys": {}} for _ in bins]
         for t, topic, d in events:
             if not start <= t <= end:
                 continue
-            i = next((i for i, (a, z) in enumerate(bins) if a <= t < z), None)
-            if i is None:  # at or after the last bin's end
+            i = bisect.bisect_right(starts, t) - 1  # the bin that starts at or before t
+            if t >= bins[i][1]:  # at or after the last bin's end
                 continue
             if topic == "mouse/raw":
                 if int(d.button_flags) == 0:

@@ -522,8 +522,8 @@ def _check_d2e(bin_ms, empty_bins_as_correct, bin_shifts) -> tuple:
                              "(upstream's is 50)")
         return None, (), False
     bin_ns_of(bin_ms)
-    if isinstance(bin_shifts, (str, bytes)) or not all(isinstance(k, (int, np.integer)) and not isinstance(k, bool)
-                                                       for k in bin_shifts):
+    whole = lambda k: isinstance(k, (int, np.integer)) and not isinstance(k, bool)  # noqa: E731
+    if isinstance(bin_shifts, (str, bytes)) or not hasattr(bin_shifts, "__iter__") or not all(map(whole, bin_shifts)):
         raise ValueError(f"bin_shifts must be whole numbers of bins, e.g. range(-3, 4), got {bin_shifts!r}")
     return float(bin_ms), tuple(int(k) for k in bin_shifts), bool(empty_bins_as_correct)
 
