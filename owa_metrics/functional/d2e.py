@@ -110,7 +110,7 @@ def d2e_states(truth: D2EEvents, pred: D2EEvents, start_ns: torch.Tensor, end_ns
         g, local, count = place(ev.mouse_seq, ev.mouse_ns)
         at = torch.where((g >= 0) & (ev.button_flags == 0), g, total)  # a spare last bin takes what is not a move
         sums = torch.stack([torch.bincount(at, ev.dx.double(), total + 1), torch.bincount(at, ev.dy.double(), total + 1)],
-                           1)[:total]  # integers, exact in float64
+                           1)[:total].double()  # integers, exact in float64 (no event: bincount gives int64)
         has = torch.bincount(at, minlength=total + 1)[:total] > 0
         kg, klocal, kcount = place(ev.key_seq, ev.key_ns)
         bits = ((ev.button_flags[:, None] & _BUTTON_BITS.to(device)) != 0) & (g >= 0)[:, None]
