@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import warnings
-from typing import Optional, Sequence, Union
+from typing import Literal, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -14,6 +14,7 @@ from ..decode import kernel as decode_kernel
 from ..decode.batch import _check_inputs, _Tables, batch_of_arrays, check_pairing, decode_batch, kernel_arrays
 from ..decode.event_batch import Alignment, Backend, EventBatch, Pairing
 from ..decode.matching import tolerance_ns
+from ..decode.screens import without_screen_events
 from ..functional import kernel as compiled
 from ..functional.declare import Given, GivenSamples, Samples, Shape, Sums
 from ..functional.plan import SAMPLE_SHIFT, Plan, accumulate
@@ -24,6 +25,9 @@ from ..schema import Status
 from ..tokens.codec import CodecConfig
 from ..tokens.vocab import VocabMap
 from .base import Distribution, Float64Metric, Mode, append_samples, cat_samples, check_statistics
+
+
+GeneratedScreens = Literal["context", "scored"]
 
 
 class InvalidTargetsWarning(UserWarning):
@@ -87,7 +91,8 @@ class OWAEventMetrics(Float64Metric):
                  sketch_range: tuple[float, float] = (1e-4, 1e8), num_resamples: int = 1000, seed: int = 42,
                  persistent: bool = False, backend: Backend = "auto", pairing: Pairing = "index",
                  tolerance_ms: Union[float, tuple[float, ...]] = 100.0, tags: Optional[Sequence[str]] = None,
-                 tag_keys: Union[None, str, Sequence[str]] = None, **kwargs):
+                 tag_keys: Union[None, str, Sequence[str]] = None, generated_screens: GeneratedScreens = "context",
+                 **kwargs):
         kwargs.setdefault("compute_with_cache", False)  # every compute() syncs, on every rank: no stale rank
         super().__init__(**kwargs)
         vocab = _vocab_map(vocab if vocab is not None else tokenizer, config, format)
@@ -99,6 +104,11 @@ class OWAEventMetrics(Float64Metric):
             raise ValueError(f"backend must be 'auto' (the CPU kernel for CPU tensors, else torch ops), 'kernel' or "
                              f"'torch', got {backend!r}")
         check_pairing(pairing, alignment)
+        if generated_screens not in ("context", "scored"):
+            raise ValueError(f"generated_screens must be 'context' (screens are what the model is shown: left out of "
+                             f"the pairing and every key) or 'scored' (a model that predicts screen timing), got "
+                             f"{generated_screens!r}")
+        self.generated_screens = generated_screens
         tolerance_ns(tolerance_ms, vocab.config.timestamp_window_ns)  # raises saying what is allowed
         sweep = tuple(tolerance_ms) if isinstance(tolerance_ms, (tuple, list)) else ()
         self.pairing, self.tolerance_ms = pairing, sweep or tolerance_ms
@@ -180,6 +190,7 @@ class OWAEventMetrics(Float64Metric):
             if token_loss is not None:
                 _check_token_loss(token_loss, target, self.alignment)
             preds, target = _check_inputs(preds, target, self.alignment)  # [B, T] int64
+            preds, target = self.scored_ids(preds, target)
             if logits is not None and logits.dim() == 2:
                 logits = logits[None]
             if token_loss is not None:
@@ -193,6 +204,17 @@ class OWAEventMetrics(Float64Metric):
                 pick = lambda x: x.index_select(0, index) if (  # noqa: E731
                     isinstance(x, torch.Tensor) and x.dim() and x.shape[0] == target.shape[0]) else x
                 self._update_ids(*map(pick, (preds, target, logits, token_loss, origin_ns)), tag)
+
+    def scored_ids(self, preds: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ids ``update`` scores: in generation with ``generated_screens="context"`` both sides without their
+        screen events (`without_screen_events`), else as given."""
+        if self._screens_are_context:
+            return without_screen_events(preds, self.vocab), without_screen_events(target, self.vocab)
+        return preds, target
+
+    @property
+    def _screens_are_context(self) -> bool:
+        return self.alignment == "generation" and self.generated_screens == "context"
 
     def _update_ids(self, preds: torch.Tensor, target: torch.Tensor, logits: Optional[torch.Tensor],
                     token_loss: Optional[torch.Tensor], origin_ns, tag: Optional[int] = None) -> None:
@@ -382,6 +404,8 @@ class OWAEventMetrics(Float64Metric):
             out.update(definition.compute(read))
         events = read["events"].events.clamp(min=1)
         out["status/invalid_target_rate"] = read["statuses"].raw[0, int(Status.INVALID_TARGET)] / events
+        if self._screens_are_context:  # no screen event was scored: no screen key (its count and ratio would be 0)
+            out = {k: v for k, v in out.items() if not k.startswith(("screen/", "detect/screen/"))}
         return out
 
     def _is_tag_key(self, key: str) -> bool:
@@ -404,7 +428,8 @@ class OWAEventMetrics(Float64Metric):
 
     def extra_repr(self) -> str:
         pairing = f", pairing={self.pairing}, tolerance_ms={self.tolerance_ms}" if self.pairing == "time" else ""
-        return f"{self.vocab.describe()}, alignment={self.alignment}{pairing}, mode={self.mode}"
+        screens = f", generated_screens={self.generated_screens}" if self.alignment == "generation" else ""
+        return f"{self.vocab.describe()}, alignment={self.alignment}{pairing}{screens}, mode={self.mode}"
 
     def error_histograms(self, bins: int = 50) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """``{name: (counts, edges)}`` of the signed timestamp error (ms), the mouse signed percent errors and
