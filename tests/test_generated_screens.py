@@ -101,12 +101,12 @@ def test_scored_screens_count_as_before(sessions, span, pairing):
 
 
 def test_screen_events_are_taken_out_whatever_their_span(sessions):
-    """By hand: the row's tokens without each screen event, from its <EVENT_START> through its <EVENT_END> (an
-    unclosed one up to the next <EVENT_START>), left-aligned and -100 padded."""
+    """By hand: each screen event's tokens, from its <EVENT_START> through its <EVENT_END> (an unclosed one up to the
+    next <EVENT_START> or the row's end), read as ignored labels; the rest stays where it is."""
     vocab, sequences = sessions
     s, e, scr = vocab.ids["<EVENT_START>"], vocab.ids["<EVENT_END>"], vocab.ids["<SCREEN>"]
     key = vocab.encode([x for x in sequences[0] if x.kind != "screen"][:2])
-    rows = [[1, s, scr, 2, e] + key + [s, scr, 1, 1] + key, [s, scr, e, -100, s, scr, 2, 2]]
-    width = len(rows[0])
-    out = without_screen_events(_pad(rows), vocab).tolist()
-    assert out == [[1] + key + key + [-100] * (width - 1 - 2 * len(key)), [-100] * width]
+    n = len(key)
+    rows = [[1, s, scr, 2, e] + key + [s, scr, 1, 1] + key, [s, scr, e, -100, s, scr, 2, 2] + [-100] * (2 * n + 1)]
+    want = [[1] + [-100] * 4 + key + [-100] * 4 + key, [-100] * (2 * n + 9)]
+    assert without_screen_events(torch.tensor(rows), vocab).tolist() == want

@@ -206,11 +206,14 @@ class OWAEventMetrics(Float64Metric):
                 self._update_ids(*map(pick, (preds, target, logits, token_loss, origin_ns)), tag)
 
     def scored_ids(self, preds: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The ids ``update`` scores: in generation with ``generated_screens="context"`` both sides without their
-        screen events (`without_screen_events`), else as given."""
-        if self._screens_are_context:
-            return without_screen_events(preds, self.vocab), without_screen_events(target, self.vocab)
-        return preds, target
+        """The ids ``update`` scores: in generation with ``generated_screens="context"`` both sides' screen events
+        set to -100 (`without_screen_events`, both sides in one pass), else as given."""
+        if not self._screens_are_context:
+            return preds, target
+        width, B = max(preds.shape[1], target.shape[1]), preds.shape[0]
+        pad = lambda x: torch.nn.functional.pad(x, (0, width - x.shape[1]), value=-100)  # noqa: E731
+        both = without_screen_events(torch.cat([pad(preds), pad(target)]), self.vocab)
+        return both[:B, :preds.shape[1]], both[B:, :target.shape[1]]
 
     @property
     def _screens_are_context(self) -> bool:
