@@ -133,7 +133,7 @@ def _evaluate(pred: Path, target: Path, mode: str, json_path: Path | None, forma
     from .report import format_report
 
     print(format_report(report, f"OWA event metrics: {pred.name} vs {target.name}", alignment="generation"))
-    lines = [_cli_words(w.message) for w in caught] + evaluation_warnings(report, pred, target)
+    lines = [_cli_words(w.message) for w in caught] + evaluation_warnings(report, pred, target, generated_screens)
     for line in lines:
         print(f"owa-metrics evaluate: warning: {line}", file=sys.stderr)
     if json_path:

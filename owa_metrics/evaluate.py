@@ -135,13 +135,15 @@ def _read_mcap(path: Path, data: bytes) -> list[Event]:
         raise InputError(f"{path}: unreadable MCAP recording ({type(err).__name__}: {err})") from None
 
 
-def evaluation_warnings(report: dict, pred_path, target_path) -> list[str]:
+def evaluation_warnings(report: dict, pred_path, target_path, generated_screens: str = "context") -> list[str]:
     """What a person must know before trusting the numbers, besides `evaluate`'s warnings: a target without events,
     a prediction of which no event decodes."""
     out = []
     decoded = report.get("status/valid", 0) + report.get("status/type_mismatch", 0)
     if report.get("count/target_events", 0) == 0:
-        out.append(f"{target_path}: no true event (no <EVENT_START> ... <EVENT_END> span)")
+        context = ("; screens are context, left out (--generated-screens scored scores them)"
+                   if generated_screens == "context" else "")
+        out.append(f"{target_path}: no true event (no <EVENT_START> ... <EVENT_END> span){context}")
     elif report.get("count/valid_target_events", 0) and decoded == 0:
         out.append(f"{pred_path}: no predicted event decodes ({int(report.get('count/pred_events', 0))} event spans "
                    "found): every true event counts as missing or invalid")

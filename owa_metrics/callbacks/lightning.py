@@ -247,7 +247,7 @@ class OWAEventMetricsCallback(Callback):
     def _sample_rows(self, run: _Run) -> list[list[str]]:
         if not run.kept:
             return []
-        preds, target = _stack(run.kept)
+        preds, target = run.metric.scored_ids(*_stack(run.kept))  # what the metric scored (screens as context)
         batch = decode_batch(preds, target, run.metric.vocab, self.alignment, pairing=self.pairing,
                              tolerance_ms=self.tolerance_ms,
                              origin_ns=torch.tensor(run.origins) if self.pairing == "time" else None)
