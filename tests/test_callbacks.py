@@ -375,9 +375,9 @@ def _csv_row(out):
 
 @pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn"])
 def test_ddp_fit_with_every_default_logs_what_one_process_logs(tmp_path, strategy):
-    """2 processes (gloo), the callbacks' defaults with TensorBoard and CSV loggers: fit finishes (a hang fails within
-    the process group's timeout) and every logged value equals one process's; generation's max_sequences counts over
-    both ranks."""
+    """2 processes (gloo), the callbacks' defaults with TensorBoard and CSV loggers, 7 sequences: fit finishes (a hang
+    fails within the process group's timeout) and every logged value equals one process's, the sampler's padding
+    dropped (issue 32); generation's max_sequences counts over both ranks."""
     import subprocess
     import sys
     from pathlib import Path
@@ -393,7 +393,8 @@ def test_ddp_fit_with_every_default_logs_what_one_process_logs(tmp_path, strateg
     one, two = _csv_row(tmp_path / "one"), _csv_row(tmp_path / "two")
     assert one.keys() == two.keys() and "val/owa/keyboard/accuracy" in one and "val.owa_gen.count/sequences" in one
     assert all(close(two[k], one[k], 1e-6) for k in one), {k: (two[k], one[k]) for k in one if not close(two[k], one[k])}
-    assert two["val.owa.count/sequences"] == 12 and two["val.owa_gen.count/sequences"] == ddp_fit.GENERATED
+    # each sequence once (issue 32: the sampler's padding dropped), generation from all of them
+    assert two["val.owa.count/sequences"] == ddp_fit.SEQUENCES == two["val.owa_gen.count/sequences"]
     for logger in ("csv", "tb"):  # each callback's report, in each logger's run
         for prefix in ("owa", "owa_gen"):
             report = json.loads((tmp_path / "two" / logger / "version_0" / "owa_metrics" / "val" / prefix /
