@@ -53,7 +53,10 @@ class OWAEventMetricsCallback(Callback):
     split the validation set evenly); the sequence minus its last ``predict_events`` events is the prompt; greedy
     ``generate`` (or ``generate_fn``, see `generation`) continues it, and the generated events are paired with the
     true ones by index, or with ``pairing="time"`` matched within ``tolerance_ms`` on the time axis unwrapped from
-    the prompt's last event (`generation.last_event_ns`).
+    the prompt's last event (`generation.last_event_ns`), both on their actions: screens are what the model is
+    shown (``generated_screens="scored"``, passed to `OWAEventMetrics`, scores them too). Under DDP the rows by
+    which a `DistributedSampler` pads the ranks are dropped (`real_rows`), so each sequence counts once; with a
+    sampler whose padding cannot be told, that is warned once.
 
     Every rank computes (the metric syncs); then rank zero adds, each switchable: histograms of the errors, the
     category confusion matrix as a figure, a sample table (TensorBoard, W&B: up to 24 events of the epoch's first
