@@ -233,7 +233,7 @@ def test_generation_mode_counts_and_survives_garbage(tmp_path, tokenizer, vocab)
 
     for name, generate_fn in (("perfect", oracle_generate), ("lists", oracle_lists), ("random", None)):
         callback = OWAEventMetricsCallback(tokenizer, alignment="generation", predict_events=3, max_sequences=6,
-                                           generate_fn=generate_fn, max_new_tokens=120)
+                                           generate_fn=generate_fn, max_new_tokens=120, generated_screens="scored")
         trainer = _trainer(tmp_path / name, callback, CSVLogger(tmp_path / name), epochs=1)
         trainer.validate(TinyLM(vocab.size), val)
         logs[name] = {k: float(v) for k, v in trainer.callback_metrics.items()}
@@ -498,7 +498,7 @@ def test_generation_by_time_uses_the_prompts_last_event_as_origin(tmp_path, toke
         return [r + [-100] * (width - len(r)) for r in rows]
 
     callback = OWAEventMetricsCallback(tokenizer, alignment="generation", pairing="time", predict_events=3,
-                                       max_sequences=6, generate_fn=skip_first)
+                                       max_sequences=6, generate_fn=skip_first, generated_screens="scored")
     trainer = _trainer(tmp_path, callback, False, epochs=1)
     trainer.validate(TinyLM(vocab.size), val)
     logged = {k: float(v) for k, v in report_of(trainer.callback_metrics).items()}
@@ -575,7 +575,8 @@ def test_teacher_forcing_and_generation_callbacks_checkpoint_and_resume_with_new
     def callbacks(prefix, mode):
         return [OWAEventMetricsCallback(tokenizer, prefix=prefix, mode=mode),
                 OWAEventMetricsCallback(tokenizer, alignment="generation", prefix="val/owa_gen/", mode=mode,
-                                        max_sequences=2, predict_events=1, max_new_tokens=20)]
+                                        max_sequences=2, predict_events=1, max_new_tokens=20,
+                                        generated_screens="scored")]
 
     def fit(epochs, logger, prefix, mode, **kwargs):
         cbs = callbacks(prefix, mode)
