@@ -72,9 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--pairing", choices=["index", "time"], default="index",
                           help="pair the k-th events (index) or match events within --tolerance-ms (time) "
                                "(default index)")
-    evaluate.add_argument("--tolerance-ms", type=float, nargs="+", default=[100.0],
-                          help="time pairing's tolerance in ms (default 100); several: detection at each "
-                               "(detect/f1@{t}ms, ..., detect/f1_mean), the first pairs")
+    evaluate.add_argument("--tolerance-ms", type=float, nargs="+",
+                          help="time pairing's tolerance in ms (default 100; needs --pairing time); several: "
+                               "detection at each (detect/f1@{t}ms, ..., detect/f1_mean), the first pairs")
     evaluate.add_argument("--generated-screens", choices=["context", "scored"], default="context",
                           help="context: screens are what the model is shown, left out of the pairing and every "
                                "key (the predictions are scored on their actions); scored: screens are paired and "
@@ -104,7 +104,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"owa-metrics demo: {err}".splitlines()[0], file=sys.stderr)
             return 2
     if args.command == "evaluate":
-        tolerance_ms = args.tolerance_ms[0] if len(args.tolerance_ms) == 1 else tuple(args.tolerance_ms)
+        if args.tolerance_ms is not None and args.pairing != "time":  # it would have no effect: say so
+            print("owa-metrics evaluate: --tolerance-ms is the tolerance of --pairing time: add --pairing time to "
+                  "match events within it, or leave --tolerance-ms out (index pairing matches nothing by time)",
+                  file=sys.stderr)
+            return 2
+        tolerance_ms = None if args.tolerance_ms is None else \
+            args.tolerance_ms[0] if len(args.tolerance_ms) == 1 else tuple(args.tolerance_ms)
         return _evaluate(args.pred, args.target, args.mode, args.json, args.format, args.strict, args.pairing,
                          tolerance_ms, args.generated_screens, args.image_tokens)
     parser.print_help()
@@ -112,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _evaluate(pred: Path, target: Path, mode: str, json_path: Path | None, format: str | None, strict: bool,
-              pairing: str = "index", tolerance_ms: float | tuple = 100.0, generated_screens: str = "context",
+              pairing: str = "index", tolerance_ms: float | tuple | None = None, generated_screens: str = "context",
               image_tokens: str | None = None) -> int:
     import json
     import warnings

@@ -19,7 +19,7 @@ from typing import Optional, Union
 import torch
 
 from .schema import Event
-from .metrics.collection import InvalidTargetsWarning, OWAEventMetrics
+from .metrics.collection import MAX_TAGS, InvalidTargetsWarning, OWAEventMetrics, is_tag_name
 from .tokens.codec import FORMATS, CodecConfig, EventCodec, EventEncodeError, possible_formats
 from .tokens.vocab import IMAGE_CONVENTIONS, VocabMap, build_tokenizer, image_tokens as read_image_tokens
 
@@ -92,8 +92,9 @@ def read_tagged(path: str | Path) -> tuple[list[str] | list[Event], Optional[lis
             if not isinstance(line, str):
                 raise InputError(f"{path}:{number}: expected a string or an object with a 'text' field")
             tag = item.get("tag") if isinstance(item, dict) else None
-            if tag is not None and not (isinstance(tag, str) and tag and "/" not in tag):
-                raise InputError(f"{path}:{number}: 'tag' must be a name (a non-empty string without '/'), got {tag!r}")
+            if tag is not None and not is_tag_name(tag):
+                raise InputError(f"{path}:{number}: 'tag' must be a name (a non-empty printable string without '/': "
+                                 f"no line break or other control character), got {tag!r}")
         texts.append(line.strip())
         tags.append(tag)
     if not any(texts):
@@ -129,8 +130,8 @@ def _read_mcap(path: Path, data: bytes) -> list[Event]:
 
     try:
         return read_recording(path)
-    except ImportError:
-        raise
+    except ImportError as err:  # the optional extra is missing: still an ImportError, naming the file
+        raise ImportError(f"{path}: {err}") from err
     except Exception as err:  # noqa: BLE001 - the reader's own errors say little: name the file
         raise InputError(f"{path}: unreadable MCAP recording ({type(err).__name__}: {err})") from None
 
@@ -194,7 +195,7 @@ def _ids(path, contents, tokenizer, vocab: VocabMap) -> list[list[int]]:
 
 
 def evaluate(pred_path, target_path, mode: str = "exact", batch_size: int = 16, progress: bool = True,
-             format: Optional[str] = None, pairing: str = "index", tolerance_ms: Union[float, tuple] = 100.0,
+             format: Optional[str] = None, pairing: str = "index", tolerance_ms: Union[None, float, tuple] = None,
              generated_screens: str = "context", image_tokens: Optional[str] = None) -> dict:
     """``OWAEventMetrics(alignment="generation", pairing=, tolerance_ms=, generated_screens=)`` over the paired
     sequences of two files, in ``format`` (guessed from the files' tokens when None, see `guess_format`;
@@ -225,8 +226,13 @@ def evaluate(pred_path, target_path, mode: str = "exact", batch_size: int = 16, 
     metric = OWAEventMetrics(vocab=vocab, alignment="generation", mode=mode, pairing=pairing, tolerance_ms=tolerance_ms,
                              tags=sorted(set(tags)) if tags else None, generated_screens=generated_screens)
     for first in tqdm(range(0, len(targets), batch_size), desc="evaluate", unit="batch", disable=not progress):
-        metric.update(_pad(preds[first:first + batch_size]), _pad(targets[first:first + batch_size]),
-                      tags=tags[first:first + batch_size] if tags else None)
+        try:
+            metric.update(_pad(preds[first:first + batch_size]), _pad(targets[first:first + batch_size]),
+                          tags=tags[first:first + batch_size] if tags else None)
+        except ValueError as err:  # a limit these sequences meet (e.g. events per update): name their lines
+            last = min(first + batch_size, len(targets))
+            lines = f":{first + 1}-{last}" if isinstance(target_contents[0], str) else ""
+            raise InputError(f"{target_path}{lines} (and {pred_path}): {err}") from None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         report = {k: float(v) for k, v in metric.compute().items()}
@@ -253,7 +259,8 @@ def screen_tokens_lacking(contents: list[str] | list[Event], tokenizer, vocab: V
 
 
 def _tags(*files: tuple) -> Optional[list[str]]:
-    """Each sequence's tag: from the files (path, tags) that have tags, which must then agree and tag every line."""
+    """Each sequence's tag: from the files (path, tags) that have tags, which must then agree, tag every line and
+    hold at most `MAX_TAGS` distinct tags."""
     tagged = [(path, tags) for path, tags in files if tags is not None]
     for path, tags in tagged:
         if None in tags:
@@ -263,7 +270,18 @@ def _tags(*files: tuple) -> Optional[list[str]]:
         k = next(k for k, (a, b) in enumerate(zip(tagged[0][1], tagged[1][1])) if a != b)
         raise InputError(f"{tagged[0][0]}:{k + 1} is tagged {tagged[0][1][k]!r} but {tagged[1][0]}:{k + 1} "
                          f"{tagged[1][1][k]!r}: tag one file, or both alike")
-    return tagged[0][1] if tagged else None
+    if not tagged:
+        return None
+    path, tags = tagged[0]
+    first = {}  # each tag's first line
+    for number, tag in enumerate(tags, 1):
+        first.setdefault(tag, number)
+    if len(first) > MAX_TAGS:
+        name, number = list(first.items())[MAX_TAGS]
+        raise InputError(f"{path}:{number}: {len(first)} distinct tags, at most {MAX_TAGS} (the tag {name!r} here is "
+                         f"the {MAX_TAGS + 1}th; each tag keeps a copy of every state): group rare tags into one (e.g. "
+                         "'other') or tag by a coarser label")
+    return tags
 
 
 def _pad(rows: list[list[int]]) -> torch.Tensor:

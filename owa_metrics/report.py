@@ -82,10 +82,13 @@ def tag_rows(metrics: dict) -> tuple[list[str], dict[str, dict]]:
 
 
 def tag_table(metrics: dict) -> Optional[str]:
-    """`tag_rows` as a markdown table, a row per tag and a column per key ("–": no value); None without any."""
+    """`tag_rows` as a markdown table, a row per tag and a column per key ("–": no value); None without any. A tag's
+    name is one cell whatever it holds: ``\\`` and ``|`` are escaped (markdown reads ``\\|`` as ``|``; a name holds
+    no line break: `OWAEventMetrics` refuses it)."""
     columns, rows = tag_rows(metrics)
     if not rows:
         return None
+    rows = {name.replace("\\", "\\\\").replace("|", "\\|"): row for name, row in rows.items()}  # one cell each
     lines = ["| tag | " + " | ".join(columns) + " |", "|---" + "|---:" * len(columns) + "|"]
     return "\n".join(lines + [f"| {name} | " + " | ".join(format_number(row.get(key), unit_of(key)) for key in columns)
                               + " |" for name, row in rows.items()])

@@ -52,11 +52,12 @@ class OWAEventMetricsCallback(Callback):
     share, ``max_sequences / world_size``, so that a DDP run scores what one process scores when the ranks' batches
     split the validation set evenly); the sequence minus its last ``predict_events`` events is the prompt; greedy
     ``generate`` (or ``generate_fn``, see `generation`) continues it, and the generated events are paired with the
-    true ones by index, or with ``pairing="time"`` matched within ``tolerance_ms`` on the time axis unwrapped from
-    the prompt's last event (`generation.last_event_ns`), both on their actions: screens are what the model is
-    shown (``generated_screens="scored"``, passed to `OWAEventMetrics`, scores them too). Under DDP the rows by
-    which a `DistributedSampler` pads the ranks are dropped (`real_rows`), so each sequence counts once; with a
-    sampler whose padding cannot be told, that is warned once.
+    true ones by index, or with ``pairing="time"`` matched within ``tolerance_ms`` (default 100; with another pairing
+    it has no effect and is refused) on the time axis unwrapped from the prompt's last event
+    (`generation.last_event_ns`), both on their actions: screens are what the model is shown
+    (``generated_screens="scored"``, passed to `OWAEventMetrics`, scores them too). Under DDP the rows by which a
+    `DistributedSampler` pads the ranks are dropped (`real_rows`), so each sequence counts once; with a sampler
+    whose padding cannot be told, that is warned once.
 
     Every rank computes (the metric syncs); then rank zero adds, each switchable: histograms of the errors, the
     category confusion matrix as a figure, a sample table (TensorBoard, W&B: up to 24 events of the epoch's first
@@ -80,7 +81,7 @@ class OWAEventMetricsCallback(Callback):
                 "artifacts", "artifacts_dir", "log_sanity_check")
 
     def __init__(self, tokenizer, *, alignment: Literal["teacher_forcing", "generation"] = "teacher_forcing",
-                 pairing: Pairing = "index", tolerance_ms: Union[float, tuple] = 100.0, mode: Mode = "exact",
+                 pairing: Pairing = "index", tolerance_ms: Union[None, float, tuple] = None, mode: Mode = "exact",
                  prefix: str = "val/owa/", test_prefix: Optional[str] = None, log_loss: bool = True,
                  every_n_batches: int = 1, max_sequences: int = 32, predict_events: int = 4,
                  max_new_tokens: Optional[int] = None, generate_fn: Optional[Callable] = None,
@@ -124,7 +125,7 @@ class OWAEventMetricsCallback(Callback):
                 raise ValueError(f"two OWAEventMetricsCallback log under prefix {self.prefix!r} / test_prefix "
                                  f"{self.test_prefix!r}: give each its own prefix= (e.g. prefix='val/owa_gen/' for "
                                  "the generation one)")
-        pairing = f", pairing=time (tolerance {self.tolerance_ms} ms)" if self.pairing == "time" else ""
+        pairing = f", pairing=time (tolerance {self.metric.tolerance_ms} ms)" if self.pairing == "time" else ""
         rank_zero_info(f"OWAEventMetricsCallback: {self.metric.vocab.describe()}; alignment={self.alignment}"
                        f"{pairing}, mode={self.mode}")
 
@@ -137,7 +138,10 @@ class OWAEventMetricsCallback(Callback):
     def on_validation_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
                                 batch_idx: int, dataloader_idx: int = 0) -> None:
         if trainer.sanity_checking and not self.log_sanity_check:
-            _check_outputs(outputs, batch, self.alignment)  # a wrong validation_step fails before training starts
+            if self.alignment == "generation":  # a batch generation cannot read fails before training starts
+                check_batch(batch, pl_module, self.metric.vocab, self.predict_events, self.generate_fn)
+            else:  # and so does a wrong validation_step
+                _find(outputs, batch)
             self._tags(batch)
             return
         self._update(trainer, pl_module, outputs, batch, batch_idx, dataloader_idx)
@@ -306,14 +310,6 @@ class OWAEventMetricsCallback(Callback):
         if changed:
             rank_zero_info(f"OWAEventMetricsCallback: resumed with settings other than the checkpoint's; using "
                            f"the new ones: {', '.join(changed)}")
-
-
-def _check_outputs(outputs: Any, batch: Any, alignment: str) -> None:
-    """Raise now, naming what is missing, if the callback could not read this batch."""
-    if alignment == "generation":
-        check_batch(batch)
-    else:
-        _find(outputs, batch)
 
 
 def _find(outputs: Any, batch: Any):

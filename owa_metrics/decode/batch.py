@@ -32,7 +32,7 @@ from ..tokens.format import FIELDS, MAX_BOUND
 from ..tokens.vocab import VocabMap
 from . import kernel
 from .event_batch import Alignment, Backend, EventBatch, EventFields, Pairing
-from .matching import pair_by_time, tolerance_ns
+from .matching import DEFAULT_TOLERANCE_MS, pair_by_time, tolerance_ns
 
 IGNORE_INDEX = -100
 _N_ROLES = ROLE_MASK + 2  # the roles and NO_ROLE: a span without a type token
@@ -53,7 +53,8 @@ def align_teacher_forcing(preds_or_logits: torch.Tensor, labels: torch.Tensor) -
 
 def decode_batch(preds: torch.Tensor, target: torch.Tensor, vocab: VocabMap,
                  alignment: Alignment = "teacher_forcing", backend: Backend = "auto", pairing: Pairing = "index",
-                 tolerance_ms: float = 100.0, origin_ns: Union[None, int, torch.Tensor] = None) -> EventBatch:
+                 tolerance_ms: Union[None, float, tuple] = None, origin_ns: Union[None, int, torch.Tensor] = None
+                 ) -> EventBatch:
     """Decode predicted and target token ids into an `EventBatch` (one row per target event).
 
     ``target`` [B, T] may hold -100 (ignored: padding, image labels). Teacher forcing: ``preds`` [B, T] is
@@ -61,9 +62,10 @@ def decode_batch(preds: torch.Tensor, target: torch.Tensor, vocab: VocabMap,
     (pad them with -100), paired event by event with the target's. Malformed events become rows with a
     status; nothing raises. ``backend``: ``"auto"`` runs the compiled CPU kernel (`owa_metrics.decode.kernel`)
     for CPU tensors and the torch ops elsewhere; ``"torch"`` / ``"kernel"`` force one (the same results).
-    ``pairing="time"`` (generation only) matches generated events to true ones within ``tolerance_ms`` on the
-    time axis unwrapped from ``origin_ns`` (one or [B]; default / negative: each row's first valid target event)
-    instead of by index: see `owa_metrics.decode.matching`.
+    ``pairing="time"`` (generation only) matches generated events to true ones within ``tolerance_ms`` (default
+    100; refused with index pairing, where it has no effect) on the time axis unwrapped from ``origin_ns`` (one or
+    [B]; default / negative: each row's first valid target event) instead of by index: see
+    `owa_metrics.decode.matching`.
     """
     preds, target = _check_inputs(preds, target, alignment)
     if not isinstance(vocab, VocabMap):
@@ -71,24 +73,30 @@ def decode_batch(preds: torch.Tensor, target: torch.Tensor, vocab: VocabMap,
                         "with owa_metrics.VocabMap.from_tokenizer(tokenizer) and pass that")
     if backend not in ("auto", "torch", "kernel"):
         raise ValueError(f"backend must be 'auto', 'torch' or 'kernel', got {backend!r}")
-    check_pairing(pairing, alignment)
+    check_pairing(pairing, alignment, tolerance_ms)
     if pairing == "time":  # each side decoded on its own (its target side against itself), then matched
         window_ns = vocab.config.timestamp_window_ns
+        tolerance = tolerance_ns(DEFAULT_TOLERANCE_MS if tolerance_ms is None else tolerance_ms, window_ns)
         true, generated = (decode_batch(ids, ids, vocab, "teacher_forcing", backend) for ids in (target, preds))
-        return pair_by_time(true, generated, window_ns, tolerance_ns(tolerance_ms, window_ns), origin_ns, backend)
+        return pair_by_time(true, generated, window_ns, tolerance, origin_ns, backend)
     layouts = _Tables.get(vocab.config, target.device)
     if backend == "kernel" or (backend == "auto" and target.device.type == "cpu" and kernel.available()):
         return _decode_with_kernel(preds, target, vocab, alignment, layouts)
     return _decode_with_torch(preds, target, vocab, alignment, layouts)
 
 
-def check_pairing(pairing: Pairing, alignment: Alignment) -> None:
-    """Raise if ``pairing`` is unknown or does not apply to ``alignment``."""
+def check_pairing(pairing: Pairing, alignment: Alignment, tolerance_ms=None) -> None:
+    """Raise if ``pairing`` is unknown or does not apply to ``alignment``, or if a ``tolerance_ms`` is given to a
+    pairing that matches nothing by time (it would have no effect)."""
     if pairing not in ("index", "time"):
         raise ValueError(f"pairing must be 'index' or 'time', got {pairing!r}")
     if pairing == "time" and alignment != "generation":
         raise ValueError("pairing='time' matches generated events to true ones: use it with alignment='generation' "
                          "(teacher forcing pairs every position with itself)")
+    if tolerance_ms is not None and pairing != "time":
+        raise ValueError(f"tolerance_ms={tolerance_ms!r} has no effect with pairing='index' ({alignment}): no event "
+                         "is matched by time. Pass alignment='generation', pairing='time' to match within it, or "
+                         "leave tolerance_ms out")
 
 
 def _decode_with_kernel(preds, target, vocab: VocabMap, alignment: Alignment, layouts: "_Tables") -> EventBatch:

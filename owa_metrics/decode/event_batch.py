@@ -28,9 +28,9 @@ class TimeMatching:
     invalid generated events (FP of no category). ``detection_error_ms`` [detection matches]: |a_p - a_t|.
     ``extra_events``: valid generated events paired with nothing; ``invalid_pred_events``: generated event
     spans that do not decode. ``target_ns`` [n_target_events] / ``generated_ns`` [every generated event span]:
-    the absolute times (`unwrap_ns`; 0 where the event does not decode). A tolerance sweep: ``sweep_ns`` its
-    tolerances (ns), ``sweep_counts`` [len(sweep_ns), 3, N_CAT + 1] the detection counts at each (the first:
-    ``detection_counts``).
+    the absolute times (`unwrap_ns`; 0 where the event does not decode). ``tolerance_ns``: the tolerance the
+    detection and the pairs were matched at (a sweep's first). A tolerance sweep: ``sweep_ns`` its tolerances (ns),
+    ``sweep_counts`` [len(sweep_ns), 3, N_CAT + 1] the detection counts at each (the first: ``detection_counts``).
     """
 
     detection: torch.Tensor
@@ -41,6 +41,7 @@ class TimeMatching:
     invalid_pred_events: torch.Tensor
     target_ns: torch.Tensor
     generated_ns: torch.Tensor
+    tolerance_ns: int
     sweep_ns: tuple = ()
     sweep_counts: Optional[torch.Tensor] = None
 

@@ -24,6 +24,7 @@ from .event_batch import Backend, EventBatch, EventFields, TimeMatching
 N_CAT = len(CATEGORY_NAMES)
 STEP_BACK_NS = 1_000_000_000  # a step of more than W - 1 s is a step back (the generated time went backwards)
 _ROW_SHIFT, _CATEGORY_SHIFT = 2 ** 40, 2 ** 34  # match keys packed into one int64: row, category, detail
+DEFAULT_TOLERANCE_MS = 100.0  # pairing="time" without a tolerance_ms
 
 
 def tolerance_ns(tolerance_ms: Union[float, tuple], window_ns: int) -> Union[int, tuple[int, ...]]:
@@ -212,7 +213,8 @@ def match_by_time(target: EventFields, target_seq: torch.Tensor, pred: EventFiel
     in_pair = _marked(paired, len(p_ok))
     return TimeMatching(detection=detection, paired=paired, detection_counts=swept[0], detection_error_ms=error_ms,
                         extra_events=(p_ok & ~in_pair).sum(), invalid_pred_events=(~p_ok).sum(), target_ns=t_abs,
-                        generated_ns=p_abs, sweep_ns=sweep, sweep_counts=swept if sweep else None)
+                        generated_ns=p_abs, tolerance_ns=tolerance_ns, sweep_ns=sweep,
+                        sweep_counts=swept if sweep else None)
 
 
 def _sweep_match(t_key: torch.Tensor, t_ns: torch.Tensor, p_key: torch.Tensor, p_ns: torch.Tensor,

@@ -13,7 +13,7 @@ from torchmetrics.utilities import rank_zero_warn
 from ..decode import kernel as decode_kernel
 from ..decode.batch import _check_inputs, _Tables, batch_of_arrays, check_pairing, decode_batch, kernel_arrays
 from ..decode.event_batch import Alignment, Backend, EventBatch, Pairing
-from ..decode.matching import tolerance_ns
+from ..decode.matching import DEFAULT_TOLERANCE_MS, tolerance_ns
 from ..decode.screens import without_screen_events
 from ..functional import kernel as compiled
 from ..functional.declare import Given, GivenSamples, Samples, Shape, Sums
@@ -66,7 +66,8 @@ class OWAEventMetrics(Float64Metric):
     decoder (`decode_batch`: the compiled CPU kernel for CPU tensors by default, else torch ops).
 
     Generation pairs the k-th generated event with the k-th true one (``pairing="index"``), or matches them
-    within ``tolerance_ms`` on the unwrapped time axis (``pairing="time"``, see `owa_metrics.decode.matching`;
+    within ``tolerance_ms`` (default 100) on the unwrapped time axis (``pairing="time"``, see
+    `owa_metrics.decode.matching`; a ``tolerance_ms`` with index pairing, where it has no effect, is refused;
     ``update(..., origin_ns=)`` gives each row's origin, by default its first valid target event): the pairs feed
     every metric, and the detection matches add ``detect/{category}/precision|recall|f1``, the micro
     ``detect/precision|recall|f1``, ``detect/time_error_abs_p50_ms`` and ``count/invalid_pred_events``. A tuple
@@ -94,7 +95,7 @@ class OWAEventMetrics(Float64Metric):
                  format: Optional[str] = None, alignment: Alignment = "teacher_forcing", mode: Mode = "exact", relative_accuracy: float = 0.005,
                  sketch_range: tuple[float, float] = (1e-4, 1e8), num_resamples: int = 1000, seed: int = 42,
                  persistent: bool = False, backend: Backend = "auto", pairing: Pairing = "index",
-                 tolerance_ms: Union[float, tuple[float, ...]] = 100.0, tags: Optional[Sequence[str]] = None,
+                 tolerance_ms: Union[None, float, tuple[float, ...]] = None, tags: Optional[Sequence[str]] = None,
                  tag_keys: Union[None, str, Sequence[str]] = None, generated_screens: GeneratedScreens = "context",
                  **kwargs):
         kwargs.setdefault("compute_with_cache", False)  # every compute() syncs, on every rank: no stale rank
@@ -107,13 +108,15 @@ class OWAEventMetrics(Float64Metric):
         if backend not in ("auto", "kernel", "torch"):
             raise ValueError(f"backend must be 'auto' (the CPU kernel for CPU tensors, else torch ops), 'kernel' or "
                              f"'torch', got {backend!r}")
-        check_pairing(pairing, alignment)
+        check_pairing(pairing, alignment, tolerance_ms)  # a tolerance_ms needs pairing="time"
         if generated_screens not in ("context", "scored"):
             raise ValueError(f"generated_screens must be 'context' (screens are what the model is shown: left out of "
                              f"the pairing and every key) or 'scored' (a model that predicts screen timing), got "
                              f"{generated_screens!r}")
         self.generated_screens = generated_screens
-        tolerance_ns(tolerance_ms, vocab.config.timestamp_window_ns)  # raises saying what is allowed
+        if pairing == "time":  # the tolerance checked (raises saying what is allowed), kept in ns to compare
+            tolerance_ms = DEFAULT_TOLERANCE_MS if tolerance_ms is None else tolerance_ms
+            self._tolerance_ns = tolerance_ns(tolerance_ms, vocab.config.timestamp_window_ns)
         sweep = tuple(tolerance_ms) if isinstance(tolerance_ms, (tuple, list)) else ()
         self.pairing, self.tolerance_ms = pairing, sweep or tolerance_ms
         self.tags, self.tag_keys = _check_tags(tags), _check_tag_keys(tag_keys)
@@ -179,10 +182,12 @@ class OWAEventMetrics(Float64Metric):
                 raise ValueError(f"this EventBatch was paired by {'time' if preds.time_matching else 'index'} but "
                                  f"the metric pairs by {self.pairing}: decode with decode_batch(..., "
                                  f"pairing='{self.pairing}') or build the metric with the batch's pairing")
-            if self.shape.tolerances_ms and preds.time_matching.sweep_ns != tolerance_ns(self.tolerance_ms,
-                                                                                         self.window_ns):
-                raise ValueError(f"this EventBatch was not matched at the metric's tolerance sweep: decode with "
-                                 f"decode_batch(..., pairing='time', tolerance_ms={self.tolerance_ms})")
+            found = preds.time_matching  # the tolerance (sweep) it was matched at must be the metric's
+            if found is not None and (found.sweep_ns or found.tolerance_ns) != self._tolerance_ns:
+                raise ValueError(f"this EventBatch was matched at {_said_ms(found.sweep_ns or found.tolerance_ns)} "
+                                 f"but the metric at {_said_ms(self._tolerance_ns)}: decode with decode_batch(..., "
+                                 f"pairing='time', tolerance_ms={self.tolerance_ms}), or build the metric with the "
+                                 "batch's tolerance")
             self._accumulate(preds, None)
         else:
             if target is None:
@@ -246,12 +251,12 @@ class OWAEventMetrics(Float64Metric):
                 raise ValueError(f"this metric reports per tag ({len(self.tags)} tags): pass update(..., tags=) with "
                                  "one tag per sequence (ids into tags, or the names), in every update")
             return []
-        if isinstance(tags, (list, tuple, np.ndarray)) and len(tags) and all(isinstance(t, str) for t in tags):
+        if isinstance(tags, (list, tuple, np.ndarray)) and all(isinstance(t, str) for t in tags):  # or empty
             unknown = sorted(set(tags) - self._tag_ids.keys())
             if unknown:
                 raise ValueError(f"tags {unknown} are not among this metric's tags {self.tags}: name every tag "
                                  "of the data in OWAEventMetrics(..., tags=)")
-            tags = [self._tag_ids[t] for t in tags]
+            tags = torch.tensor([self._tag_ids[t] for t in tags], dtype=torch.long)  # [] too: no ids, no float
         try:
             ids = torch.as_tensor(tags).reshape(-1)
         except (TypeError, ValueError, RuntimeError):
@@ -519,11 +524,13 @@ MAX_TAGS = 64  # each tag copies every state: sketch mode ~0.7 MB per tag, exact
 
 
 def _check_tags(tags) -> tuple[str, ...]:
-    """The tags' names, checked: distinct non-empty strings without ``/`` (they name keys), at most `MAX_TAGS`."""
+    """The tags' names, checked: distinct non-empty printable strings without ``/`` (they name keys and table rows: a
+    line break or other control character would split them), at most `MAX_TAGS`."""
     if tags is None:
         return ()
-    if isinstance(tags, str) or not all(isinstance(t, str) and t and "/" not in t for t in tags) or not tags:
-        raise ValueError(f"tags must be a list of names (non-empty strings without '/'), got {tags!r}")
+    if isinstance(tags, str) or not all(is_tag_name(t) for t in tags) or not tags:
+        raise ValueError(f"tags must be a list of names (non-empty printable strings without '/': no line break, "
+                         f"tab or other control character), got {tags!r}")
     if len(set(tags)) != len(tags):
         raise ValueError(f"tags must be distinct names, got {list(tags)}")
     if len(tags) > MAX_TAGS:
@@ -531,6 +538,11 @@ def _check_tags(tags) -> tuple[str, ...]:
                          "sketch mode, growing with its events in exact mode); group rare tags into one (e.g. 'other')"
                          " or slice by a coarser label")
     return tuple(tags)
+
+
+def is_tag_name(name) -> bool:
+    """Whether ``name`` can name a tag: a non-empty printable string without ``/`` (`str.isprintable`)."""
+    return isinstance(name, str) and bool(name) and "/" not in name and name.isprintable()
 
 
 def _check_tag_keys(tag_keys):
@@ -541,6 +553,13 @@ def _check_tag_keys(tag_keys):
         raise ValueError(f"tag_keys must be None (the headline keys and the counts), 'all' or a list of report keys, "
                          f"got {tag_keys!r}")
     return tuple(tag_keys)
+
+
+def _said_ms(tolerance_ns: Union[int, tuple]) -> str:
+    """A tolerance (ns) or a sweep of them in words: ``tolerance 100 ms``, ``tolerance sweep (50, 100) ms``."""
+    if isinstance(tolerance_ns, tuple):
+        return f"tolerance sweep ({', '.join(f'{t / 1e6:g}' for t in tolerance_ns)}) ms"
+    return f"tolerance {tolerance_ns / 1e6:g} ms"
 
 
 def _vocab_map(vocab, config: Optional[CodecConfig], format: Optional[str]) -> VocabMap:
