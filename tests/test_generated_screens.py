@@ -110,3 +110,21 @@ def test_screen_events_are_taken_out_whatever_their_span(sessions):
     rows = [[1, s, scr, 2, e] + key + [s, scr, 1, 1] + key, [s, scr, e, -100, s, scr, 2, 2] + [-100] * (2 * n + 1)]
     want = [[1] + [-100] * 4 + key + [-100] * 4 + key, [-100] * (2 * n + 9)]
     assert without_screen_events(torch.tensor(rows), vocab).tolist() == want
+
+
+@pytest.mark.parametrize("backend", ["torch", "kernel"])
+def test_hostile_ids_with_screens_as_context_never_raise(sessions, backend):
+    """Random ids (event tokens, ignored labels, ids past the vocabulary) and corrupted true sequences: the masking only
+    ever writes -100, twice is once, and the default generation metric reports no NaN on either decoder."""
+    vocab, sequences = sessions
+    g = torch.Generator().manual_seed(0)
+    true = _pad([vocab.encode(s, ignore_images=True) for s in sequences])
+    noise = torch.randint(-1, vocab.size + 3, true.shape, generator=g)
+    hostile = torch.where(torch.rand(true.shape, generator=g) < 0.2, torch.where(noise < 0, -100, noise), true)
+    masked = without_screen_events(hostile, vocab)
+    assert bool(((masked == hostile) | (masked == -100)).all())
+    assert torch.equal(without_screen_events(masked, vocab), masked)
+    metric = OWAEventMetrics(vocab=vocab, alignment="generation", backend=backend)
+    metric.update(hostile, true)
+    metric.update(true, hostile)
+    assert all(not bool(torch.isnan(v)) for v in metric.compute().values())
