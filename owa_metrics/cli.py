@@ -76,6 +76,14 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--tolerance-ms", type=float, nargs="+",
                           help="time pairing's tolerance in ms (default 100; needs --pairing time); several: "
                                "detection at each (detect/f1@{t}ms, ..., detect/f1_mean), the first pairs")
+    evaluate.add_argument("--generated-screens", choices=["context", "scored"], default="context",
+                          help="context: screens are what the model is shown, left out of the pairing and every "
+                               "key (the predictions are scored on their actions); scored: screens are paired and "
+                               "scored like actions, for a model that predicts screen timing (default context)")
+    evaluate.add_argument("--image-tokens", metavar="VLM|TOKENS",
+                          help="the model's image tokens in screen events: a VLM's name (InternVL, SmolVLM, "
+                               "Qwen2-VL, Qwen2.5-VL) or 'PREFIX... IMAGE x COUNT SUFFIX...', e.g. "
+                               "'<img> <IMG_CONTEXT> x 256 </img>' (default: SmolVLM's, or <fake_image_placeholder>)")
     evaluate.add_argument("--strict", action="store_true",
                           help="exit 1 when there is any warning (e.g. more than 5 %% of the true events do not "
                                "decode)")
@@ -117,13 +125,14 @@ def main(argv: list[str] | None = None) -> int:
         tolerance_ms = None if args.tolerance_ms is None else \
             args.tolerance_ms[0] if len(args.tolerance_ms) == 1 else tuple(args.tolerance_ms)
         return _evaluate(args.pred, args.target, args.mode, args.json, args.format, args.strict, args.pairing,
-                         tolerance_ms)
+                         tolerance_ms, args.generated_screens, args.image_tokens)
     parser.print_help()
     return 0
 
 
 def _evaluate(pred: Path, target: Path, mode: str, json_path: Path | None, format: str | None, strict: bool,
-              pairing: str = "index", tolerance_ms: float | tuple | None = None) -> int:
+              pairing: str = "index", tolerance_ms: float | tuple | None = None, generated_screens: str = "context",
+              image_tokens: str | None = None) -> int:
     import json
     import warnings
 
@@ -132,7 +141,8 @@ def _evaluate(pred: Path, target: Path, mode: str, json_path: Path | None, forma
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            report = evaluate(pred, target, mode, format=format, pairing=pairing, tolerance_ms=tolerance_ms)
+            report = evaluate(pred, target, mode, format=format, pairing=pairing, tolerance_ms=tolerance_ms,
+                              generated_screens=generated_screens, image_tokens=image_tokens)
     except (InputError, ImportError) as err:
         print(f"owa-metrics evaluate: {err}".splitlines()[0], file=sys.stderr)
         return 2
@@ -142,7 +152,7 @@ def _evaluate(pred: Path, target: Path, mode: str, json_path: Path | None, forma
     from .report import format_report
 
     print(format_report(report, f"OWA event metrics: {pred.name} vs {target.name}", alignment="generation"))
-    lines = [_cli_words(w.message) for w in caught] + evaluation_warnings(report, pred, target)
+    lines = [_cli_words(w.message) for w in caught] + evaluation_warnings(report, pred, target, generated_screens)
     for line in lines:
         print(f"owa-metrics evaluate: warning: {line}", file=sys.stderr)
     if json_path:
@@ -208,6 +218,9 @@ def _cli_words(warning: Warning) -> str:
         others = [name for name in FORMATS if name != warning.format]
         fix = f"; if the files are in the {' or '.join(others)} format, pass --format {' | '.join(others)}" \
             if warning.reason == "invalid_format" else ""
+        if warning.image_tokens:  # the screens hold another model's image tokens: the format is not the fix
+            fix = (f"; its screens hold image tokens that are not the ones read ({', '.join(warning.image_tokens[:3])}): "
+                   f"pass --image-tokens {warning.vlm or repr('PREFIX IMAGE x COUNT SUFFIX')}")
         return (f"{warning.path}: {warning.count} of {warning.total} true events ({warning.count / warning.total:.0%}) "
                 f"do not decode in the {warning.format} format (most often: {warning.reason}) and are left out of "
                 f"every rate{fix}")

@@ -20,8 +20,8 @@ import torch
 
 from .schema import Event
 from .metrics.collection import MAX_TAGS, InvalidTargetsWarning, OWAEventMetrics, is_tag_name
-from .tokens.codec import FORMATS, EventCodec, EventEncodeError, possible_formats
-from .tokens.vocab import VocabMap, build_tokenizer
+from .tokens.codec import FORMATS, CodecConfig, EventCodec, EventEncodeError, possible_formats
+from .tokens.vocab import IMAGE_CONVENTIONS, VocabMap, build_tokenizer, image_tokens as read_image_tokens
 
 
 MCAP_MAGIC = b"\x89MCAP0\r\n"
@@ -44,13 +44,20 @@ class FormatGuessWarning(UserWarning):
 
 class UndecodedTargetsWarning(UserWarning):
     """`OWAEventMetrics`' warning that more than 5 % of the true events do not decode, with its numbers: the target
-    file ``path``, ``count`` of ``total`` events, their most frequent failure ``reason`` and the ``format`` read."""
+    file ``path``, ``count`` of ``total`` events, their most frequent failure ``reason`` and the ``format`` read;
+    ``image_tokens``: tokens that the target's screen events hold where their image should be and that the
+    vocabulary read lacks (then the fix is the image tokens, not the format), ``vlm`` the known VLM that writes them."""
 
-    def __init__(self, path, count: int, total: int, reason: str, format: str):
+    def __init__(self, path, count: int, total: int, reason: str, format: str, image_tokens: tuple = ()):
         self.path, self.count, self.total, self.reason, self.format = path, count, total, reason, format
+        self.image_tokens = tuple(image_tokens)
+        self.vlm = next((name for name, (_, token, _, _) in IMAGE_CONVENTIONS.items() if token in self.image_tokens),
+                        None)
+        fix = (f"its screens hold image tokens this vocabulary lacks ({', '.join(self.image_tokens[:3])}): pass "
+               f"image_tokens={self.vlm or 'PREFIX IMAGE x COUNT SUFFIX'!r}" if self.image_tokens else
+               f"files in another format: pass format={' | '.join(map(repr, FORMATS))}")
         super().__init__(f"{path}: {count} of {total} true events ({count / total:.0%}) do not decode in the {format} "
-                         f"format (most often: {reason}) and are left out of every rate; files in another format: "
-                         f"pass format={' | '.join(map(repr, FORMATS))}")
+                         f"format (most often: {reason}) and are left out of every rate; {fix}")
 
 
 def read_file(path: str | Path) -> list[str] | list[Event]:
@@ -129,13 +136,15 @@ def _read_mcap(path: Path, data: bytes) -> list[Event]:
         raise InputError(f"{path}: unreadable MCAP recording ({type(err).__name__}: {err})") from None
 
 
-def evaluation_warnings(report: dict, pred_path, target_path) -> list[str]:
+def evaluation_warnings(report: dict, pred_path, target_path, generated_screens: str = "context") -> list[str]:
     """What a person must know before trusting the numbers, besides `evaluate`'s warnings: a target without events,
     a prediction of which no event decodes."""
     out = []
     decoded = report.get("status/valid", 0) + report.get("status/type_mismatch", 0)
     if report.get("count/target_events", 0) == 0:
-        out.append(f"{target_path}: no true event (no <EVENT_START> ... <EVENT_END> span)")
+        context = ("; screens are context, left out (--generated-screens scored scores them)"
+                   if generated_screens == "context" else "")
+        out.append(f"{target_path}: no true event (no <EVENT_START> ... <EVENT_END> span){context}")
     elif report.get("count/valid_target_events", 0) and decoded == 0:
         out.append(f"{pred_path}: no predicted event decodes ({int(report.get('count/pred_events', 0))} event spans "
                    "found): every true event counts as missing or invalid")
@@ -186,12 +195,14 @@ def _ids(path, contents, tokenizer, vocab: VocabMap) -> list[list[int]]:
 
 
 def evaluate(pred_path, target_path, mode: str = "exact", batch_size: int = 16, progress: bool = True,
-             format: Optional[str] = None, pairing: str = "index", tolerance_ms: Union[None, float, tuple] = None
-             ) -> dict:
-    """``OWAEventMetrics(alignment="generation", pairing=, tolerance_ms=)`` over the paired sequences of two files,
-    in ``format`` (guessed from the files' tokens when None, see `guess_format`; `FormatGuessWarning` when they
-    cannot tell; the metric's undecodable-targets warning comes as `UndecodedTargetsWarning`); under time pairing
-    each sequence's time origin is its first valid true event."""
+             format: Optional[str] = None, pairing: str = "index", tolerance_ms: Union[None, float, tuple] = None,
+             generated_screens: str = "context", image_tokens: Optional[str] = None) -> dict:
+    """``OWAEventMetrics(alignment="generation", pairing=, tolerance_ms=, generated_screens=)`` over the paired
+    sequences of two files, in ``format`` (guessed from the files' tokens when None, see `guess_format`;
+    `FormatGuessWarning` when they cannot tell; the metric's undecodable-targets warning comes as
+    `UndecodedTargetsWarning`); under time pairing each sequence's time origin is its first valid true event.
+    ``image_tokens``: the model's image tokens, a VLM's name or ``"PREFIX IMAGE x COUNT SUFFIX"``
+    (`owa_metrics.tokens.vocab.image_tokens`); by default SmolVLM's and the screen placeholder."""
     from tqdm.auto import tqdm
 
     (pred_contents, pred_tags), (target_contents, target_tags) = read_tagged(pred_path), read_tagged(target_path)
@@ -200,15 +211,20 @@ def evaluate(pred_path, target_path, mode: str = "exact", batch_size: int = 16, 
         if format is None:
             warnings.warn(FormatGuessWarning(target_path), stacklevel=2)
             format = "hierarchical"
-    tokenizer = build_tokenizer(format=format)
-    vocab = VocabMap.from_tokenizer(tokenizer)
+    config = None
+    if image_tokens is not None:
+        prefix, token, count, suffix = read_image_tokens(image_tokens)
+        config = CodecConfig.preset(format, image_prefix=prefix, image_token=token, image_token_count=count,
+                                    image_suffix=suffix)
+    tokenizer = build_tokenizer(config, format=format)
+    vocab = VocabMap.from_tokenizer(tokenizer, config)
     preds, targets = (_ids(path, contents, tokenizer, vocab)
                       for path, contents in ((pred_path, pred_contents), (target_path, target_contents)))
     if len(preds) != len(targets):
         raise ValueError(f"{pred_path} has {len(preds)} sequences but {target_path} has {len(targets)}")
     tags = _tags((pred_path, pred_tags), (target_path, target_tags))
     metric = OWAEventMetrics(vocab=vocab, alignment="generation", mode=mode, pairing=pairing, tolerance_ms=tolerance_ms,
-                             tags=sorted(set(tags)) if tags else None)
+                             tags=sorted(set(tags)) if tags else None, generated_screens=generated_screens)
     for first in tqdm(range(0, len(targets), batch_size), desc="evaluate", unit="batch", disable=not progress):
         try:
             metric.update(_pad(preds[first:first + batch_size]), _pad(targets[first:first + batch_size]),
@@ -224,11 +240,22 @@ def evaluate(pred_path, target_path, mode: str = "exact", batch_size: int = 16, 
         if isinstance(caught_warning.message, InvalidTargetsWarning):
             warnings.warn(UndecodedTargetsWarning(target_path, int(report["status/invalid_target"]),
                                                   int(report["count/target_events"]), caught_warning.message.reason,
-                                                  format), stacklevel=2)
+                                                  format, screen_tokens_lacking(target_contents, tokenizer, vocab)),
+                          stacklevel=2)
         else:
             warnings.warn_explicit(caught_warning.message, caught_warning.category, caught_warning.filename,
                                    caught_warning.lineno)
     return report
+
+
+def screen_tokens_lacking(contents: list[str] | list[Event], tokenizer, vocab: VocabMap) -> tuple[str, ...]:
+    """The tokens that the texts' screen events hold between ``<SCREEN>`` and ``<EVENT_END>`` and that the tokenizer
+    lacks (another VLM's image tokens, most likely), in order of first appearance."""
+    c, words = vocab.config, tokenizer.get_vocab()
+    screens = re.compile(re.escape(c.screen_token) + "(.*?)" + re.escape(c.event_end))
+    found = {piece: None for text in contents if isinstance(text, str) for data in screens.findall(text)
+             for piece in _PIECES.split(data) if piece.startswith("<") and piece.endswith(">") and piece not in words}
+    return tuple(found)
 
 
 def _tags(*files: tuple) -> Optional[list[str]]:

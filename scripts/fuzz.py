@@ -88,7 +88,7 @@ def run(sequences: int, seed: int = 0, batch: int = 32) -> list[dict]:
         codec = EventCodec(vocab.config)
         events = vocab.encode(simulate_session(60, seed=seed, format=fmt)[:400], ignore_images=True)
         for alignment in ("teacher_forcing", "generation"):
-            metric = OWAEventMetrics(tokenizer, alignment=alignment)
+            metric = OWAEventMetrics(tokenizer, alignment=alignment, generated_screens="scored")
             counts = {"format": fmt, "alignment": alignment, "sequences": 0, "exceptions": 0, "target_events": 0,
                       "reference_events": 0, "loss_skipped": 0, "oracle_skipped": 0, "nan_keys": 0}
             for _ in range(math.ceil(sequences / 4 / batch)):

@@ -1,7 +1,9 @@
 """Trainer.fit with two callbacks at their defaults (teacher forcing, and generation under its own prefix), the
 TensorBoard and CSV loggers, on N CPU processes; the model does not learn (lr 0), so every process count must log
 the same values. Keyboard events only sit in even-indexed sequences, which the validation DistributedSampler gives
-to rank 0, so rank 1 sees none of that category.
+to rank 0, so rank 1 sees none of that category. 7 sequences on 2 ranks: the sampler pads rank 1 with sequence 0
+(keyboard events), which the callbacks must drop to count each sequence once; generation asks for more sequences than
+there are.
 
     python tests/ddp_fit.py --devices 2 --strategy ddp --out DIR
 
@@ -26,17 +28,19 @@ from lightning_fixtures import TinyLM, collate, event_sequences, warm_up  # noqa
 from owa_metrics import VocabMap, build_tokenizer  # noqa: E402
 from owa_metrics.callbacks import OWAEventMetricsCallback  # noqa: E402
 
-GENERATED = 4  # max_sequences of the generation callback
+SEQUENCES = 7  # odd: Lightning's DistributedSampler pads 2 ranks with a repeated sequence
+GENERATED = 8  # max_sequences of the generation callback: every sequence
 
 
 def sequences(vocab: VocabMap) -> list[dict]:
-    """12 sequences: even-indexed ones with keyboard events, odd-indexed ones without."""
+    """`SEQUENCES` sequences: even-indexed ones with keyboard events, odd-indexed ones without."""
     data = event_sequences(vocab, limit=1000)
     keyboard = vocab.ids["<KEYBOARD>"]
     with_keys = [x for x in data if (x["input_ids"] == keyboard).any()]
     without = [x for x in data if not (x["input_ids"] == keyboard).any()]
-    n = min(len(with_keys), len(without), 6)
-    return [x for pair in zip(with_keys[:n], without[:n]) for x in pair]
+    n = (SEQUENCES + 1) // 2
+    assert len(with_keys) >= n and len(without) >= n
+    return [x for pair in zip(with_keys[:n], without[:n]) for x in pair][:SEQUENCES]
 
 
 def run(devices: int, strategy: str, out: Path) -> None:

@@ -224,7 +224,7 @@ def test_a_screens_only_target_says_the_format_is_a_guess(tmp_path, capsys):
     (tmp_path / "pred.txt").write_text(screen(10_010, "factorized") + "\n")
     assert screen(9_990, "factorized") == screen(9_990) and screen(10_010, "factorized") == screen(10)
     args = ["evaluate", "--pred", str(tmp_path / "pred.txt"), "--target", str(tmp_path / "true.txt"), "--json",
-            str(tmp_path / "r.json")]
+            str(tmp_path / "r.json"), "--generated-screens", "scored"]
     assert main(args) == 0
     one_line(capsys, "warning: ", "true.txt", "do not tell the token format", "--format")
     assert main(args + ["--strict"]) == 1

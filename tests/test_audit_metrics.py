@@ -187,7 +187,7 @@ def test_an_empty_batch_gives_no_events_on_both_backends(tokenizer, vocab, sessi
         empty = torch.zeros(0, width, dtype=torch.long)
         batch = decode_batch(empty, empty, vocab, alignment, backend, pairing)
         assert len(batch) == 0 and batch.target_count.numel() == 0 and batch.num_sequences == 0
-    metric = OWAEventMetrics(tokenizer, alignment=alignment, pairing=pairing, backend=backend)
+    metric = OWAEventMetrics(tokenizer, alignment=alignment, pairing=pairing, backend=backend, generated_screens="scored")
     empty = torch.zeros(0, ids.shape[1], dtype=torch.long)
     metric.update(empty, empty, **({"logits": torch.zeros(0, ids.shape[1], vocab.size)}
                                   if alignment == "teacher_forcing" else {}))

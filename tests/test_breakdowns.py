@@ -28,8 +28,10 @@ def sweep_run(tokenizer):
     """The recordings' batches with perturbed generated sides through the sweep metric (torch greedy matching) and
     one metric per tolerance (the CPU kernel's)."""
     rng = np.random.default_rng(11)
-    sweep = OWAEventMetrics(tokenizer, alignment="generation", pairing="time", tolerance_ms=SWEEP, backend="torch")
-    singles = [OWAEventMetrics(tokenizer, alignment="generation", pairing="time", tolerance_ms=t) for t in SWEEP]
+    sweep = OWAEventMetrics(tokenizer, alignment="generation", pairing="time", tolerance_ms=SWEEP, backend="torch",
+                            generated_screens="scored")
+    singles = [OWAEventMetrics(tokenizer, alignment="generation", pairing="time", tolerance_ms=t, generated_screens="scored")
+               for t in SWEEP]
     rows = {"preds": [], "targets": [], "origins": []}
     for preds, targets, origins in _recording_batches(sweep.vocab, rng)[::2]:
         for metric in [sweep, *singles]:
@@ -183,7 +185,8 @@ def test_the_cli_sweeps_and_groups(tmp_path, capsys):
     (tmp_path / "true.txt").write_text(truth + "\n")
     (tmp_path / "pred.txt").write_text(guess + "\n")
     assert main(["evaluate", "--pred", str(tmp_path / "pred.txt"), "--target", str(tmp_path / "true.txt"), "--pairing",
-                 "time", "--tolerance-ms", "50", "100", "--json", str(tmp_path / "out.json")]) == 0
+                 "time", "--tolerance-ms", "50", "100", "--json", str(tmp_path / "out.json"), "--generated-screens",
+                 "scored"]) == 0
     capsys.readouterr()
     report = json.loads((tmp_path / "out.json").read_text())
     tokenizer = build_tokenizer()

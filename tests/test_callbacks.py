@@ -233,7 +233,7 @@ def test_generation_mode_counts_and_survives_garbage(tmp_path, tokenizer, vocab)
 
     for name, generate_fn in (("perfect", oracle_generate), ("lists", oracle_lists), ("random", None)):
         callback = OWAEventMetricsCallback(tokenizer, alignment="generation", predict_events=3, max_sequences=6,
-                                           generate_fn=generate_fn, max_new_tokens=120)
+                                           generate_fn=generate_fn, max_new_tokens=120, generated_screens="scored")
         trainer = _trainer(tmp_path / name, callback, CSVLogger(tmp_path / name), epochs=1)
         trainer.validate(TinyLM(vocab.size), val)
         logs[name] = {k: float(v) for k, v in trainer.callback_metrics.items()}
@@ -375,9 +375,9 @@ def _csv_row(out):
 
 @pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn"])
 def test_ddp_fit_with_every_default_logs_what_one_process_logs(tmp_path, strategy):
-    """2 processes (gloo), the callbacks' defaults with TensorBoard and CSV loggers: fit finishes (a hang fails within
-    the process group's timeout) and every logged value equals one process's; generation's max_sequences counts over
-    both ranks."""
+    """2 processes (gloo), the callbacks' defaults with TensorBoard and CSV loggers, 7 sequences: fit finishes (a hang
+    fails within the process group's timeout) and every logged value equals one process's, the sampler's padding
+    dropped (issue 32); generation's max_sequences counts over both ranks."""
     import subprocess
     import sys
     from pathlib import Path
@@ -393,7 +393,8 @@ def test_ddp_fit_with_every_default_logs_what_one_process_logs(tmp_path, strateg
     one, two = _csv_row(tmp_path / "one"), _csv_row(tmp_path / "two")
     assert one.keys() == two.keys() and "val/owa/keyboard/accuracy" in one and "val.owa_gen.count/sequences" in one
     assert all(close(two[k], one[k], 1e-6) for k in one), {k: (two[k], one[k]) for k in one if not close(two[k], one[k])}
-    assert two["val.owa.count/sequences"] == 12 and two["val.owa_gen.count/sequences"] == ddp_fit.GENERATED
+    # each sequence once (issue 32: the sampler's padding dropped), generation from all of them
+    assert two["val.owa.count/sequences"] == ddp_fit.SEQUENCES == two["val.owa_gen.count/sequences"]
     for logger in ("csv", "tb"):  # each callback's report, in each logger's run
         for prefix in ("owa", "owa_gen"):
             report = json.loads((tmp_path / "two" / logger / "version_0" / "owa_metrics" / "val" / prefix /
@@ -497,7 +498,7 @@ def test_generation_by_time_uses_the_prompts_last_event_as_origin(tmp_path, toke
         return [r + [-100] * (width - len(r)) for r in rows]
 
     callback = OWAEventMetricsCallback(tokenizer, alignment="generation", pairing="time", predict_events=3,
-                                       max_sequences=6, generate_fn=skip_first)
+                                       max_sequences=6, generate_fn=skip_first, generated_screens="scored")
     trainer = _trainer(tmp_path, callback, False, epochs=1)
     trainer.validate(TinyLM(vocab.size), val)
     logged = {k: float(v) for k, v in report_of(trainer.callback_metrics).items()}
@@ -575,7 +576,7 @@ def test_teacher_forcing_and_generation_callbacks_checkpoint_and_resume_with_new
         return [OWAEventMetricsCallback(tokenizer, prefix=prefix, mode=mode, bin_ms=50),  # + the D2E protocol
                 OWAEventMetricsCallback(tokenizer, alignment="generation", prefix="val/owa_gen/", mode=mode,
                                         max_sequences=2, predict_events=1, max_new_tokens=20, bin_ms=50,
-                                        bin_shifts=(-1, 1))]
+                                        bin_shifts=(-1, 1), generated_screens="scored")]
 
     def fit(epochs, logger, prefix, mode, **kwargs):
         cbs = callbacks(prefix, mode)

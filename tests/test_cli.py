@@ -77,7 +77,8 @@ def test_evaluate_warns_when_no_predicted_event_decodes_and_writes_json_into_new
     truth.write_text("<EVENT_START><SCREEN><0><0><1><fake_image_placeholder><EVENT_END>\n")
     (tmp_path / "pred.txt").write_text("hello world\n")
     out = tmp_path / "new" / "folder" / "report.json"
-    args = ["evaluate", "--pred", str(tmp_path / "pred.txt"), "--target", str(truth), "--json", str(out)]
+    args = ["evaluate", "--pred", str(tmp_path / "pred.txt"), "--target", str(truth), "--json", str(out),
+            "--generated-screens", "scored"]
     assert main(args) == 0
     err = capsys.readouterr().err
     assert "warning: " in err and "pred.txt: no predicted event decodes (0 event spans found)" in err
@@ -126,7 +127,8 @@ def test_evaluate_pairs_by_time(tmp_path, capsys):
     (tmp_path / "true.txt").write_text(truth + "\n")
     (tmp_path / "pred.txt").write_text(guess + "\n")
     assert main(["evaluate", "--pred", str(tmp_path / "pred.txt"), "--target", str(tmp_path / "true.txt"),
-                 "--pairing", "time", "--tolerance-ms", "100", "--json", str(tmp_path / "out.json")]) == 0
+                 "--pairing", "time", "--tolerance-ms", "100", "--json", str(tmp_path / "out.json"),
+                 "--generated-screens", "scored"]) == 0
     report = json.loads((tmp_path / "out.json").read_text())
     assert "detection F1 (time pairing)" in capsys.readouterr().out
     tokenizer = build_tokenizer()
@@ -162,7 +164,8 @@ def test_evaluate_reads_tags_from_jsonl_and_reports_each_alone(tmp_path, capsys)
         pred, true, out = (tmp_path / f"{name}.{x}" for x in ("pred.jsonl", "true.jsonl", "json"))
         pred.write_text("".join(json.dumps({"text": p}) + "\n" for p, _, _ in rows))
         true.write_text("".join(json.dumps({"text": t, **({"tag": g} if tagged else {})}) + "\n" for _, t, g in rows))
-        assert main(["evaluate", "--pred", str(pred), "--target", str(true), "--json", str(out)]) == 0
+        assert main(["evaluate", "--pred", str(pred), "--target", str(true), "--json", str(out),
+                     "--generated-screens", "scored"]) == 0
         return json.loads(out.read_text())
 
     report = run("all", lines)

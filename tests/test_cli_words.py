@@ -59,7 +59,7 @@ def test_the_other_format_is_named_as_a_flag(tmp_path, capsys):
 
 def test_the_format_guess_is_in_cli_words(tmp_path, capsys):
     screen = "<EVENT_START><SCREEN><0><5><0><fake_image_placeholder><EVENT_END>"  # both formats write it alike
-    assert evaluate(tmp_path, [screen], "--strict") == 1
+    assert evaluate(tmp_path, [screen], "--strict", "--generated-screens", "scored") == 1
     [line] = warning_lines(capsys)
     assert "true.txt: its tokens do not tell the token format" in line and "pass --format" in line
     assert not [word for word in PYTHON_WORDS if word in line]
@@ -79,7 +79,7 @@ def test_every_option_of_every_command_has_help():
     helps = dict(walk(build_parser(), "owa-metrics"))
     assert {"owa-metrics evaluate --mode", "owa-metrics demo --epochs", "owa-metrics inspect --max-tokens",
             "owa-metrics inspect paths", "owa-metrics demo"} <= set(helps)
-    assert len(helps) == 28, sorted(helps)  # 2 + 3 commands + inspect 4, demo 7, evaluate 12 (each with -h)
+    assert len(helps) == 30, sorted(helps)  # 2 + 3 commands + inspect 4, demo 7, evaluate 14 (each with -h)
     assert not [name for name, text in helps.items() if not text or text == argparse.SUPPRESS]
 
 

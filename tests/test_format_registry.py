@@ -107,7 +107,7 @@ def test_the_toy_format_reports_the_metrics(registered, backend):
     if backend == "kernel" and not kernel.available():
         pytest.skip("numba is not available")
     tokenizer = build_tokenizer(format="toy")
-    metric = OWAEventMetrics(tokenizer, alignment="generation", backend=backend)
+    metric = OWAEventMetrics(tokenizer, alignment="generation", backend=backend, generated_screens="scored")
     assert metric.vocab.config.format == "toy"
     # the key's vk 66 for 65, the screen 20 ms late (1502 units: the first digit right, the second wrong)
     preds = [dataclasses.replace(KEY, vk=66), MOVE, CLICK, WHEEL, dataclasses.replace(SCREEN, timestamp_ns=15_020_000_000)]
@@ -135,7 +135,7 @@ def test_the_toy_format_is_detected_guessed_and_a_cli_choice(registered, tmp_pat
     assert "--format {hierarchical,factorized,toy}" in capsys.readouterr().out
     # the command guesses the toy format from the files and reads them in it
     assert main(["evaluate", "--pred", str(tmp_path / "pred.txt"), "--target", str(tmp_path / "true.txt"), "--json",
-                 str(tmp_path / "r.json"), "--strict"]) == 0
+                 str(tmp_path / "r.json"), "--strict", "--generated-screens", "scored"]) == 0
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["status/valid"] == 5 and report["screen/timestamp/abs_error_p95_ms"] == 20
     assert report["keyboard/accuracy"] == 1

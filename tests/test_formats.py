@@ -37,7 +37,7 @@ def user_tokenizer(event_tokens, image_tokens=()):
                                                               ("hierarchical", SMOLVLM, "<image>", 64)])
 def test_user_tokenizer_is_detected_and_the_report_equals_the_oracle(fmt, images, image_token, count):
     tokenizer = user_tokenizer(CodecConfig.preset(fmt).event_tokens, images)
-    metric = OWAEventMetrics(tokenizer, alignment="generation")
+    metric = OWAEventMetrics(tokenizer, alignment="generation", generated_screens="scored")
     config = metric.vocab.config
     assert (config.format, config.image_token, config.image_token_count) == (fmt, image_token, count)
     assert f"{fmt} format" in repr(metric) and f"{image_token} x {count}" in repr(metric)

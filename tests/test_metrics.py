@@ -188,7 +188,7 @@ def _chunks(events, rng, sizes=(20, 200)):
 
 def test_report_equals_oracle_on_recordings_generation(tokenizer):
     rng = np.random.default_rng(11)
-    metric = OWAEventMetrics(tokenizer, alignment="generation")
+    metric = OWAEventMetrics(tokenizer, alignment="generation", generated_screens="scored")
     oracle_in = []
     for path in recording_paths():
         chunks = _chunks(read_recording(path), rng)
@@ -315,7 +315,7 @@ def test_per_event_api_agrees_with_the_collection(codec, tokenizer, vocab):
     truth = simulate_session(20, seed=4)[:150]
     pred = perturb(truth, rng)
     r = compute_metrics_for_event("".join(map(codec.encode, pred)), "".join(map(codec.encode, truth)))
-    metric = OWAEventMetrics(tokenizer, alignment="generation")
+    metric = OWAEventMetrics(tokenizer, alignment="generation", generated_screens="scored")
     metric.update(torch.tensor([vocab.encode(pred)]), torch.tensor([vocab.encode(truth)]))
     out = metric.compute()
     assert close(out["comparable_rate"], r["comparable_rate"])

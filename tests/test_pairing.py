@@ -108,7 +108,7 @@ def _recording_batches(vocab, rng):
 @pytest.mark.parametrize("mode", ["exact", "sketch"])
 def test_time_pairing_equals_the_oracle_on_recordings(tokenizer, mode):
     rng = np.random.default_rng(11)
-    metric = OWAEventMetrics(tokenizer, alignment="generation", pairing="time", mode=mode,
+    metric = OWAEventMetrics(tokenizer, alignment="generation", pairing="time", mode=mode, generated_screens="scored",
                              backend="kernel" if mode == "exact" else "torch")  # both greedy_match paths
     vocab = metric.vocab
     batches = _recording_batches(vocab, rng)
@@ -133,7 +133,8 @@ def test_time_pairing_equals_the_oracle_on_recordings(tokenizer, mode):
 def test_tolerance_and_default_origin(tokenizer):
     rng = np.random.default_rng(3)
     for tolerance_ms in (0, 400):  # none and wide (100 ms: the test above)
-        metric = OWAEventMetrics(tokenizer, alignment="generation", pairing="time", tolerance_ms=tolerance_ms)
+        metric = OWAEventMetrics(tokenizer, alignment="generation", pairing="time", tolerance_ms=tolerance_ms,
+                                 generated_screens="scored")
         preds, targets, _ = _recording_batches(metric.vocab, rng)[int(rng.integers(0, 5))]
         metric.update(pad(preds), pad(targets))
         _compare(metric.compute(), time_oracle(preds, targets, metric.vocab, tolerance_ms))
@@ -142,7 +143,7 @@ def test_tolerance_and_default_origin(tokenizer):
 def test_time_pairing_in_each_format(format_vocab):
     """Both token formats (16 s and 10 s windows), origins given for some rows: equal to the oracle."""
     rng = np.random.default_rng(8)
-    metric = OWAEventMetrics(vocab=format_vocab, alignment="generation", pairing="time")
+    metric = OWAEventMetrics(vocab=format_vocab, alignment="generation", pairing="time", generated_screens="scored")
     rows = {"preds": [], "targets": [], "origins": []}
     for preds, targets, origins in _recording_batches(format_vocab, rng)[::4]:
         metric.update(pad(preds), pad(targets), origin_ns=torch.tensor(origins))

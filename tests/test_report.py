@@ -102,7 +102,7 @@ def test_histograms_show_the_bulk_and_count_the_outliers_in_the_edge_bins(vocab,
     shifts_ms = np.round(draws) * 10  # on the 10 ms grid
     true = [Event("screen", 4_000_000_000 + 20_000_000 * k) for k in range(300)]
     pred = [Event("screen", e.timestamp_ns + int(s * 1e6)) for e, s in zip(true, shifts_ms)]
-    metric = OWAEventMetrics(vocab=vocab, alignment="generation")
+    metric = OWAEventMetrics(vocab=vocab, alignment="generation", generated_screens="scored")
     metric.update(torch.tensor([vocab.encode(pred, ignore_images=True)]),
                   torch.tensor([vocab.encode(true, ignore_images=True)]))
     counts, edges = metric.error_histograms()["timestamp/signed_error_ms"]

@@ -87,7 +87,7 @@ def test_each_tags_keys_equal_its_sequences_scored_alone(tokenizer, batches, ali
 def test_tag_counts_by_hand_and_the_default_keys(tokenizer, batches):
     """Counted by hand from the event lists: sequences and target events per tag; the default keys are those two
     counts and the headline keys."""
-    metric, every = (OWAEventMetrics(tokenizer, tags=TAGS, alignment="generation", tag_keys=keys)
+    metric, every = (OWAEventMetrics(tokenizer, tags=TAGS, alignment="generation", tag_keys=keys, generated_screens="scored")
                      for keys in (None, "all"))
     for preds, target, tags, _, _ in batches:
         metric.update(preds, target, tags=[TAGS[t] for t in tags.tolist()])  # names work as ids do

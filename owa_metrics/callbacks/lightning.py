@@ -10,7 +10,8 @@ from typing import Any, Callable, Literal, Optional, Union
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from torch.utils.data import BatchSampler, DistributedSampler
 
 from ..decode.batch import decode_batch
 from ..decode.event_batch import Pairing
@@ -53,7 +54,10 @@ class OWAEventMetricsCallback(Callback):
     ``generate`` (or ``generate_fn``, see `generation`) continues it, and the generated events are paired with the
     true ones by index, or with ``pairing="time"`` matched within ``tolerance_ms`` (default 100; with another pairing
     it has no effect and is refused) on the time axis unwrapped from the prompt's last event
-    (`generation.last_event_ns`).
+    (`generation.last_event_ns`), both on their actions: screens are what the model is shown
+    (``generated_screens="scored"``, passed to `OWAEventMetrics`, scores them too). Under DDP the rows by which a
+    `DistributedSampler` pads the ranks are dropped (`real_rows`), so each sequence counts once; with a sampler
+    whose padding cannot be told, that is warned once.
 
     Every rank computes (the metric syncs); then rank zero adds, each switchable: histograms of the errors, the
     category confusion matrix as a figure, a sample table (TensorBoard, W&B: up to 24 events of the epoch's first
@@ -95,6 +99,7 @@ class OWAEventMetricsCallback(Callback):
         self.artifacts_dir = None if artifacts_dir is None else str(artifacts_dir)
         self._metrics = [self._new_metric()]  # one per dataloader, kept across epochs (reset at each start)
         self._runs: dict[int, _Run] = {}
+        self._said_padding = False  # the warning that a sampler's padding cannot be told apart: once
         if tag_fn is not None and not self.metric.tags:
             raise ValueError("tag_fn gives each sequence's tag: name the tags too, OWAEventMetricsCallback(..., "
                              "tags=['minecraft', 'vscode', ...], tag_fn=...)")
@@ -167,10 +172,17 @@ class OWAEventMetricsCallback(Callback):
     def _update(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int,
                 dataloader_idx: int) -> None:
         run = self._run(dataloader_idx, pl_module.device)
+        real = self._real_rows(trainer, batch_idx, dataloader_idx)
         if self.alignment == "generation":
-            self._generate(trainer, pl_module, run, batch, batch_idx)
+            self._generate(trainer, pl_module, run, batch, batch_idx, real)
             return
         logits, preds, labels, token_loss = _find(outputs, batch)
+        tags = self._tags(batch)
+        if real is not None and real < labels.shape[0]:  # the rest of the batch repeats other ranks' sequences
+            logits, preds, labels, token_loss, tags = (x if x is None else x[:real]
+                                                       for x in (logits, preds, labels, token_loss, tags))
+            if not real:
+                return
         with torch.no_grad():
             if preds is None:
                 preds = logits.argmax(-1)
@@ -180,22 +192,39 @@ class OWAEventMetricsCallback(Callback):
                 loss = {"token_loss": token_loss[:, :target.shape[1]]}
             elif self.log_loss and logits is not None:
                 loss = {"logits": logits[:, :-1]}
-            run.metric.update(preds, target, **loss, tags=self._tags(batch))
+            run.metric.update(preds, target, **loss, tags=tags)
             self._keep(run, preds, target)
 
-    def _generate(self, trainer: Trainer, pl_module: LightningModule, run: _Run, batch: Any, batch_idx: int) -> None:
+    def _generate(self, trainer: Trainer, pl_module: LightningModule, run: _Run, batch: Any, batch_idx: int,
+                  real: Optional[int] = None) -> None:
         world, rank = trainer.world_size, trainer.global_rank
         share = self.max_sequences // world + (rank < self.max_sequences % world)  # this rank's part of the epoch's
-        if batch_idx % self.every_n_batches or run.generated >= share:
+        rows = share - run.generated if real is None else min(share - run.generated, real)
+        if batch_idx % self.every_n_batches or rows <= 0:
             return
         generated, target, origin = generate_batch(
             pl_module, batch, batch_idx, self.tokenizer, run.metric.vocab, self.generate_fn,
-            rows=share - run.generated, predict_events=self.predict_events,
+            rows=rows, predict_events=self.predict_events,
             max_new_tokens=self.max_new_tokens, time_origin=self.pairing == "time")
         run.generated += target.shape[0]
         tags = self._tags(batch)
         run.metric.update(generated, target, origin_ns=origin, tags=None if tags is None else tags[:target.shape[0]])
         self._keep(run, generated, target, origin)
+
+    def _real_rows(self, trainer: Trainer, batch_idx: int, dataloader_idx: int) -> Optional[int]:
+        """How many first rows of this batch are sequences of this rank's share under DDP (`real_rows`: the rest pad
+        the ranks to equal length, repeating other ranks' sequences); None: every row (one process, or a sampler
+        whose padding cannot be told, which is said once)."""
+        if trainer.world_size == 1:
+            return None
+        loaders = trainer.test_dataloaders if trainer.testing else trainer.val_dataloaders
+        loaders = list(loaders.values()) if isinstance(loaders, Mapping) else loaders
+        loader = loaders[dataloader_idx] if isinstance(loaders, (list, tuple)) else loaders
+        rows = real_rows(loader, batch_idx)
+        if rows is None and not self._said_padding:
+            self._said_padding = True
+            rank_zero_warn(padding_warning(loader, trainer.world_size))
+        return rows
 
     def _tags(self, batch: Any):
         """Each sequence's tag (``tag_fn(batch)``, else ``batch["tag"]``); None when the metric has no tags."""
@@ -251,7 +280,7 @@ class OWAEventMetricsCallback(Callback):
     def _sample_rows(self, run: _Run) -> list[list[str]]:
         if not run.kept:
             return []
-        preds, target = _stack(run.kept)
+        preds, target = run.metric.scored_ids(*_stack(run.kept))  # what the metric scored (screens as context)
         batch = decode_batch(preds, target, run.metric.vocab, self.alignment, pairing=self.pairing,
                              tolerance_ms=self.tolerance_ms,
                              origin_ns=torch.tensor(run.origins) if self.pairing == "time" else None)
@@ -306,6 +335,49 @@ def _stack(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor
     width = max(max(p.numel(), t.numel()) for p, t in pairs)
     pad = lambda x: torch.nn.functional.pad(x, (0, width - x.numel()), value=-100)  # noqa: E731
     return torch.stack([pad(p) for p, _ in pairs]), torch.stack([pad(t) for _, t in pairs])
+
+
+_PADDING_SAMPLERS: tuple = (DistributedSampler,)  # the exact classes whose padding is told (and Lightning's below)
+try:
+    from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
+    from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler, UnrepeatedDistributedSamplerWrapper
+
+    _PADDING_SAMPLERS += (DistributedSamplerWrapper, UnrepeatedDistributedSampler, UnrepeatedDistributedSamplerWrapper)
+except ImportError:  # another Lightning: its wrappers are warned about
+    pass
+
+
+def real_rows(loader: Any, batch_idx: int) -> Optional[int]:
+    """How many first rows of batch ``batch_idx`` of ``loader`` are its rank's own samples, when it batches in order
+    (a `BatchSampler`) from a `DistributedSampler` (torch's, or Lightning's wrappers of a sampler): that sampler
+    gives rank r of W the positions r, r + W, r + 2W, ... of a list of N = ``len(sampler.dataset)`` samples padded
+    to a multiple of W by repeating its first samples, so the rank's i-th sample is its own iff i W + r < N (and
+    the batch's rows are samples ``batch_idx * batch_size`` on). None when it cannot be told (another sampler)."""
+    batches = getattr(loader, "batch_sampler", None)
+    sampler = getattr(batches, "sampler", None)
+    if type(batches) is not BatchSampler or type(sampler) not in _PADDING_SAMPLERS:
+        return None
+    try:
+        total = len(sampler.dataset)
+    except TypeError:
+        return None
+    own = len(range(sampler.rank, total, sampler.num_replicas))  # the rank's samples i with i W + r < N
+    return max(own - batch_idx * batches.batch_size, 0)
+
+
+def padding_warning(loader: Any, world: int) -> str:
+    """What the callback says once when `real_rows` cannot tell a sampler's padding: how many sequences may count
+    twice, as many as a DistributedSampler's padding repeats: (-N) mod W, or up to W - 1 (N unknown)."""
+    sampler = getattr(getattr(loader, "batch_sampler", None), "sampler", None) or getattr(loader, "sampler", None)
+    name = type(sampler).__name__ if sampler is not None else f"the {type(loader).__name__}'s sampler"
+    try:
+        repeated = str(-len(loader.dataset) % world)
+    except TypeError:
+        repeated = f"up to {world - 1}"
+    return (f"OWAEventMetricsCallback: cannot tell which validation sequences pad the {world} ranks to equal length "
+            f"({name} is not a DistributedSampler, batched in order, over a dataset of known length): {repeated} "
+            "sequences may be counted twice. Let Lightning add its DistributedSampler (use_distributed_sampler=True, "
+            "the default), or give each rank a distinct share of the validation set.")
 
 
 def _scalar_step(trainer: Trainer) -> int:

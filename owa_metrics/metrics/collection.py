@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import warnings
-from typing import Optional, Sequence, Union
+from typing import Literal, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -14,6 +14,7 @@ from ..decode import kernel as decode_kernel
 from ..decode.batch import _check_inputs, _Tables, batch_of_arrays, check_pairing, decode_batch, kernel_arrays
 from ..decode.event_batch import Alignment, Backend, EventBatch, Pairing
 from ..decode.matching import DEFAULT_TOLERANCE_MS, tolerance_ns
+from ..decode.screens import without_screen_events
 from ..functional import kernel as compiled
 from ..functional.d2e import bin_ns_of
 from ..functional.declare import Given, GivenSamples, Samples, Shape, Sums
@@ -25,6 +26,9 @@ from ..schema import Status
 from ..tokens.codec import CodecConfig
 from ..tokens.vocab import VocabMap
 from .base import Distribution, Float64Metric, Mode, append_samples, cat_samples, check_statistics
+
+
+GeneratedScreens = Literal["context", "scored"]
 
 
 class InvalidTargetsWarning(UserWarning):
@@ -70,7 +74,11 @@ class OWAEventMetrics(Float64Metric):
     ``detect/precision|recall|f1``, ``detect/time_error_abs_p50_ms`` and ``count/invalid_pred_events``. A tuple
     ``tolerance_ms=(50, 100, 200, 500)`` sweeps: the detection matching runs at each tolerance t (keys
     ``detect/f1|precision|recall@{t}ms``, ``detect/{category}/f1@{t}ms``, ``detect/f1_mean``); the pairs and the
-    keys above come from the first.
+    keys above come from the first. The model predicts actions and is shown the screens: with
+    ``generated_screens="context"`` (the default) both sides' screen events are left out before pairing
+    (`without_screen_events`: whatever fills a generated screen's image span), every key is over the actions and
+    no ``screen/*`` key is reported; ``"scored"`` pairs and scores them like actions (a model that predicts screen
+    timing). Teacher forcing always scores the screens' labelled tokens.
 
     Slices: ``tags=["minecraft", "vscode", ...]`` (at most `MAX_TAGS` names) and ``update(..., tags=)``, one tag per
     sequence ([B] ids into ``tags``, or the names), keep every state once more per tag; ``compute()`` adds, for each
@@ -95,7 +103,8 @@ class OWAEventMetrics(Float64Metric):
                  persistent: bool = False, backend: Backend = "auto", pairing: Pairing = "index",
                  tolerance_ms: Union[None, float, tuple[float, ...]] = None, tags: Optional[Sequence[str]] = None,
                  tag_keys: Union[None, str, Sequence[str]] = None, bin_ms: Optional[float] = None,
-                 empty_bins_as_correct: bool = False, bin_shifts: Sequence[int] = (), **kwargs):
+                 empty_bins_as_correct: bool = False, bin_shifts: Sequence[int] = (),
+                 generated_screens: GeneratedScreens = "context", **kwargs):
         kwargs.setdefault("compute_with_cache", False)  # every compute() syncs, on every rank: no stale rank
         super().__init__(**kwargs)
         vocab = _vocab_map(vocab if vocab is not None else tokenizer, config, format)
@@ -107,6 +116,11 @@ class OWAEventMetrics(Float64Metric):
             raise ValueError(f"backend must be 'auto' (the CPU kernel for CPU tensors, else torch ops), 'kernel' or "
                              f"'torch', got {backend!r}")
         check_pairing(pairing, alignment, tolerance_ms)  # a tolerance_ms needs pairing="time"
+        if generated_screens not in ("context", "scored"):
+            raise ValueError(f"generated_screens must be 'context' (screens are what the model is shown: left out of "
+                             f"the pairing and every key) or 'scored' (a model that predicts screen timing), got "
+                             f"{generated_screens!r}")
+        self.generated_screens = generated_screens
         if pairing == "time":  # the tolerance checked (raises saying what is allowed), kept in ns to compare
             tolerance_ms = DEFAULT_TOLERANCE_MS if tolerance_ms is None else tolerance_ms
             self._tolerance_ns = tolerance_ns(tolerance_ms, vocab.config.timestamp_window_ns)
@@ -193,6 +207,7 @@ class OWAEventMetrics(Float64Metric):
             if token_loss is not None:
                 _check_token_loss(token_loss, target, self.alignment)
             preds, target = _check_inputs(preds, target, self.alignment)  # [B, T] int64
+            preds, target = self.scored_ids(preds, target)
             if logits is not None and logits.dim() == 2:
                 logits = logits[None]
             if token_loss is not None:
@@ -206,6 +221,20 @@ class OWAEventMetrics(Float64Metric):
                 pick = lambda x: x.index_select(0, index) if (  # noqa: E731
                     isinstance(x, torch.Tensor) and x.dim() and x.shape[0] == target.shape[0]) else x
                 self._update_ids(*map(pick, (preds, target, logits, token_loss, origin_ns)), tag)
+
+    def scored_ids(self, preds: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ids ``update`` scores: in generation with ``generated_screens="context"`` both sides' screen events
+        set to -100 (`without_screen_events`, both sides in one pass), else as given."""
+        if not self._screens_are_context:
+            return preds, target
+        width, B = max(preds.shape[1], target.shape[1]), preds.shape[0]
+        pad = lambda x: torch.nn.functional.pad(x, (0, width - x.shape[1]), value=-100)  # noqa: E731
+        both = without_screen_events(torch.cat([pad(preds), pad(target)]), self.vocab)
+        return both[:B, :preds.shape[1]], both[B:, :target.shape[1]]
+
+    @property
+    def _screens_are_context(self) -> bool:
+        return self.alignment == "generation" and self.generated_screens == "context"
 
     def _update_ids(self, preds: torch.Tensor, target: torch.Tensor, logits: Optional[torch.Tensor],
                     token_loss: Optional[torch.Tensor], origin_ns, tag: Optional[int] = None) -> None:
@@ -395,6 +424,8 @@ class OWAEventMetrics(Float64Metric):
             out.update(definition.compute(read))
         events = read["events"].events.clamp(min=1)
         out["status/invalid_target_rate"] = read["statuses"].raw[0, int(Status.INVALID_TARGET)] / events
+        if self._screens_are_context:  # no screen event was scored: no screen key (its count and ratio would be 0)
+            out = {k: v for k, v in out.items() if not k.startswith(("screen/", "detect/screen/"))}
         return out
 
     def _is_tag_key(self, key: str) -> bool:
@@ -417,7 +448,8 @@ class OWAEventMetrics(Float64Metric):
 
     def extra_repr(self) -> str:
         pairing = f", pairing={self.pairing}, tolerance_ms={self.tolerance_ms}" if self.pairing == "time" else ""
-        return f"{self.vocab.describe()}, alignment={self.alignment}{pairing}, mode={self.mode}"
+        screens = f", generated_screens={self.generated_screens}" if self.alignment == "generation" else ""
+        return f"{self.vocab.describe()}, alignment={self.alignment}{pairing}{screens}, mode={self.mode}"
 
     def error_histograms(self, bins: int = 50) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """``{name: (counts, edges)}`` of the signed timestamp error (ms), the mouse signed percent errors and

@@ -11,11 +11,31 @@ from ..schema import IMAGE_BIT, ROLE_MASK, SKIP_BIT, STRUCT_BIT, VALUE_SHIFT, Ro
 from .codec import FORMATS, CodecConfig
 from .format import VALUED
 
-# Image-token conventions of VLMs, recognised in a vocabulary: (prefix, image token, count, suffix)
+# Image-token conventions of VLMs, recognised in a vocabulary: (prefix, image token, count, suffix). The count is
+# what encoding a screen writes (a Qwen2-VL image has as many tokens as its patches; 256 for 448 x 448 pixels);
+# decoding reads a run of any length.
 IMAGE_CONVENTIONS = {
     "InternVL": (("<img>",), "<IMG_CONTEXT>", 256, ("</img>",)),
     "SmolVLM": (("<fake_token_around_image>", "<global-img>"), "<image>", 64, ("<fake_token_around_image>",)),
+    "Qwen2-VL": (("<|vision_start|>",), "<|image_pad|>", 256, ("<|vision_end|>",)),  # Qwen2.5-VL's too
 }
+
+
+def image_tokens(spec: str) -> tuple[tuple[str, ...], str, int, tuple[str, ...]]:
+    """``(prefix, image token, count, suffix)`` of a known VLM's name (`IMAGE_CONVENTIONS`, any case; Qwen2.5-VL
+    reads as Qwen2-VL) or of a screen's image written as `VocabMap.describe` says it, ``"<img> <IMG_CONTEXT> x 256
+    </img>"`` (the image token, ``x``, its count; the tokens before and after it are the prefix and suffix)."""
+    names = {name.lower(): name for name in IMAGE_CONVENTIONS}
+    name = names.get(spec.strip().lower().replace("qwen2.5-vl", "qwen2-vl"))
+    if name:
+        return IMAGE_CONVENTIONS[name]
+    words = spec.split()
+    at = [i for i in range(1, len(words) - 1) if words[i] == "x" and words[i + 1].isdigit()]
+    if len(at) != 1 or int(words[at[0] + 1]) < 1:
+        raise ValueError(f"image tokens {spec!r}: give a VLM's name ({', '.join(IMAGE_CONVENTIONS)}) or a screen's "
+                         "image tokens as 'PREFIX... IMAGE x COUNT SUFFIX...', e.g. '<img> <IMG_CONTEXT> x 256 </img>'")
+    i = at[0]
+    return tuple(words[:i - 1]), words[i - 1], int(words[i + 1]), tuple(words[i + 2:])
 
 
 def _pack(roles: torch.Tensor, values: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,25 @@
+"""Screens as context: a generated sequence's screen events taken out of the token ids before it is scored."""
+
+from __future__ import annotations
+
+import torch
+
+from ..schema import ROLE_MASK, Role
+from ..tokens.vocab import VocabMap
+
+IGNORE_INDEX = -100
+
+
+def without_screen_events(ids: torch.Tensor, vocab: VocabMap) -> torch.Tensor:
+    """``ids`` [B, T] with every screen event's tokens set to -100 (ignored: outside every event span, so that the
+    decoder neither sees nor counts the event); no host sync. A screen event runs from an ``<EVENT_START>`` followed
+    by ``<SCREEN>`` through the next ``<EVENT_END>`` (or up to the next ``<EVENT_START>`` / the row's end when none
+    comes first), whatever fills its image span: nothing, image tokens, ignored labels or junk."""
+    roles = vocab.codes(ids) & ROLE_MASK
+    start, end = roles == int(Role.START), roles == int(Role.END)
+    screen = start & torch.nn.functional.pad(roles[:, 1:] == int(Role.SCREEN), (0, 1))
+    pos = torch.arange(ids.shape[1], device=ids.device)
+    # each token's last struct token (at or before it; -1 reads position 0, never a screen's start then)
+    last = torch.where(start | end, pos, -1).cummax(1).values.clamp(min=0)
+    body = screen.gather(1, last)  # from a screen's <EVENT_START> up to the next struct token
+    return ids.masked_fill(body | (end & torch.nn.functional.pad(body[:, :-1], (1, 0))), IGNORE_INDEX)
