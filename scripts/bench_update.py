@@ -32,6 +32,7 @@ import torch
 from owa_metrics import EventCodec, EventDecodeError, OWAEventMetrics, SignedPercentError, build_tokenizer
 from owa_metrics.events import simulate_session
 from owa_metrics.functional.tokens import token_losses
+from owa_metrics.metrics.collection import Read
 from owa_metrics.metrics.per_event import compare_events
 
 from bench_decode import make_batch, timed  # scripts/ is on sys.path when run as a script
@@ -232,9 +233,9 @@ def bench_compute(sizes: list[int], repeats: int) -> None:
             s = timed(run, repeats if mode == "sketch" or n <= 10**5 else max(3, repeats // 2))
             distinct = "-"
             if mode == "exact":
-                signed, _ = metric._timestamp_distributions()[0]
-                _, pe_x, pe_y, _ = metric._mouse_distributions()
-                distinct = " / ".join(str(d.values.numel()) for d in (signed, pe_x, pe_y))
+                read = Read(metric)
+                distinct = " / ".join(str(read.samples(name, value).values.numel()) for name, value in
+                                      (("timestamp", "signed_error_ms"), ("mouse", "signed_pe_x"), ("mouse", "signed_pe_y")))
             size = state_bytes(metric)
             print(f"{int(report['count/valid_target_events']):>9} {mode:<7} {s * 1e3:>11.1f} {size / 1e6:>9.1f} "
                   f"{memory.extra / 1e6:>14.1f} {memory.extra / size:>13.2f} {distinct:>26}")
