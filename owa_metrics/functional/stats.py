@@ -61,10 +61,17 @@ def _nan(shape, device) -> torch.Tensor:
     return torch.full(shape, float("nan"), dtype=torch.float64, device=device)
 
 
-def distinct(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def distinct(x: torch.Tensor, drop_nan: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """``(values, counts)``: the ascending distinct values of ``x`` and how often each occurs (float64, NaNs
-    last, each its own value). One sort: O(n log n); everything after it is O(distinct)."""
-    values, counts = torch.unique_consecutive(x.reshape(-1).double().sort().values, return_counts=True)
+    last, each its own value; left out with ``drop_nan``). One sort (numpy's on the CPU: its SIMD sort is ~10x
+    torch's): O(n log n); everything after it is O(distinct)."""
+    x = x.reshape(-1).double()
+    if x.device.type == "cpu":
+        ascending = np.sort(x.numpy())  # NaNs last, as torch
+        ascending = torch.from_numpy(ascending[:np.searchsorted(ascending, np.nan)] if drop_nan else ascending)
+    else:
+        ascending = (x[~torch.isnan(x)] if drop_nan else x).sort().values
+    values, counts = torch.unique_consecutive(ascending, return_counts=True)
     return values, counts.double()
 
 
