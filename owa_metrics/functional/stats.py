@@ -236,8 +236,9 @@ def _resample_iqms(values: torch.Tensor, counts: torch.Tensor, num_resamples: in
 def _sample_by_sample(rng: np.random.Generator, groups: np.ndarray, kept: np.ndarray, slot: np.ndarray,
                       group_values: np.ndarray, n: int, left_total: int, width: int, resample_iqms) -> torch.Tensor:
     """`_resample_iqms` drawing the kept counts sample by sample (exact values, all finite; ``group_values`` as
-    there), equal to the vectorized path: each resample's draws ``rng.integers(0, kept total, size=T)`` are read by
-    one compiled pass (`_kept_draws_iqm`) that counts them value by value only in the two zones of kept values
+    there), equal to the vectorized path: each resample's draws ``rng.integers(0, kept total, size=T)``
+    (`_KeptDraws`), counted by position, are read by one compiled pass (`_kept_draws_iqm`) that counts them value
+    by value only in the two zones of kept values
     whose ranks are within ``width`` of a quartile's, and sums the draws between the zones (all inside [Q25, Q75]
     while each quartile is in its zone): O(T + 4 width) per resample, not O(T + kept values). A resample whose
     tails must be split, or whose quartile leaves its zone (about never at tail_margin 4), is read from its counts
@@ -264,15 +265,19 @@ def _sample_by_sample(rng: np.random.Generator, groups: np.ndarray, kept: np.nda
             iqms[list(rest)] = resample_iqms(groups[list(rest)], np.stack(list(rest.values())))
             rest.clear()
 
+    draws = _KeptDraws(rng, int(ends[-1]))
     for i, (left, size, right) in enumerate(groups.tolist()):
-        draws = rng.integers(0, int(ends[-1]), size=size)
         if left <= r25 and right < n - r75:
-            iqms[i], ok = _kept_draws_iqm(draws, slot, middle_values, kept_values, drawn, fine, zone_b, zone_c, pos_b,
+            draws.count(size, drawn)
+            iqms[i], ok = _kept_draws_iqm(drawn, size, slot, middle_values, kept_values, fine, zone_b, zone_c, pos_b,
                                           pos_c, left, left_value, right, right_value, ranks, h[0] - lo[0],
                                           h[1] - lo[1])
             if ok:
                 continue
-        rest[i] = np.bincount(slot[draws], minlength=kept.size)
+            positions = draws.again()
+        else:
+            positions = draws.take(size)
+        rest[i] = np.bincount(slot[positions], minlength=kept.size)
         if len(rest) * (kept.size + 2) >= CHUNK_ELEMENTS:
             flush(rest)
     flush(rest)
@@ -286,17 +291,121 @@ def _lerp_scalar(a: float, b: float, t: float) -> float:
     return b - diff * (1 - t) if t >= 0.5 else a + diff * t
 
 
+class _KeptDraws:
+    """The kept draws of successive resamples, ``rng.integers(0, total, size=T)`` each, made by numpy's own method
+    from the generator's 32-bit words (its PCG64's 64-bit outputs, low half first; Lemire's: a word w gives
+    ``(w total) >> 32`` unless ``(w total) mod 2^32 < (2^32 - total) mod total``, then it is skipped), read in
+    bulk (``random_raw``) and counted by position in one compiled loop, without the draws' array. Checked against
+    ``rng.integers`` once per process (`_lemire_is_numpys`); where it differs (another numpy, another generator, a
+    total past 2^32 - 1) ``rng.integers`` draws and they are counted."""
+
+    def __init__(self, rng: np.random.Generator, total: int):
+        self.rng, self.total, self.threshold = rng, total, (2**32 - total) % total
+        self.own = total < 2**32 and type(rng.bit_generator) is np.random.PCG64 and _lemire_is_numpys()
+        if self.own:
+            state = rng.bit_generator.state  # a word left over from a 64-bit output comes first
+            self.words = np.array([state["uinteger"]] if state["has_uint32"] else [], dtype=np.uint32)
+        self.start = self.end = 0
+
+    def _have(self, size: int, extra: int = 0) -> None:
+        """Words from ``start`` enough for ``size`` draws (and their skipped words, ~never more than this bound)."""
+        need = size + 2 * size * self.threshold // 2**32 + 1024 + extra
+        if self.words.size - self.start < need:
+            more = self.rng.bit_generator.random_raw(max(need, 1 << 17) // 2 + 1).view(np.uint32)
+            self.words = np.concatenate([self.words[self.start:], more])
+            self.start = 0
+
+    def count(self, size: int, drawn: np.ndarray) -> None:
+        """Add the next resample's ``size`` draws to their positions' counts ``drawn``."""
+        if not self.own:
+            self.last = self.rng.integers(0, self.total, size=size)
+            _count_positions(self.last, drawn)
+            return
+        self.start, extra = self.end, 0
+        while True:
+            self._have(size, extra)
+            got, end = _lemire_count(self.words, self.start, size, self.total, self.threshold, drawn)
+            if got == size:
+                self.size, self.end = size, end
+                return
+            drawn[:] = 0  # out of words (never in practice): again, with more
+            extra += size
+
+    def again(self) -> np.ndarray:
+        """The last resample's draws (positions), as ``rng.integers`` gave them."""
+        if not self.own:
+            return self.last
+        return _lemire_draws(self.words, self.start, self.size, self.total, self.threshold)[0]
+
+    def take(self, size: int) -> np.ndarray:
+        """The next resample's ``size`` draws (positions)."""
+        if not self.own:
+            return self.rng.integers(0, self.total, size=size)
+        self.start = self.end
+        self._have(size, size)
+        out, self.end = _lemire_draws(self.words, self.start, size, self.total, self.threshold)
+        self.size = size
+        return out
+
+
+@functools.lru_cache(maxsize=1)
+def _lemire_is_numpys() -> bool:
+    """Whether `_lemire_draws` on default_rng's raw words gives what its ``integers`` gives (two calls in a row)."""
+    for total in (3, 508_001, 2**31 + 5):
+        numpys = np.random.default_rng(total)
+        want = np.concatenate([numpys.integers(0, total, size=size) for size in (7, 100)])
+        words = np.random.default_rng(total).bit_generator.random_raw(400).view(np.uint32)
+        got, end = _lemire_draws(words, 0, want.size, total, (2**32 - total) % total)
+        if end > words.size or not np.array_equal(got, want):
+            return False
+    return True
+
+
 @_jit
-def _kept_draws_iqm(draws, slot, middle_values, kept_values, drawn, fine, zone_b, zone_c, pos_b, pos_c, left,
-                    left_value, right, right_value, ranks, t25, t75):
-    """``(IQM, True)`` of the resample made of ``left`` samples of ``left_value``, the kept samples ``draws``
-    (positions among the kept samples; ``slot``: their kept value) and ``right`` of ``right_value``, as `_iqm_rows`
-    reads it; ``(nan, False)`` when a quartile reads a kept value between the zones (or the values between them are
-    not all in [Q25, Q75]). The draws counted by position in ``drawn`` (uint8, zero on entry and on return; a wrap
-    past 255 shows in their total), then one pass over the positions: the zones' counts by value in ``fine``, the
-    values between them summed (four running sums, so that the additions do not all wait on each other)."""
+def _lemire_draws(words, start, size, total, threshold):
+    """``(draws, end)``: ``size`` draws in [0, total) from ``words[start:end]`` (`_KeptDraws`); end past the words
+    when they run out."""
+    out = np.empty(size, dtype=np.int64)
+    scale, low, limit = np.uint64(total), np.uint64(0xFFFFFFFF), np.uint64(threshold)
+    got, i = 0, start
+    while got < size and i < words.size:
+        m = np.uint64(words[i]) * scale
+        i += 1
+        if (m & low) >= limit:
+            out[got] = np.int64(m >> np.uint64(32))
+            got += 1
+    return out, (i if got == size else words.size + 1)
+
+
+@_jit
+def _lemire_count(words, start, size, total, threshold, drawn):
+    """`_lemire_draws` counted by position in ``drawn``: ``(draws made, end)``."""
+    scale, low, limit = np.uint64(total), np.uint64(0xFFFFFFFF), np.uint64(threshold)
+    got, i = 0, start
+    while got < size and i < words.size:
+        m = np.uint64(words[i]) * scale
+        i += 1
+        if (m & low) >= limit:
+            drawn[np.int64(m >> np.uint64(32))] += 1
+            got += 1
+    return got, i
+
+
+@_jit
+def _count_positions(draws, drawn):
     for i in range(draws.size):
         drawn[draws[i]] += 1
+
+
+@_jit
+def _kept_draws_iqm(drawn, size, slot, middle_values, kept_values, fine, zone_b, zone_c, pos_b, pos_c, left,
+                    left_value, right, right_value, ranks, t25, t75):
+    """``(IQM, True)`` of the resample made of ``left`` samples of ``left_value``, ``size`` kept samples counted
+    by position in ``drawn`` (uint8, zeroed here; a wrap past 255 shows in their total; ``slot``: each position's
+    kept value) and ``right`` of ``right_value``, as `_iqm_rows` reads it; ``(nan, False)`` when a quartile reads a
+    kept value between the zones (or the values between them are not all in [Q25, Q75]). One pass over the
+    positions: the zones' counts by value in ``fine``, the values between them summed (four running sums, so that
+    the additions do not all wait on each other)."""
     shift, total_drawn = zone_c - zone_b, 0
     fine[:] = 0
     for p in range(pos_b):
@@ -319,7 +428,7 @@ def _kept_draws_iqm(draws, slot, middle_values, kept_values, drawn, fine, zone_b
     for p in range(pos_b, pos_c):
         n_between += drawn[p]
         drawn[p] = 0
-    if total_drawn + n_between != draws.size:  # a position drawn 256 times or more (never, in practice)
+    if total_drawn + n_between != size:  # a position drawn 256 times or more (never, in practice)
         return np.nan, False
     between = (s0 + s1) + (s2 + s3)
     at = np.empty(4)  # the order statistics of ranks r25, r25 + 1, r75, r75 + 1 (`_quantile_rows`)
