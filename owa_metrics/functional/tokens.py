@@ -93,7 +93,7 @@ def token_losses(logits: torch.Tensor, target: torch.Tensor, chunk_rows: Optiona
     position of ``target`` under ``logits`` [B, T, V] (0 elsewhere); a label past the logits' vocabulary or a
     non-finite loss (NaN / inf logits) is 0 and counted in ``skipped``. On the CPU (or given ``chunk_rows``) it is
     computed at the labelled positions only, in blocks of ``chunk_rows`` (default 2048: buffers of that size are
-    reused rather than faulted in anew; fewer where the vocabulary is wide: `CPU_BLOCK_LOGITS`) by
+    reused rather than faulted in anew; fewer where the vocabulary is wide: `CPU_BLOCK_LOGITS`) as
     `block_cross_entropy`, no copy of the whole logits; finding them reads their number (a host sync, none on the
     CPU). Elsewhere at every position at once (`dense_token_losses`): no host sync."""
     if chunk_rows is None and target.device.type != "cpu":
@@ -105,13 +105,16 @@ def token_losses(logits: torch.Tensor, target: torch.Tensor, chunk_rows: Optiona
     vocab_size = rows.shape[-1]
     wanted = labels_flat.index_select(0, scored)
     chunk_rows = min(chunk_rows or 2048, max(1, CPU_BLOCK_LOGITS // max(1, vocab_size)))
-    in_vocab = wanted.clamp(max=vocab_size - 1)
+    # the label's logit at each labelled position, read in place (label clamped into the vocabulary: masked below)
+    label_logits = logits.take(torch.add(wanted.clamp(max=vocab_size - 1), scored, alpha=vocab_size))
     token_ce = torch.empty(scored.numel(), dtype=torch.float64, device=target.device)
     # a loop over blocks of positions, not over tokens, each written into its slice of the one output (a list of
     # blocks joined by cat let glibc return and fault in the block buffers anew: 50 MB of page faults per call at
-    # 32 x 2048 in some runs)
-    for at, labels, out in zip(*(x.split(chunk_rows) for x in (scored, in_vocab, token_ce))):
-        out.copy_(block_cross_entropy(rows.index_select(0, at), labels))
+    # 32 x 2048 in some runs); the log-sum-exp of a block in float32 (a float32 block goes as it is), minus the
+    # labels' logits: as `block_cross_entropy`, with no log-softmax written out
+    for at, label_logit, out in zip(*(x.split(chunk_rows) for x in (scored, label_logits, token_ce))):
+        block = rows.index_select(0, at)
+        torch.sub(torch.logsumexp(block if block.dtype == torch.float32 else block.float(), -1), label_logit, out=out)
     usable = (wanted < vocab_size) & torch.isfinite(token_ce)
     token_loss = torch.zeros(B * T, dtype=torch.float64, device=target.device)
     token_loss.index_copy_(0, scored, torch.where(usable, token_ce, 0.0))
