@@ -25,7 +25,7 @@ Exact (float64, equal to numpy on the same values):
   multinomial, so each resample is exactly one of resampling with replacement; without a split its IQM reads
   kept values only. The result is a function of the values and the seed: the same on any device and number of
   ranks. Cost after the sort: O(B x min(kept values, kept samples)), the kept values being those within w ranks
-  of the IQR.
+  of the IQR; sample by sample, one compiled pass per resample (`_sample_by_sample`).
 
 Sketch (DDSketch-style, signed): a value x lands in bucket ``ceil(log_gamma |x|)`` on its sign's side,
 ``gamma = (1 + alpha) / (1 - alpha)``, and is read back as ``2 gamma^i / (gamma + 1)``: every order
