@@ -67,7 +67,7 @@ def distinct(x: torch.Tensor, drop_nan: bool = False) -> tuple[torch.Tensor, tor
     torch's): O(n log n); everything after it is O(distinct)."""
     x = x.reshape(-1).double()
     if x.device.type == "cpu":
-        ascending = np.sort(x.numpy())  # NaNs last, as torch
+        ascending = np.sort(x.detach().numpy())  # NaNs last, as torch
         ascending = torch.from_numpy(ascending[:np.searchsorted(ascending, np.nan)] if drop_nan else ascending)
     else:
         ascending = (x[~torch.isnan(x)] if drop_nan else x).sort().values
