@@ -419,13 +419,15 @@ def _kept_draws_iqm(drawn, size, slot, middle_values, kept_values, fine, zone_b,
     s0 = s1 = s2 = s3 = 0.0
     n_between, end = 0, pos_b + (pos_c - pos_b) // 4 * 4
     for p in range(pos_b, end, 4):
-        s0 += drawn[p] * middle_values[p - pos_b]
-        s1 += drawn[p + 1] * middle_values[p + 1 - pos_b]
-        s2 += drawn[p + 2] * middle_values[p + 2 - pos_b]
-        s3 += drawn[p + 3] * middle_values[p + 3 - pos_b]
+        c0, c1, c2, c3 = drawn[p], drawn[p + 1], drawn[p + 2], drawn[p + 3]
+        s0 += c0 * middle_values[p - pos_b]
+        s1 += c1 * middle_values[p + 1 - pos_b]
+        s2 += c2 * middle_values[p + 2 - pos_b]
+        s3 += c3 * middle_values[p + 3 - pos_b]
+        n_between += (c0 + c1) + (c2 + c3)
+        drawn[p] = drawn[p + 1] = drawn[p + 2] = drawn[p + 3] = 0
     for p in range(end, pos_c):
         s0 += drawn[p] * middle_values[p - pos_b]
-    for p in range(pos_b, pos_c):
         n_between += drawn[p]
         drawn[p] = 0
     if total_drawn + n_between != size:  # a position drawn 256 times or more (never, in practice)
