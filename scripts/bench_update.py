@@ -2,6 +2,7 @@
 
     python scripts/bench_update.py update  [--repeats 10]     # 8 x 1024 and 32 x 2048 batches
     python scripts/bench_update.py compute [--sizes 10000 100000 1000000 --repeats 5]
+    python scripts/bench_update.py loss    [--repeats 10]   # token_losses alone, narrow and wide vocabularies
 
 ``update``: `OWAEventMetrics.update` (teacher forcing, exact and sketch mode) on a simulated batch, next to
 the reference that works the way the upstream OWA evaluator does: per target event, the tokenizer decodes
@@ -32,6 +33,7 @@ import torch
 from owa_metrics import EventCodec, EventDecodeError, OWAEventMetrics, SignedPercentError, build_tokenizer
 from owa_metrics.events import simulate_session
 from owa_metrics.functional.tokens import token_losses
+from owa_metrics.metrics.collection import Read
 from owa_metrics.metrics.per_event import compare_events
 
 from bench_decode import make_batch, timed  # scripts/ is on sys.path when run as a script
@@ -103,6 +105,18 @@ def bench_update(repeats: int) -> None:
         s = timed(lambda: token_losses(logits, target), repeats)  # what logits add: the loss alone, as update runs it
         name = f"token_losses alone (V={logits.shape[-1]})"
         print(f"{batch}x{seq_len:>5} {name:<34} {1:>7} {s * 1e3:>10.2f} {positions / s:>13,.0f} {ref_s / s:>11.0f}x")
+
+
+def timed_cpu(fn, repeats: int) -> tuple[float, float]:
+    """Medians of the wall-clock and of the process's CPU seconds of ``fn`` (on a shared, loaded machine the CPU
+    time of a one-thread call is the steadier of the two)."""
+    walls, cpus = [], []
+    for _ in range(repeats):
+        wall, cpu = time.perf_counter(), time.process_time()
+        fn()
+        walls.append(time.perf_counter() - wall)
+        cpus.append(time.process_time() - cpu)
+    return float(np.median(walls)), float(np.median(cpus))
 
 
 def field_error_batches(vocab, n_events: int, batch: int = 32, seq_len: int = 2048, seed: int = 0):
@@ -188,7 +202,7 @@ def bench_compute(sizes: list[int], repeats: int) -> None:
     torch.set_num_threads(1)
     rng = np.random.default_rng(0)
     print(f"torch {torch.__version__}, 1 thread\nSignedPercentError: IQM + CI of n float errors (all distinct)")
-    print(f"{'n':>9} {'mode':<10} {'compute ms':>11} {'state bytes':>12}")
+    print(f"{'n':>9} {'mode':<10} {'compute ms':>11} {'cpu ms':>9} {'state bytes':>12}")
     for n in sizes:
         pred = torch.from_numpy(rng.normal(100, 30, n))
         true = torch.from_numpy(rng.normal(100, 25, n)).clamp(min=1)
@@ -200,12 +214,12 @@ def bench_compute(sizes: list[int], repeats: int) -> None:
                 metric._computed = None  # force a fresh compute (no cached result)
                 metric.compute()
 
-            s = timed(run, repeats if mode == "sketch" or n <= 10**5 else 1)
-            print(f"{n:>9} {mode:<10} {s * 1e3:>11.1f} {state_bytes(metric):>12,}")
+            s, cpu = timed_cpu(run, repeats if mode == "sketch" or n <= 10**5 else 1)
+            print(f"{n:>9} {mode:<10} {s * 1e3:>11.1f} {cpu * 1e3:>9.1f} {state_bytes(metric):>12,}")
         if n <= 10**4:
             values = ((pred - true) / true * 100).numpy()
-            s = timed(lambda: reference_iqm_ci(values), 1)
-            print(f"{n:>9} {'reference':<10} {s * 1e3:>11.1f} {'-':>12}")
+            s, cpu = timed_cpu(lambda: reference_iqm_ci(values), 1)
+            print(f"{n:>9} {'reference':<10} {s * 1e3:>11.1f} {cpu * 1e3:>9.1f} {'-':>12}")
 
     tokenizer = build_tokenizer()
     vocab = OWAEventMetrics(tokenizer).vocab
@@ -213,8 +227,8 @@ def bench_compute(sizes: list[int], repeats: int) -> None:
     batches = field_error_batches(vocab, max(sizes))
     print(f"\nOWAEventMetrics.compute() (7 bootstrap CIs, every key), predictions with field errors "
           f"({len(batches)} batches of 32 x 2048 made in {time.perf_counter() - begin:.0f} s):")
-    print(f"{'events':>9} {'mode':<7} {'compute ms':>11} {'state MB':>9} {'peak extra MB':>14} {'extra / state':>13} "
-          f"{'distinct ts / pe_x / pe_y':>26}")
+    print(f"{'events':>9} {'mode':<7} {'compute ms':>11} {'cpu ms':>9} {'state MB':>9} {'peak extra MB':>14} "
+          f"{'extra / state':>13} {'distinct ts / pe_x / pe_y':>26}")
     for n in sizes:
         for mode in ("exact", "sketch"):
             metric = OWAEventMetrics(tokenizer, mode=mode)
@@ -229,25 +243,46 @@ def bench_compute(sizes: list[int], repeats: int) -> None:
 
             with PeakRss() as memory:  # the first compute: it also merges the list states' pieces
                 report = run()
-            s = timed(run, repeats if mode == "sketch" or n <= 10**5 else max(3, repeats // 2))
+            s, cpu = timed_cpu(run, repeats if mode == "sketch" or n <= 10**5 else max(3, repeats // 2))
             distinct = "-"
             if mode == "exact":
-                signed, _ = metric._timestamp_distributions()[0]
-                _, pe_x, pe_y, _ = metric._mouse_distributions()
-                distinct = " / ".join(str(d.values.numel()) for d in (signed, pe_x, pe_y))
+                read = Read(metric)
+                distinct = " / ".join(str(read.samples(name, value).values.numel()) for name, value in
+                                      (("timestamp", "signed_error_ms"), ("mouse", "signed_pe_x"), ("mouse", "signed_pe_y")))
             size = state_bytes(metric)
-            print(f"{int(report['count/valid_target_events']):>9} {mode:<7} {s * 1e3:>11.1f} {size / 1e6:>9.1f} "
-                  f"{memory.extra / 1e6:>14.1f} {memory.extra / size:>13.2f} {distinct:>26}")
+            print(f"{int(report['count/valid_target_events']):>9} {mode:<7} {s * 1e3:>11.1f} {cpu * 1e3:>9.1f} "
+                  f"{size / 1e6:>9.1f} {memory.extra / 1e6:>14.1f} {memory.extra / size:>13.2f} {distinct:>26}")
+
+
+def bench_loss(repeats: int) -> None:
+    """`token_losses` (the CPU path update runs with logits) on float32 and bfloat16 logits of a narrow and a wide
+    vocabulary: median ms and the peak resident memory added by the first call, at one thread."""
+    torch.set_num_threads(1)
+    print(f"torch {torch.__version__}, 1 thread\n{'logits':>28} {'median ms':>10} {'cpu ms':>9} {'peak extra MB':>14} "
+          f"{'logits MB':>10}")
+    g = torch.Generator().manual_seed(0)
+    for (batch, seq_len, vocab_size) in ((32, 2048, 272), (2, 512, 151_936)):
+        for dtype in (torch.float32, torch.bfloat16):
+            logits = torch.randn(batch, seq_len, vocab_size, generator=g).to(dtype)
+            target = torch.randint(0, vocab_size, (batch, seq_len), generator=g)
+            with PeakRss() as memory:
+                token_losses(logits, target)
+            s, cpu = timed_cpu(lambda: token_losses(logits, target), repeats)
+            name = f"{batch}x{seq_len} V={vocab_size} {str(dtype).removeprefix('torch.')}"
+            print(f"{name:>28} {s * 1e3:>10.1f} {cpu * 1e3:>9.1f} {memory.extra / 1e6:>14.1f} "
+                  f"{logits.numel() * logits.element_size() / 1e6:>10.1f}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=["update", "compute"])
+    parser.add_argument("what", choices=["update", "compute", "loss"])
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--sizes", type=int, nargs="+", default=[10**4, 10**5, 10**6])
     args = parser.parse_args()
     if args.what == "update":
         bench_update(args.repeats)
+    elif args.what == "loss":
+        bench_loss(args.repeats)
     else:
         bench_compute(args.sizes, args.repeats)
 

@@ -12,6 +12,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from owa_metrics import OWAEventMetrics
+from owa_metrics.functional import tokens
 from owa_metrics.functional.tokens import LOSS_BLOCK_LOGITS, dense_token_losses, token_losses
 from test_decode import batch_tensors, batches
 
@@ -76,6 +77,25 @@ def test_blocked_loss_on_the_gpu_equals_the_cpu(dtype):
     got_loss, got_skipped = dense_token_losses(logits.to(CUDA), target.to(CUDA), block_logits=7 * 1000)
     torch.testing.assert_close(got_loss.cpu(), want_loss, rtol=1e-6, atol=1e-6)
     assert float(got_skipped) == float(want_skipped) > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_the_fused_block_loss_equals_the_torch_ops(dtype):
+    """`fused_block_cross_entropy` (torch.compile: one Triton reduction a row) compiles here and equals the eager
+    log-sum-exp minus the label's logit and the float32 cross-entropy to 1e-5, at a 151,936-wide vocabulary and a
+    NaN logit; blocks of two sizes (the last block of a batch is shorter)."""
+    g = torch.Generator().manual_seed(1)
+    for rows in (64, 37):
+        logits = (torch.randn(rows, 151_936, generator=g) * 3).to(dtype).to(CUDA)
+        labels = torch.randint(0, 151_936, (rows,), generator=g).to(CUDA)
+        logits[3, 11] = float("nan")
+        got = tokens.fused_block_cross_entropy(logits, labels)
+        assert "failed" not in tokens._fused, tokens._fused.get("failed")
+        eager = tokens.block_cross_entropy(logits, labels)
+        before = torch.nn.functional.cross_entropy(logits.float(), labels, reduction="none")
+        assert torch.isnan(got[3]) and torch.isnan(before[3])
+        for want in (eager, before):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, equal_nan=True)
 
 
 def test_wide_vocabulary_logits_take_one_block_of_memory(tokenizer):

@@ -112,3 +112,42 @@ def test_collate_masks_by_length_not_by_id_0():
     assert batch["input_ids"].tolist() == [[0, 5, 0], [0, 0, 0]]
     images = [{"input_ids": torch.tensor([1, 2]), "pixel_values": torch.full((2, 3), float(i))} for i in range(2)]
     assert collate(images)["pixel_values"][:, 0].tolist() == [0, 0, 1, 1]  # one entry per image, in item order
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_block_loss_reads_the_log_sum_exp_and_the_label_logit(dtype, monkeypatch):
+    """The token loss as log-sum-exp minus the label's logit (no log-softmax written out), in the CPU's blocks of
+    bounded size (here 120 logits: 3 positions a block, then one), equals a float64 numpy oracle of the definition
+    and the cross-entropy of the float32 logits (the path it replaces) to 1e-5; NaN / inf logits and labels past
+    the vocabulary are skipped as before."""
+    import numpy as np
+
+    from owa_metrics.functional import tokens
+
+    monkeypatch.setattr(tokens, "CPU_BLOCK_LOGITS", 120)
+    g = torch.Generator().manual_seed(3)
+    for vocab_size in (40, 300):
+        target = torch.randint(-4, vocab_size + 3, (2, 5), generator=g)
+        target = torch.where(target < 0, -100, target)
+        target[0, 0], target[1, 1] = 0, vocab_size - 1
+        logits = (torch.randn(2, 5, vocab_size, generator=g) * 4).to(dtype)
+        logits[1, 2, 7], logits[1, 3, 5] = float("nan"), float("inf")
+        target[1, 2], target[1, 3] = 3, 2
+        loss, skipped = tokens.token_losses(logits, target)
+        z, labels = logits.double().numpy().reshape(-1, vocab_size), target.numpy().reshape(-1)
+        want, want_skipped = np.zeros(labels.size), 0
+        for i, label in enumerate(labels):
+            if label >= 0:
+                top = z[i].max()
+                with np.errstate(invalid="ignore"):  # inf - inf: NaN, skipped
+                    value = top + np.log(np.exp(z[i] - top).sum()) - z[i][min(label, vocab_size - 1)]
+                ok = label < vocab_size and np.isfinite(value)
+                want[i], want_skipped = (value, want_skipped) if ok else (0.0, want_skipped + 1)
+        np.testing.assert_allclose(loss.numpy(), want, rtol=1e-5, atol=1e-5)
+        assert float(skipped) == want_skipped >= 2
+        labelled = (target.reshape(-1) >= 0) & (target.reshape(-1) < vocab_size)
+        rows = logits.reshape(-1, vocab_size)[labelled].float()
+        before = torch.nn.functional.cross_entropy(rows, target.reshape(-1)[labelled], reduction="none").double()
+        finite = torch.isfinite(before)
+        torch.testing.assert_close(loss[labelled][finite], before[finite], rtol=1e-5, atol=1e-5)
+        assert (loss[labelled][~finite] == 0).all() and (~finite).sum() == 2

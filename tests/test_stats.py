@@ -203,3 +203,29 @@ def test_sketch_on_heavy_tailed_signed_data(capsys):
     with capsys.disabled():
         print("\nsketch state bytes by n:", sizes)
     assert len(set(sizes.values())) == 1
+
+
+@pytest.mark.parametrize("tail_margin", [4.0, 0.5])
+def test_bootstrap_by_sample_compiled_equals_the_vectorized_path(monkeypatch, tail_margin):
+    """Nearly all distinct values (sample by sample): the compiled pass (`_KeptDraws` from the generator's words,
+    `_kept_draws_iqm` over the quartiles' zones) gives the resamples' IQMs of the vectorized path (numba off), to
+    1e-12; so does it when numpy's ``integers`` draws (its method not matched). The draws are numpy's."""
+    from owa_metrics.functional import stats
+
+    x = _data("float", 6000, seed=5)
+    x = np.concatenate([x, np.full(300, np.round(np.percentile(x, 25))), np.zeros(40)])  # ties at Q25 and the median
+    values, counts = distinct(torch.from_numpy(x))
+    fast = stats._resample_iqms(values, counts, 200, 42, tail_margin)
+    with monkeypatch.context() as m:
+        m.setattr(stats, "_lemire_is_numpys", lambda: False)
+        by_numpy = stats._resample_iqms(values, counts, 200, 42, tail_margin)
+    monkeypatch.setattr(stats, "kernel_available", lambda: False)
+    vectorized = stats._resample_iqms(values, counts, 200, 42, tail_margin)
+    assert not torch.isnan(vectorized).any()
+    for got in (fast, by_numpy):
+        torch.testing.assert_close(got, vectorized, rtol=1e-12, atol=1e-12)
+    rng, total = np.random.default_rng(9), 123_457
+    draws = stats._KeptDraws(np.random.default_rng(9), total)
+    assert draws.own
+    for size in (5, 1000, 77):
+        assert np.array_equal(draws.take(size), rng.integers(0, total, size=size))

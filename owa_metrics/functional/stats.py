@@ -25,7 +25,7 @@ Exact (float64, equal to numpy on the same values):
   multinomial, so each resample is exactly one of resampling with replacement; without a split its IQM reads
   kept values only. The result is a function of the values and the seed: the same on any device and number of
   ranks. Cost after the sort: O(B x min(kept values, kept samples)), the kept values being those within w ranks
-  of the IQR.
+  of the IQR; sample by sample, one compiled pass per resample (`_sample_by_sample`).
 
 Sketch (DDSketch-style, signed): a value x lands in bucket ``ceil(log_gamma |x|)`` on its sign's side,
 ``gamma = (1 + alpha) / (1 - alpha)``, and is read back as ``2 gamma^i / (gamma + 1)``: every order
@@ -44,6 +44,8 @@ from typing import Optional
 import numpy as np
 import torch
 
+from ..decode.kernel import _jit, available as kernel_available
+
 CHUNK_ELEMENTS = 1 << 15  # resamples per chunk: about this many counts (256 KB, below torch's parallel grain)
 TAIL_MARGIN = 4.0  # kept ranks reach TAIL_MARGIN sqrt(n) past the quartile ranks (about 9 standard deviations)
 BY_VALUE = 256, 8  # kept counts drawn value by value when at most max(256, kept samples / 8) kept values
@@ -59,10 +61,17 @@ def _nan(shape, device) -> torch.Tensor:
     return torch.full(shape, float("nan"), dtype=torch.float64, device=device)
 
 
-def distinct(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def distinct(x: torch.Tensor, drop_nan: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """``(values, counts)``: the ascending distinct values of ``x`` and how often each occurs (float64, NaNs
-    last, each its own value). One sort: O(n log n); everything after it is O(distinct)."""
-    values, counts = torch.unique_consecutive(x.reshape(-1).double().sort().values, return_counts=True)
+    last, each its own value; left out with ``drop_nan``). One sort (numpy's on the CPU: its SIMD sort is ~10x
+    torch's): O(n log n); everything after it is O(distinct)."""
+    x = x.reshape(-1).double()
+    if x.device.type == "cpu":
+        ascending = np.sort(x.detach().numpy())  # NaNs last, as torch
+        ascending = torch.from_numpy(ascending[:np.searchsorted(ascending, np.nan)] if drop_nan else ascending)
+    else:
+        ascending = (x[~torch.isnan(x)] if drop_nan else x).sort().values
+    values, counts = torch.unique_consecutive(ascending, return_counts=True)
     return values, counts.double()
 
 
@@ -205,17 +214,267 @@ def _resample_iqms(values: torch.Tensor, counts: torch.Tensor, num_resamples: in
     if profile is not None:
         spread = (np.arange(k, dtype=np.float64), *profile)
         group_spread = (group(torch.from_numpy(spread[0])).numpy(), *profile)
-    rows, out = max(1, CHUNK_ELEMENTS // (b - a + 2)), []
-    for first in range(0, num_resamples, rows):  # loop over chunks of resamples, each vectorized
-        chunk = groups[first:first + rows]
-        middle = kept_counts(chunk[:, 1])
+
+    def resample_iqms(chunk: np.ndarray, middle: np.ndarray) -> torch.Tensor:  # chunk's groups, their kept counts
         drawn = np.concatenate([chunk[:, :1][:, :int(a > 0)], middle, chunk[:, 2:][:, :int(b < k)]], axis=1)
         iqms = _iqm_rows(group_values, torch.from_numpy(drawn).double(), group_tied, group_spread)
         for i in np.flatnonzero((chunk[:, 0] > r25) | (chunk[:, 2] >= n - r75)):  # a tail reaches a quartile: rare
             full = np.concatenate([split(int(chunk[i, 0]), c[:a]), middle[i], split(int(chunk[i, 2]), c[b:])])
             iqms[i] = _iqm_rows(values, torch.from_numpy(full).double(), tied, spread)
-        out.append(iqms)
+        return iqms
+
+    if not by_value and tied is None and bool(torch.isfinite(group_values).all()) and kernel_available():
+        return _sample_by_sample(rng, groups, kept.astype(np.int64), slot, group_values.numpy(), n, int(totals[0]),
+                                 width, resample_iqms)
+    rows, out = max(1, CHUNK_ELEMENTS // (b - a + 2)), []
+    for first in range(0, num_resamples, rows):  # loop over chunks of resamples, each vectorized
+        chunk = groups[first:first + rows]
+        out.append(resample_iqms(chunk, kept_counts(chunk[:, 1])))
     return torch.cat(out)
+
+
+def _sample_by_sample(rng: np.random.Generator, groups: np.ndarray, kept: np.ndarray, slot: np.ndarray,
+                      group_values: np.ndarray, n: int, left_total: int, width: int, resample_iqms) -> torch.Tensor:
+    """`_resample_iqms` drawing the kept counts sample by sample (exact values, all finite; ``group_values`` as
+    there), equal to the vectorized path: each resample's draws ``rng.integers(0, kept total, size=T)``
+    (`_KeptDraws`), counted by position, are read by one compiled pass (`_kept_draws_iqm`) that counts them value
+    by value only in the two zones of kept values
+    whose ranks are within ``width`` of a quartile's, and sums the draws between the zones (all inside [Q25, Q75]
+    while each quartile is in its zone): O(T + 4 width) per resample, not O(T + kept values). A resample whose
+    tails must be split, or whose quartile leaves its zone (about never at tail_margin 4), is read from its counts
+    by ``resample_iqms``."""
+    has_left = int(left_total > 0)
+    kept_values = group_values[has_left:has_left + kept.size]
+    left_value, right_value = group_values[0], group_values[-1]  # read only when that tail has samples
+    ends = np.cumsum(kept)
+    first_rank, last_rank = left_total + ends - kept, left_total + ends - 1
+    r25, r75 = math.floor(0.25 * (n - 1)), math.ceil(0.75 * (n - 1))
+    width = max(width, math.ceil(TAIL_MARGIN * math.sqrt(n)))
+    zone_b = int(np.searchsorted(first_rank, r25 + width, side="right"))  # kept values [0, zone_b): Q25's zone
+    zone_c = max(zone_b, int(np.searchsorted(last_rank, r75 - width, side="left")))  # [zone_c, end): Q75's zone
+    pos_b, pos_c = (int(ends[z - 1]) if z else 0 for z in (zone_b, zone_c))  # kept samples before each
+    middle_values = np.repeat(kept_values[zone_b:zone_c], kept[zone_b:zone_c])  # by kept sample, between the zones
+    h = [0.25 * (n - 1), 0.75 * (n - 1)]  # as `_quantile_rows`
+    lo = [math.floor(x) for x in h]
+    ranks = np.array([lo[0], min(lo[0] + 1, n - 1), lo[1], min(lo[1] + 1, n - 1)], dtype=np.int64)
+    fine, drawn = np.empty(zone_b + kept.size - zone_c, dtype=np.int64), np.zeros(int(ends[-1]), dtype=np.uint8)
+    iqms, rest = torch.empty(len(groups), dtype=torch.float64), {}  # rest: the others' counts, by resample
+
+    def flush(rest: dict) -> None:  # in the order drawn (so are the tails' splits)
+        if rest:
+            iqms[list(rest)] = resample_iqms(groups[list(rest)], np.stack(list(rest.values())))
+            rest.clear()
+
+    draws = _KeptDraws(rng, int(ends[-1]))
+    for i, (left, size, right) in enumerate(groups.tolist()):
+        if left <= r25 and right < n - r75:
+            draws.count(size, drawn)
+            iqms[i], ok = _kept_draws_iqm(drawn, size, slot, middle_values, kept_values, fine, zone_b, zone_c, pos_b,
+                                          pos_c, left, left_value, right, right_value, ranks, h[0] - lo[0],
+                                          h[1] - lo[1])
+            if ok:
+                continue
+            positions = draws.again()
+        else:
+            positions = draws.take(size)
+        rest[i] = np.bincount(slot[positions], minlength=kept.size)
+        if len(rest) * (kept.size + 2) >= CHUNK_ELEMENTS:
+            flush(rest)
+    flush(rest)
+    return iqms
+
+
+@_jit
+def _lerp_scalar(a: float, b: float, t: float) -> float:
+    """`_lerp` of one pair."""
+    diff = b - a
+    return b - diff * (1 - t) if t >= 0.5 else a + diff * t
+
+
+class _KeptDraws:
+    """The kept draws of successive resamples, ``rng.integers(0, total, size=T)`` each, made by numpy's own method
+    from the generator's 32-bit words (its PCG64's 64-bit outputs, low half first; Lemire's: a word w gives
+    ``(w total) >> 32`` unless ``(w total) mod 2^32 < (2^32 - total) mod total``, then it is skipped), read in
+    bulk (``random_raw``) and counted by position in one compiled loop, without the draws' array. Checked against
+    ``rng.integers`` once per process (`_lemire_is_numpys`); where it differs (another numpy, another generator, a
+    total past 2^32 - 1) ``rng.integers`` draws and they are counted."""
+
+    def __init__(self, rng: np.random.Generator, total: int):
+        self.rng, self.total, self.threshold = rng, total, (2**32 - total) % total
+        self.own = total < 2**32 and type(rng.bit_generator) is np.random.PCG64 and _lemire_is_numpys()
+        if self.own:
+            state = rng.bit_generator.state  # a word left over from a 64-bit output comes first
+            self.words = np.array([state["uinteger"]] if state["has_uint32"] else [], dtype=np.uint32)
+        self.start = self.end = 0
+
+    def _have(self, size: int, extra: int = 0) -> None:
+        """Words from ``start`` enough for ``size`` draws (and their skipped words, ~never more than this bound)."""
+        need = size + 2 * size * self.threshold // 2**32 + 1024 + extra
+        if self.words.size - self.start < need:
+            more = self.rng.bit_generator.random_raw(max(need, 1 << 17) // 2 + 1).view(np.uint32)
+            self.words = np.concatenate([self.words[self.start:], more])
+            self.start = 0
+
+    def count(self, size: int, drawn: np.ndarray) -> None:
+        """Add the next resample's ``size`` draws to their positions' counts ``drawn``."""
+        if not self.own:
+            self.last = self.rng.integers(0, self.total, size=size)
+            _count_positions(self.last, drawn)
+            return
+        self.start, extra = self.end, 0
+        while True:
+            self._have(size, extra)
+            got, end = _lemire_count(self.words, self.start, size, self.total, self.threshold, drawn)
+            if got == size:
+                self.size, self.end = size, end
+                return
+            drawn[:] = 0  # out of words (never in practice): again, with more
+            extra += size
+
+    def again(self) -> np.ndarray:
+        """The last resample's draws (positions), as ``rng.integers`` gave them."""
+        if not self.own:
+            return self.last
+        return _lemire_draws(self.words, self.start, self.size, self.total, self.threshold)[0]
+
+    def take(self, size: int) -> np.ndarray:
+        """The next resample's ``size`` draws (positions)."""
+        if not self.own:
+            return self.rng.integers(0, self.total, size=size)
+        self.start = self.end
+        self._have(size, size)
+        out, self.end = _lemire_draws(self.words, self.start, size, self.total, self.threshold)
+        self.size = size
+        return out
+
+
+@functools.lru_cache(maxsize=1)
+def _lemire_is_numpys() -> bool:
+    """Whether `_lemire_draws` on default_rng's raw words gives what its ``integers`` gives (two calls in a row)."""
+    for total in (3, 508_001, 2**31 + 5):
+        numpys = np.random.default_rng(total)
+        want = np.concatenate([numpys.integers(0, total, size=size) for size in (7, 100)])
+        words = np.random.default_rng(total).bit_generator.random_raw(400).view(np.uint32)
+        got, end = _lemire_draws(words, 0, want.size, total, (2**32 - total) % total)
+        if end > words.size or not np.array_equal(got, want):
+            return False
+    return True
+
+
+@_jit
+def _lemire_draws(words, start, size, total, threshold):
+    """``(draws, end)``: ``size`` draws in [0, total) from ``words[start:end]`` (`_KeptDraws`); end past the words
+    when they run out."""
+    out = np.empty(size, dtype=np.int64)
+    scale, low, limit = np.uint64(total), np.uint64(0xFFFFFFFF), np.uint64(threshold)
+    got, i = 0, start
+    while got < size and i < words.size:
+        m = np.uint64(words[i]) * scale
+        i += 1
+        if (m & low) >= limit:
+            out[got] = np.int64(m >> np.uint64(32))
+            got += 1
+    return out, (i if got == size else words.size + 1)
+
+
+@_jit
+def _lemire_count(words, start, size, total, threshold, drawn):
+    """`_lemire_draws` counted by position in ``drawn``: ``(draws made, end)``."""
+    scale, low, limit = np.uint64(total), np.uint64(0xFFFFFFFF), np.uint64(threshold)
+    got, i = 0, start
+    while got < size and i < words.size:
+        m = np.uint64(words[i]) * scale
+        i += 1
+        if (m & low) >= limit:
+            drawn[np.int64(m >> np.uint64(32))] += 1
+            got += 1
+    return got, i
+
+
+@_jit
+def _count_positions(draws, drawn):
+    for i in range(draws.size):
+        drawn[draws[i]] += 1
+
+
+@_jit
+def _kept_draws_iqm(drawn, size, slot, middle_values, kept_values, fine, zone_b, zone_c, pos_b, pos_c, left,
+                    left_value, right, right_value, ranks, t25, t75):
+    """``(IQM, True)`` of the resample made of ``left`` samples of ``left_value``, ``size`` kept samples counted
+    by position in ``drawn`` (uint8, zeroed here; a wrap past 255 shows in their total; ``slot``: each position's
+    kept value) and ``right`` of ``right_value``, as `_iqm_rows` reads it; ``(nan, False)`` when a quartile reads a
+    kept value between the zones (or the values between them are not all in [Q25, Q75]). One pass over the
+    positions: the zones' counts by value in ``fine``, the values between them summed (four running sums, so that
+    the additions do not all wait on each other)."""
+    shift, total_drawn = zone_c - zone_b, 0
+    fine[:] = 0
+    for p in range(pos_b):
+        fine[slot[p]] += drawn[p]
+        total_drawn += drawn[p]
+        drawn[p] = 0
+    for p in range(pos_c, drawn.size):
+        fine[slot[p] - shift] += drawn[p]
+        total_drawn += drawn[p]
+        drawn[p] = 0
+    s0 = s1 = s2 = s3 = 0.0
+    n_between, end = 0, pos_b + (pos_c - pos_b) // 4 * 4
+    for p in range(pos_b, end, 4):
+        c0, c1, c2, c3 = drawn[p], drawn[p + 1], drawn[p + 2], drawn[p + 3]
+        s0 += c0 * middle_values[p - pos_b]
+        s1 += c1 * middle_values[p + 1 - pos_b]
+        s2 += c2 * middle_values[p + 2 - pos_b]
+        s3 += c3 * middle_values[p + 3 - pos_b]
+        n_between += (c0 + c1) + (c2 + c3)
+        drawn[p] = drawn[p + 1] = drawn[p + 2] = drawn[p + 3] = 0
+    for p in range(end, pos_c):
+        s0 += drawn[p] * middle_values[p - pos_b]
+        n_between += drawn[p]
+        drawn[p] = 0
+    if total_drawn + n_between != size:  # a position drawn 256 times or more (never, in practice)
+        return np.nan, False
+    between = (s0 + s1) + (s2 + s3)
+    at = np.empty(4)  # the order statistics of ranks r25, r25 + 1, r75, r75 + 1 (`_quantile_rows`)
+    k, cum = 0, left
+    while k < 4 and ranks[k] < cum:
+        at[k] = left_value
+        k += 1
+    for j in range(zone_b):
+        cum += fine[j]
+        while k < 4 and ranks[k] < cum:
+            at[k] = kept_values[j]
+            k += 1
+    at_between, cum = k, cum + n_between
+    if k < 4 and ranks[k] < cum:
+        return np.nan, False
+    for j in range(zone_c, kept_values.size):
+        cum += fine[j - shift]
+        while k < 4 and ranks[k] < cum:
+            at[k] = kept_values[j]
+            k += 1
+    while k < 4:  # in the right tail
+        at[k] = right_value
+        k += 1
+    q25, q75 = _lerp_scalar(at[0], at[1], t25), _lerp_scalar(at[2], at[3], t75)
+    if n_between and not (at_between == 2 and q25 <= kept_values[zone_b] and kept_values[zone_c - 1] <= q75):
+        return np.nan, False
+    total, count = between, float(n_between)
+    if left and q25 <= left_value <= q75:
+        total += left * left_value
+        count += left
+    for j in range(zone_b):
+        if fine[j] and q25 <= kept_values[j] <= q75:
+            total += fine[j] * kept_values[j]
+            count += fine[j]
+    for j in range(zone_c, kept_values.size):
+        if fine[j - shift] and q25 <= kept_values[j] <= q75:
+            total += fine[j - shift] * kept_values[j]
+            count += fine[j - shift]
+    if right and q25 <= right_value <= q75:
+        total += right * right_value
+        count += right
+    if count == 0:
+        return np.nan, False
+    return total / count, True
 
 
 # ------------------------------------------------------------------------------------------- sketch

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import NamedTuple, Optional
 
 import torch
@@ -92,8 +93,9 @@ def token_losses(logits: torch.Tensor, target: torch.Tensor, chunk_rows: Optiona
     position of ``target`` under ``logits`` [B, T, V] (0 elsewhere); a label past the logits' vocabulary or a
     non-finite loss (NaN / inf logits) is 0 and counted in ``skipped``. On the CPU (or given ``chunk_rows``) it is
     computed at the labelled positions only, in blocks of ``chunk_rows`` (default 2048: buffers of that size are
-    reused rather than faulted in anew), no copy of the whole logits; finding them reads their number (a host sync,
-    none on the CPU). Elsewhere at every position at once (`dense_token_losses`): no host sync."""
+    reused rather than faulted in anew; fewer where the vocabulary is wide: `CPU_BLOCK_LOGITS`) as
+    `block_cross_entropy`, no copy of the whole logits; finding them reads their number (a host sync, none on the
+    CPU). Elsewhere at every position at once (`dense_token_losses`): no host sync."""
     if chunk_rows is None and target.device.type != "cpu":
         return dense_token_losses(logits, target)
     B, T = target.shape
@@ -102,15 +104,17 @@ def token_losses(logits: torch.Tensor, target: torch.Tensor, chunk_rows: Optiona
     rows = logits.reshape(-1, logits.shape[-1])  # [B * T, V]; [0, V] without positions (then none is labelled)
     vocab_size = rows.shape[-1]
     wanted = labels_flat.index_select(0, scored)
-    chunk_rows, in_vocab = chunk_rows or 2048, wanted.clamp(max=vocab_size - 1)
+    chunk_rows = min(chunk_rows or 2048, max(1, CPU_BLOCK_LOGITS // max(1, vocab_size)))
+    # the label's logit at each labelled position, read in place (label clamped into the vocabulary: masked below)
+    label_logits = logits.take(torch.add(wanted.clamp(max=vocab_size - 1), scored, alpha=vocab_size))
     token_ce = torch.empty(scored.numel(), dtype=torch.float64, device=target.device)
     # a loop over blocks of positions, not over tokens, each written into its slice of the one output (a list of
     # blocks joined by cat let glibc return and fault in the block buffers anew: 50 MB of page faults per call at
-    # 32 x 2048 in some runs); a float32 block goes as it is (`.float()`: one more op a block)
-    for at, labels, out in zip(*(x.split(chunk_rows) for x in (scored, in_vocab, token_ce))):
+    # 32 x 2048 in some runs); the log-sum-exp of a block in float32 (a float32 block goes as it is), minus the
+    # labels' logits: as `block_cross_entropy`, with no log-softmax written out
+    for at, label_logit, out in zip(*(x.split(chunk_rows) for x in (scored, label_logits, token_ce))):
         block = rows.index_select(0, at)
-        out.copy_(torch.nn.functional.cross_entropy(block if block.dtype == torch.float32 else block.float(), labels,
-                                                    reduction="none"))
+        torch.sub(torch.logsumexp(block if block.dtype == torch.float32 else block.float(), -1), label_logit, out=out)
     usable = (wanted < vocab_size) & torch.isfinite(token_ce)
     token_loss = torch.zeros(B * T, dtype=torch.float64, device=target.device)
     token_loss.index_copy_(0, scored, torch.where(usable, token_ce, 0.0))
@@ -139,6 +143,37 @@ def per_token_loss(logits: torch.Tensor, target: torch.Tensor, block_logits: Opt
 
 
 LOSS_BLOCK_LOGITS = 2**27  # logits per block of `dense_token_losses`: float32 buffers of 512 MB at most
+CPU_BLOCK_LOGITS = 2**21  # logits per block of `token_losses` on the CPU: a float32 block of 8 MB at most
+
+
+def block_cross_entropy(block: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """float32 [R]: ``logsumexp(z) - z[label]`` of each row ``z`` of ``block`` [R, V] (any float dtype, read as
+    float32) at its label (in the vocabulary): the log-sum-exp and the label's logit, no log-softmax written out.
+    On CUDA `_blocked_cross_entropy` runs it compiled (`fused_block_cross_entropy`)."""
+    z = block.float()
+    return torch.logsumexp(z, -1) - z.gather(-1, labels[:, None]).squeeze(-1)
+
+
+_fused: dict = {}  # "fn": the compiled `block_cross_entropy`; "failed": why it could not run
+
+
+def fused_block_cross_entropy(block: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """`block_cross_entropy` through ``torch.compile`` (on CUDA: one Triton reduction per row that reads the block
+    once in its own dtype, log-sum-exp and the label's logit in registers, no float32 copy of the block); where it
+    cannot compile (no Triton, an unsupported platform), `block_cross_entropy` itself, with one warning."""
+    if "failed" not in _fused:
+        try:
+            if "fn" not in _fused:
+                _fused["fn"] = torch.compile(block_cross_entropy)
+            return _fused["fn"](block, labels)
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as err:  # noqa: BLE001 - any compile failure: the eager ops compute the same
+            _fused["failed"] = err
+            warnings.warn(f"owa_metrics: the fused token loss does not compile here ({type(err).__name__}: {err}); "
+                          "the token loss runs as torch ops (a float32 copy of each block).", RuntimeWarning,
+                          stacklevel=2)
+    return block_cross_entropy(block, labels)
 
 
 def dense_token_losses(logits: torch.Tensor, target: torch.Tensor,
@@ -159,11 +194,11 @@ def dense_token_losses(logits: torch.Tensor, target: torch.Tensor,
 
 def _blocked_cross_entropy(rows: torch.Tensor, labels: torch.Tensor, block_logits: int) -> torch.Tensor:
     """float32 [N]: the cross-entropy of every row of ``rows`` [N, V] at its label (clamped into the vocabulary:
-    the callers mask ignored and out-of-vocabulary labels), in blocks of ``max(1, block_logits // V)`` rows, each
-    copied to float32 alone."""
+    the callers mask ignored and out-of-vocabulary labels), in blocks of ``max(1, block_logits // V)`` rows:
+    `block_cross_entropy`, fused on CUDA (`fused_block_cross_entropy`)."""
     step, clamped = max(1, block_logits // rows.shape[-1]), labels.clamp(0, rows.shape[-1] - 1)
-    return torch.cat([torch.nn.functional.cross_entropy(block.float(), block_labels, reduction="none")
-                      for block, block_labels in zip(rows.split(step), clamped.split(step))])
+    loss = fused_block_cross_entropy if rows.is_cuda else block_cross_entropy
+    return torch.cat([loss(block, block_labels) for block, block_labels in zip(rows.split(step), clamped.split(step))])
 
 
 def token_sums(stats: EventTokenStats) -> tuple[torch.Tensor, torch.Tensor]:

@@ -20,7 +20,7 @@ from ..functional.d2e import bin_ns_of
 from ..functional.declare import Given, GivenSamples, Samples, Shape, Sums
 from ..functional.plan import SAMPLE_SHIFT, Plan, accumulate
 from ..functional.report import REPORT, default_tag_keys
-from ..functional.stats import sketch_counts
+from ..functional.stats import distinct, sketch_counts
 from ..functional.tokens import event_token_stats, field_table, given_token_losses, token_losses
 from ..schema import Status
 from ..tokens.codec import CodecConfig
@@ -500,6 +500,7 @@ class Read:
         self.metric, self.tag = metric, tag
         self.plan = Plan.get(metric.definitions, metric.shape, "cpu", metric._given_names(tokens=True))
         self.num_resamples, self.seed, self.alignment = metric.num_resamples, metric.seed, metric.alignment
+        self._samples: dict = {}  # (name, value, category) -> its Distribution: each sorted once per compute
 
     def __getitem__(self, name: str) -> Named:
         state, value = self.plan.states[name], getattr(self.metric, self.metric.kept(name, self.tag))
@@ -510,7 +511,13 @@ class Read:
 
     def samples(self, name: str, value: str, category: Optional[int] = None) -> Distribution:
         """The distribution of a `Samples` state's ``value`` (over its whole group, or the events of one true
-        ``category`` when the state is split by it); NaN (not defined) left out."""
+        ``category`` when the state is split by it); NaN (not defined) left out. Read once per `Read`."""
+        key = name, value, category
+        if key not in self._samples:
+            self._samples[key] = self._read_samples(name, value, category)
+        return self._samples[key]
+
+    def _read_samples(self, name: str, value: str, category: Optional[int]) -> Distribution:
         state, m = self.plan.states[name], self.metric
         j = list(state.values).index(value)
         if m.mode == "sketch":
@@ -519,7 +526,7 @@ class Read:
         rows = cat_samples(getattr(m, m.kept(name, self.tag)), m.device)
         rows = rows.reshape(-1, len(state.values) + state.by_category)
         x = rows[:, j] if category is None else rows[rows[:, -1] == category, j]
-        return Distribution.exact(x[~torch.isnan(x)])
+        return Distribution(*distinct(x, drop_nan=True))
 
     def given_samples(self, name: str) -> Distribution:
         m = self.metric
