@@ -128,3 +128,22 @@ def test_hostile_ids_with_screens_as_context_never_raise(sessions, backend):
     metric.update(hostile, true)
     metric.update(true, hostile)
     assert all(not bool(torch.isnan(v)) for v in metric.compute().values())
+
+
+def test_predict_events_counts_actions_when_screens_are_context():
+    """The prompt ends before the last ``predict_events`` actions (screens are context, not predicted): with
+    events [key, screen, mouse, screen, screen] and predict_events=1 the cut is at the mouse event's start (the
+    continuation holds an action); counting every event (screens scored) cuts at the last screen."""
+    from owa_metrics.callbacks.generation import split_prompt
+    from owa_metrics.schema import Event
+
+    vocab = VocabMap.from_tokenizer(build_tokenizer())
+    events = [Event("keyboard", 10_000_000, vk=65, action="press"), Event("screen", 20_000_000),
+              Event("mouse", 30_000_000, dx=3, dy=-2, button_flags=0), Event("screen", 40_000_000),
+              Event("screen", 50_000_000)]
+    pieces = [vocab.encode([e], ignore_images=True) for e in events]
+    ids = torch.tensor([sum(pieces, [])])
+    starts = [sum(map(len, pieces[:i])) for i in range(len(pieces))]  # each event's first token, by hand
+    assert split_prompt(ids, ids, vocab, 1)[3].tolist() == [starts[2]]
+    assert split_prompt(ids, ids, vocab, 2)[3].tolist() == [starts[2]]  # the first action stays as context
+    assert split_prompt(ids, ids, vocab, 1, actions_only=False)[3].tolist() == [starts[4]]

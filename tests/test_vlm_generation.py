@@ -64,7 +64,7 @@ def setup():
     vocab = VocabMap.from_tokenizer(tokenizer)
     events = simulate_session(12, seed=0, screen_hz=2.0, format="factorized")
     sequences = token_sequences(vocab, events, 700)
-    data = [sequences[i] for i in (0, 12, 2, 16)]  # 12 and 16: a screen among the last 3 events (not prompted)
+    data = [sequences[i] for i in (0, 11, 2, 15)]  # 11 and 15: a screen among the last 4 actions (not prompted)
     image = vocab.ids["<img>"]
     for n, item in enumerate(data):  # one frame per screen event: image k of item n filled with 100 n + k
         screens = int((item["input_ids"] == image).sum())
@@ -95,7 +95,7 @@ def test_internvl_teacher_forcing_and_generation_with_the_prompts_images(tmp_pat
 
     model.generate = recording
     try:
-        callback = OWAEventMetricsCallback(tokenizer, alignment="generation", predict_events=3, max_new_tokens=24,
+        callback = OWAEventMetricsCallback(tokenizer, alignment="generation", predict_events=4, max_new_tokens=24,
                                            artifacts=False)
         generated = _validate(tmp_path, model, callback, data)
     finally:
@@ -177,14 +177,16 @@ def _runs(ids, image):
 
 
 def family_data(family, vocab):
-    """Four sequences (a screen among the last 3 events of the first, none in the second) with their frames as the
+    """Four sequences (a screen among the last 3 actions of the first, none in the second) with their frames as the
     family's processor gives one sample; image k of item n is filled with 100 n + k + 1. Returns (items, images): each
     item's images, as the oracle reads them (pixels, and the Qwen grid)."""
     image, start = vocab.ids[FAMILIES[family][1]], vocab.ids["<EVENT_START>"]
     sequences = token_sequences(vocab, simulate_session(20, seed=1, screen_hz=4.0, format="factorized"), 160)
 
-    def tail_screen(x):  # a screen among the last 3 events
-        return bool((x["input_ids"][int((x["input_ids"] == start).nonzero()[-3]):] == image).any())
+    def tail_screen(x):  # a screen among the last 3 actions (screens are context: the prompt ends before them)
+        ids = x["input_ids"]
+        actions = ((ids[:-1] == start) & (ids[1:] != vocab.ids["<SCREEN>"])).nonzero()
+        return len(actions) > 3 and bool((ids[int(actions[-3]):] == image).any())  # (the first action: context)
 
     screens = [int(_runs(x["input_ids"], image).max()) + 1 for x in sequences]
     picks = [next(i for i, x in enumerate(sequences) if screens[i] >= 2 and tail_screen(x)),

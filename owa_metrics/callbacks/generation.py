@@ -24,7 +24,7 @@ IMAGE_KEYS = ("pixel_values", "pixel_attention_mask", "image_grid_thw")  # the l
 
 
 def check_batch(batch: Any, pl_module=None, vocab: Optional[VocabMap] = None, predict_events: int = 1,
-                generate_fn: Optional[Callable] = None) -> None:
+                generate_fn: Optional[Callable] = None, actions_only: bool = True) -> None:
     """Raise now, naming what is missing, if generation could not read this batch; with ``pl_module`` and no
     ``generate_fn``, cut its other model inputs to the prompts as the default generation will (the sanity check)."""
     if not (isinstance(batch, Mapping) and "input_ids" in batch):
@@ -32,20 +32,22 @@ def check_batch(batch: Any, pl_module=None, vocab: Optional[VocabMap] = None, pr
                            "the targets from batch['labels'] when present); the batch has no 'input_ids'")
     if pl_module is not None and generate_fn is None:
         ids = batch["input_ids"]
-        cut = split_prompt(ids, batch.get("labels", ids), vocab, predict_events)[3]
+        cut = split_prompt(ids, batch.get("labels", ids), vocab, predict_events, actions_only)[3]
         prompt_inputs(batch, cut, model_image_token(getattr(pl_module, "model", pl_module)))
 
 
 def generate_batch(pl_module, batch: Any, batch_idx: int, tokenizer, vocab: VocabMap, generate_fn: Optional[Callable],
-                   *, rows: int, predict_events: int, max_new_tokens: Optional[int], time_origin: bool):
+                   *, rows: int, predict_events: int, max_new_tokens: Optional[int], time_origin: bool,
+                   actions_only: bool = True):
     """``(generated, target, origin_ns)`` for the first ``rows`` sequences of ``batch``: generated ids [B, N]
     (the prompt removed, padding as -100), the true continuation [B, T] and, with ``time_origin``, each row's
-    time origin (`last_event_ns`; else None)."""
+    time origin (`last_event_ns`; else None). ``predict_events`` counts actions (``actions_only``: screens are
+    context) or every event (`split_prompt`)."""
     check_batch(batch)
     ids = batch["input_ids"]
     labels = batch.get("labels", ids)
     ids, labels = ids[:rows], labels[:rows]
-    prompt, mask, target, cut = split_prompt(ids, labels, vocab, predict_events)
+    prompt, mask, target, cut = split_prompt(ids, labels, vocab, predict_events, actions_only)
     generate = generate_fn or default_generate(pl_module, tokenizer)
     max_new = max_new_tokens or predict_events * 80
     context = {name: value for name, value in (("batch", batch), ("cut", cut)) if name in _keywords(generate)}
@@ -127,12 +129,16 @@ def prompt_part(values: torch.Tensor, cut: torch.Tensor) -> torch.Tensor:
     return torch.where(pos >= 0, values[:len(cut)].gather(1, pos.clamp(min=0)), 0)
 
 
-def split_prompt(ids: torch.Tensor, labels: torch.Tensor, vocab, predict_events: int):
-    """``(prompt, mask, target, cut)``: prompt = each row up to the start of its last ``predict_events`` events,
-    keeping at least its first event (left-padded, with a mask), ``ids[b, :cut[b]]``; target = the rest of the
-    row's labels (left-aligned, -100 padded)."""
+def split_prompt(ids: torch.Tensor, labels: torch.Tensor, vocab, predict_events: int, actions_only: bool = True):
+    """``(prompt, mask, target, cut)``: prompt = each row up to the start of its last ``predict_events`` events
+    (with ``actions_only``, its last ``predict_events`` actions: screens are context, not predicted), keeping at
+    least its first one (left-padded, with a mask), ``ids[b, :cut[b]]``; target = the rest of the row's labels
+    (left-aligned, -100 padded)."""
     B, T = ids.shape
-    starts = (vocab.codes(ids) & 0xF) == int(Role.START)
+    roles = vocab.codes(ids) & 0xF
+    starts = roles == int(Role.START)
+    if actions_only:  # an event whose type token is <SCREEN> is no action
+        starts &= torch.nn.functional.pad(roles[:, 1:] != int(Role.SCREEN), (0, 1), value=True)
     count = starts.sum(1)
     keep_events = torch.maximum(count - predict_events, count.clamp(max=1))  # keep one event as context
     rank = starts.long().cumsum(1)

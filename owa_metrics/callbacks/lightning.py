@@ -50,8 +50,8 @@ class OWAEventMetricsCallback(Callback):
     device and nothing of the logits outlives the batch. Generation: every ``every_n_batches``-th batch, up to
     ``max_sequences`` sequences per epoch and dataloader, counted over all ranks (each rank generates from its
     share, ``max_sequences / world_size``, so that a DDP run scores what one process scores when the ranks' batches
-    split the validation set evenly); the sequence minus its last ``predict_events`` events is the prompt; greedy
-    ``generate`` (or ``generate_fn``, see `generation`) continues it, and the generated events are paired with the
+    split the validation set evenly); the sequence minus its last ``predict_events`` actions (events, with
+    ``generated_screens="scored"``) is the prompt; greedy ``generate`` (or ``generate_fn``, see `generation`) continues it, and the generated events are paired with the
     true ones by index, or with ``pairing="time"`` matched within ``tolerance_ms`` (default 100; with another pairing
     it has no effect and is refused) on the time axis unwrapped from the prompt's last event
     (`generation.last_event_ns`), both on their actions: screens are what the model is shown
@@ -139,7 +139,8 @@ class OWAEventMetricsCallback(Callback):
                                 batch_idx: int, dataloader_idx: int = 0) -> None:
         if trainer.sanity_checking and not self.log_sanity_check:
             if self.alignment == "generation":  # a batch generation cannot read fails before training starts
-                check_batch(batch, pl_module, self.metric.vocab, self.predict_events, self.generate_fn)
+                check_batch(batch, pl_module, self.metric.vocab, self.predict_events, self.generate_fn,
+                            self.metric.generated_screens == "context")
             else:  # and so does a wrong validation_step
                 _find(outputs, batch)
             self._tags(batch)
@@ -205,7 +206,8 @@ class OWAEventMetricsCallback(Callback):
         generated, target, origin = generate_batch(
             pl_module, batch, batch_idx, self.tokenizer, run.metric.vocab, self.generate_fn,
             rows=rows, predict_events=self.predict_events,
-            max_new_tokens=self.max_new_tokens, time_origin=self.pairing == "time")
+            max_new_tokens=self.max_new_tokens, time_origin=self.pairing == "time",
+            actions_only=run.metric.generated_screens == "context")
         run.generated += target.shape[0]
         tags = self._tags(batch)
         run.metric.update(generated, target, origin_ns=origin, tags=None if tags is None else tags[:target.shape[0]])
