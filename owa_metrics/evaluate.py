@@ -150,17 +150,23 @@ def guess_format(*contents: list[str] | list[Event]) -> Optional[str]:
     keyboard / mouse event without those -> hierarchical). None when some text holds events but none tells (screens
     only: both formats write ``<SCREEN>`` + 3 digits < 10); hierarchical when no file is text with events
     (recordings, or no event at all)."""
-    events = False
-    starts = {spec.preset.event_start for spec in FORMATS.values()}
+    helds = []
     for content in contents:
         held = set()  # every <...> token of the texts: the text before each ">" from its last "<" (as _PIECES reads)
         for text in (c for c in content if isinstance(c, str)):
             held.update(piece[piece.rfind("<"):] + ">" for piece in set(text.split(">")[:-1]) if "<" in piece)
+        helds.append(held)
+    return format_of(*helds)
+
+
+def format_of(*helds: set[str]) -> Optional[str]:
+    """`guess_format` from each file's set of ``<...>`` tokens."""
+    starts = {spec.preset.event_start for spec in FORMATS.values()}
+    for held in helds:
         found = possible_formats(held)
         if len(found) == 1:
             return found[0]
-        events = events or bool(held & starts)
-    return None if events else "hierarchical"
+    return None if any(held & starts for held in helds) else "hierarchical"
 
 
 def tokenize(text: str, vocab: dict[str, int], unk_id: int) -> list[int]:
@@ -184,14 +190,20 @@ def _ids(path, contents, tokenizer, vocab: VocabMap) -> list[list[int]]:
         raise InputError(f"{path}: a recorded event the {vocab.config.format} format cannot write ({err})") from None
 
 
-def evaluate(pred_path, target_path, mode: str = "exact", batch_size: int = 16, progress: bool = True,
+def evaluate(pred_path, target_path, mode: str = "exact", batch_size: int = 16, progress: Optional[bool] = None,
              format: Optional[str] = None, pairing: str = "index", tolerance_ms: Union[float, tuple] = 100.0) -> dict:
     """``OWAEventMetrics(alignment="generation", pairing=, tolerance_ms=)`` over the paired sequences of two files,
     in ``format`` (guessed from the files' tokens when None, see `guess_format`; `FormatGuessWarning` when they
     cannot tell; the metric's undecodable-targets warning comes as `UndecodedTargetsWarning`); under time pairing
-    each sequence's time origin is its first valid true event."""
+    each sequence's time origin is its first valid true event. Two text files are streamed (`owa_metrics.streaming`:
+    memory flat in their size); under torch.distributed each rank takes its share of the sequences, and the report
+    (every rank's: call on every rank) is one process's. ``progress``: a bar on stderr (None: when it is a terminal)."""
     from tqdm.auto import tqdm
 
+    from .streaming import evaluate_text, rank_world
+
+    if ".mcap" not in (Path(pred_path).suffix, Path(target_path).suffix):
+        return evaluate_text(pred_path, target_path, mode, progress, format, pairing, tolerance_ms)
     (pred_contents, pred_tags), (target_contents, target_tags) = read_tagged(pred_path), read_tagged(target_path)
     if format is None:
         format = guess_format(target_contents, pred_contents)
@@ -207,9 +219,17 @@ def evaluate(pred_path, target_path, mode: str = "exact", batch_size: int = 16, 
     tags = _tags((pred_path, pred_tags), (target_path, target_tags))
     metric = OWAEventMetrics(vocab=vocab, alignment="generation", mode=mode, pairing=pairing, tolerance_ms=tolerance_ms,
                              tags=sorted(set(tags)) if tags else None)
-    for first in tqdm(range(0, len(targets), batch_size), desc="evaluate", unit="batch", disable=not progress):
+    rank, world = rank_world()
+    for first in tqdm(range(rank * batch_size, len(targets), batch_size * world), desc="evaluate", unit="batch",
+                      disable=None if progress is None else not progress):
         metric.update(_pad(preds[first:first + batch_size]), _pad(targets[first:first + batch_size]),
                       tags=tags[first:first + batch_size] if tags else None)
+    return report_of(metric, target_path, format)
+
+
+def report_of(metric: OWAEventMetrics, target_path, format: str) -> dict:
+    """``metric.compute()`` as floats (a sync under torch.distributed: call on every rank); its undecodable-targets
+    warning as `UndecodedTargetsWarning` naming ``target_path``, the others as they come."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         report = {k: float(v) for k, v in metric.compute().items()}
