@@ -25,6 +25,7 @@ examples:
   owa-metrics evaluate --pred pred.jsonl --target recording.mcap --json report.json
   owa-metrics evaluate --pred pred.txt --target true.txt --format factorized --strict
   owa-metrics evaluate --pred pred.txt --target true.txt --pairing time --tolerance-ms 100
+  owa-metrics evaluate --pred pred.mcap --target true.mcap --bin-ms 50 --bin-shifts -3 3   (the D2E protocol)
 
 pred.jsonl, one line per sequence (true.jsonl may tag it: {{"text": ..., "tag": "minecraft"}}):
   {{"text": "{KEY_A}"}}
@@ -78,6 +79,15 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--strict", action="store_true",
                           help="exit 1 when there is any warning (e.g. more than 5 %% of the true events do not "
                                "decode)")
+    d2e = evaluate.add_argument_group("the D2E protocol (the D2E paper's binned metrics; MCAP pairs, see "
+                                      "docs/METRICS.md)")
+    d2e.add_argument("--bin-ms", type=float, help="compare the two MCAP recordings over bins of this many ms "
+                                                  "(upstream's 50): prints the d2e/... keys only")
+    d2e.add_argument("--empty-bins-as-correct", action="store_true",
+                     help="a bin with no button (key) on either side counts as one right value")
+    d2e.add_argument("--bin-shifts", type=int, nargs=2, metavar=("LOW", "HIGH"),
+                     help="also score the prediction moved by k bins for k = LOW..HIGH (...@{k:+d}bins keys) and "
+                          "report d2e/best_shift_bins")
     return parser
 
 
@@ -95,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
         except InputError as err:
             print(f"owa-metrics demo: {err}".splitlines()[0], file=sys.stderr)
             return 2
+    if args.command == "evaluate" and (args.bin_ms is not None or args.bin_shifts or args.empty_bins_as_correct):
+        return _evaluate_d2e(args.pred, args.target, args.bin_ms, args.empty_bins_as_correct, args.bin_shifts,
+                             args.json)
     if args.command == "evaluate":
         tolerance_ms = args.tolerance_ms[0] if len(args.tolerance_ms) == 1 else tuple(args.tolerance_ms)
         return _evaluate(args.pred, args.target, args.mode, args.json, args.format, args.strict, args.pairing,
@@ -135,6 +148,44 @@ def _evaluate(pred: Path, target: Path, mode: str, json_path: Path | None, forma
             return 2
         print(f"wrote {json_path}")
     return 1 if strict and lines else 0
+
+
+def _evaluate_d2e(pred: Path, target: Path, bin_ms: float | None, empty_bins_as_correct: bool,
+                  bin_shifts: list[int] | None, json_path: Path | None) -> int:
+    """The D2E protocol on one MCAP pair: its keys as a table (and in full in --json); bad input: one line, exit 2."""
+    import json
+
+    from .d2e import evaluate_d2e
+
+    def fail(message: str) -> int:
+        print(f"owa-metrics evaluate: {message}".splitlines()[0], file=sys.stderr)
+        return 2
+
+    if bin_ms is None:
+        return fail("--empty-bins-as-correct and --bin-shifts belong to the D2E protocol: pass --bin-ms too "
+                    "(upstream's is 50)")
+    if bin_shifts and bin_shifts[0] > bin_shifts[1]:
+        return fail(f"--bin-shifts LOW HIGH with LOW <= HIGH, got {bin_shifts[0]} {bin_shifts[1]}")
+    for path in (pred, target):
+        if path.suffix != ".mcap" or not path.is_file():
+            return fail(f"{path}: the D2E protocol (--bin-ms) compares two OWA MCAP recordings (.mcap files)")
+    shifts = range(bin_shifts[0], bin_shifts[1] + 1) if bin_shifts else ()
+    try:
+        report = evaluate_d2e(pred, target, bin_ms, empty_bins_as_correct, shifts)
+    except (ValueError, ImportError) as err:  # a file without screens, no overlap: the message names the file
+        return fail(str(err))
+    except Exception as err:  # noqa: BLE001 - an unreadable MCAP: one line naming it
+        return fail(f"{pred} / {target}: cannot read the MCAP pair ({type(err).__name__}: {err})")
+    lines = [f"# D2E protocol: {pred.name} vs {target.name} ({bin_ms:g} ms bins)", "", "| key | value |", "|---|---:|"]
+    lines += [f"| {key} | {value:.6g} |" for key, value in report.items()]
+    print("\n".join(lines))
+    if json_path:
+        try:
+            write_output(json_path, json.dumps(report, indent=1) + "\n")
+        except OSError as err:
+            return fail(f"{json_path}: cannot write the JSON report ({err.strerror or err})")
+        print(f"wrote {json_path}")
+    return 0
 
 
 def _cli_words(warning: Warning) -> str:

@@ -49,3 +49,20 @@ def demo_run(tmp_path_factory):
     with contextlib.redirect_stdout(printed):
         assert main(["demo", "--out", str(out)]) == 0
     return printed.getvalue(), out / "tensorboard" / "version_0"
+
+
+@pytest.fixture(scope="session")
+def d2e_pairs(tmp_path_factory):
+    """The real recordings as D2E MCAPs (absolute mouse -> ``mouse/raw`` by differences; tests/d2e_oracle.py), paired
+    (truth, prediction): a recording with its perturbed prediction on another clock (1970 vs 2025), and two
+    different recordings both ways (video times from pts 0 and 3 s)."""
+    from d2e_oracle import convert_recording, perturb
+
+    paths = dict(zip(("example", "0.4.2", "0.5.1"), recording_paths()))
+    out = tmp_path_factory.mktemp("d2e")
+    example = convert_recording(paths["example"], out / "example.mcap")
+    guess = perturb(paths["example"], out / "example_pred.mcap", seed=1, clock_ns=-1_750_000_000_000_000_000,
+                    pts0_ns=20_000_000)
+    old = convert_recording(paths["0.4.2"], out / "0.4.2.mcap", pts0_ns=3_000_000_000)
+    new = convert_recording(paths["0.5.1"], out / "0.5.1.mcap", clock_ns=123_456_789, pts0_ns=2_000_000_000)
+    return [(example, guess), (old, new), (new, example)]

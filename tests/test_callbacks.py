@@ -572,9 +572,10 @@ def test_teacher_forcing_and_generation_callbacks_checkpoint_and_resume_with_new
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     def callbacks(prefix, mode):
-        return [OWAEventMetricsCallback(tokenizer, prefix=prefix, mode=mode),
+        return [OWAEventMetricsCallback(tokenizer, prefix=prefix, mode=mode, bin_ms=50),  # + the D2E protocol
                 OWAEventMetricsCallback(tokenizer, alignment="generation", prefix="val/owa_gen/", mode=mode,
-                                        max_sequences=2, predict_events=1, max_new_tokens=20)]
+                                        max_sequences=2, predict_events=1, max_new_tokens=20, bin_ms=50,
+                                        bin_shifts=(-1, 1))]
 
     def fit(epochs, logger, prefix, mode, **kwargs):
         cbs = callbacks(prefix, mode)
@@ -596,6 +597,12 @@ def test_teacher_forcing_and_generation_callbacks_checkpoint_and_resume_with_new
     for prefix in ("owa", "owa_gen"):
         assert sorted(p.name for p in (first / "owa_metrics" / "val" / prefix).iterdir()) == [
             "epoch_0_step_3.json", "epoch_0_step_3.md"]
+    reports = [json.loads((first / "owa_metrics" / "val" / p / "epoch_0_step_3.json").read_text()) for p in ("owa",
+                                                                                                        "owa_gen")]
+    assert reports[0]["d2e/num_bins"] > 0 and "d2e/keyboard/sample_count" in reports[0]  # passed through
+    # generation: one true event per sequence (predict_events=1) spans no bins (docs/METRICS.md, the range rule)
+    assert reports[1]["d2e/num_bins"] == 0 and "d2e/num_bins@+1bins" in reports[1] and "d2e/best_shift_bins" not in \
+        reports[0]
 
     caplog.clear()
     resumed, second = fit(2, "second", "val/owa2/", "sketch", ckpt_path=checkpoint)

@@ -47,7 +47,7 @@ def _worker(rank, world, port, out_path):
         shards = [shards[0], shards[1] + shards[2]]
     results = {}
     for mode in ("exact", "sketch"):
-        metric = OWAEventMetrics(tokenizer, alignment="generation", mode=mode)
+        metric = OWAEventMetrics(tokenizer, alignment="generation", mode=mode, **D2E)
         for preds, target in shards[rank]:
             metric.update(preds, target)
         results[mode] = {"report": {k: v.item() for k, v in metric.compute().items()},
@@ -86,6 +86,7 @@ def _tagged(tokenizer, mode, batches):
     return {k: v.item() for k, v in metric.compute().items()}
 
 
+D2E = {"bin_ms": 50, "bin_shifts": (-2, 1)}  # issue 31's binned keys: their sums sync like the others
 MID_EPOCH = (2, 1)  # batches each rank updates before the mid-epoch compute (2 ranks); rank 0 then adds one more
 
 
@@ -97,7 +98,8 @@ def _free_port():
 
 def _single_process(mode, pairing="index"):
     tokenizer = build_tokenizer()
-    metric = OWAEventMetrics(tokenizer, alignment="generation", mode=mode, pairing=pairing)
+    metric = OWAEventMetrics(tokenizer, alignment="generation", mode=mode, pairing=pairing,
+                             **(D2E if pairing == "index" else {}))
     for shard in _batches(VocabMap.from_tokenizer(tokenizer)):
         for preds, target in shard:
             metric.update(preds, target)
@@ -116,6 +118,8 @@ def test_synced_compute_equals_one_process(tmp_path, world):
         assert expected[mode][0]["count/click_events"] > 0 and "mouse/click_offset_p95_mu" in expected[mode][0]
         assert "mouse/path_end_offset_p50_mu" in expected[mode][0] and "keyboard/sequence_error_rate" in expected[mode][0]
     assert 0 < expected["time"][0]["mouse/move_coverage"] < 1
+    for key in ("d2e/keyboard/key_accuracy", "d2e/mouse_move/pearson_x@-2bins", "d2e/best_shift_bins"):
+        assert key in expected["exact"][0] and key in expected["sketch"][0]
     for mode in ("exact", "sketch", "time"):
         got = synced[mode]
         report, confusion = expected[mode]

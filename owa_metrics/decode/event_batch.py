@@ -30,7 +30,7 @@ class TimeMatching:
     spans that do not decode. ``target_ns`` [n_target_events] / ``generated_ns`` [every generated event span]:
     the absolute times (`unwrap_ns`; 0 where the event does not decode). A tolerance sweep: ``sweep_ns`` its
     tolerances (ns), ``sweep_counts`` [len(sweep_ns), 3, N_CAT + 1] the detection counts at each (the first:
-    ``detection_counts``).
+    ``detection_counts``). ``origin_ns`` [num_sequences]: each row's time origin (the absolute times' axis).
     """
 
     detection: torch.Tensor
@@ -43,6 +43,7 @@ class TimeMatching:
     generated_ns: torch.Tensor
     sweep_ns: tuple = ()
     sweep_counts: Optional[torch.Tensor] = None
+    origin_ns: Optional[torch.Tensor] = None
 
 
 VALUE_COLUMNS = ("category", "timestamp_ns", "vk", "action", "dx", "dy", "button_flags", "button_data")

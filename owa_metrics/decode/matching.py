@@ -212,7 +212,8 @@ def match_by_time(target: EventFields, target_seq: torch.Tensor, pred: EventFiel
     in_pair = _marked(paired, len(p_ok))
     return TimeMatching(detection=detection, paired=paired, detection_counts=swept[0], detection_error_ms=error_ms,
                         extra_events=(p_ok & ~in_pair).sum(), invalid_pred_events=(~p_ok).sum(), target_ns=t_abs,
-                        generated_ns=p_abs, sweep_ns=sweep, sweep_counts=swept if sweep else None)
+                        generated_ns=p_abs, sweep_ns=sweep, sweep_counts=swept if sweep else None,
+                        origin_ns=origin)
 
 
 def _sweep_match(t_key: torch.Tensor, t_ns: torch.Tensor, p_key: torch.Tensor, p_ns: torch.Tensor,

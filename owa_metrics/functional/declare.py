@@ -208,9 +208,12 @@ class Definition:
 @dataclass(frozen=True)
 class Shape:
     """What a format gives the declarations: the digits per field, the timestamp window; and the metric's tolerance
-    sweep (ms; empty: one tolerance)."""
+    sweep (ms; empty: one tolerance) and D2E protocol (bin width in ms, None: off; shifts; empty bins)."""
 
     n_timestamp_digits: int
     n_delta_digits: int
     window_ns: int
     tolerances_ms: tuple = ()
+    bin_ms: Optional[float] = None
+    bin_shifts: tuple = ()
+    empty_bins_as_correct: bool = False

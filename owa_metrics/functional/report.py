@@ -16,7 +16,7 @@ from .declare import (
     ONE, BatchCounts, Definition, Given, GivenSamples, Samples, SequenceMean, Shape, Sums, Value, code_is,
     digit_prefix, error, same, true, within,
 )
-from . import sequences, values
+from . import d2e, sequences, values
 from .events import detection_report, event_type_report, keyboard_report, mouse_action_report, movement_r2_report, ratio
 from .plan import Plan, accumulate
 from .tokens import TOKEN_FIELDS, token_report
@@ -309,6 +309,25 @@ def _sweep_keys(r) -> dict:
 DETECTION_SWEEP = Definition("detection_sweep", _sweep_states, _sweep_keys, alignment="generation", pairing="time")
 
 
+# ------------------------------------------------------------------ the D2E protocol (binned, `functional.d2e`)
+def _d2e_states(s: Shape) -> dict:
+    if s.bin_ms is None:
+        return {}
+    rows = len(d2e.shift_rows(s.bin_shifts))
+    return {"d2e": Given((rows, len(d2e.STATES)),
+                         lambda batch, x: (d2e.batch_states(batch, s.window_ns, s.bin_ms, s.bin_shifts),))}
+
+
+def _d2e_keys(r) -> dict:
+    """Upstream's binned keys ``d2e/...`` over each sequence's range (`d2e.batch_events`), from the summed states."""
+    s = r.plan.shape
+    return {} if s.bin_ms is None else d2e.d2e_keys(r.given("d2e"), s.empty_bins_as_correct,
+                                                    d2e.shift_rows(s.bin_shifts))
+
+
+D2E = Definition("d2e", _d2e_states, _d2e_keys)
+
+
 # ------------------------------------------------------------------ key groups, mouse ops
 # Windows virtual-key groups of the true vk (inclusive ranges); a vk in none is `other`
 VK_GROUPS = {"letter": ((0x41, 0x5A),), "digit": ((0x30, 0x39), (0x60, 0x69)),
@@ -355,7 +374,7 @@ def _group_keys(r) -> dict:
 KEY_GROUPS = Definition("key_groups", _group_states, _group_keys)
 
 REPORT: list[Definition] = [EVENTS, TOKENS, TIMESTAMP, TIMESTAMP_R2, KEYBOARD, MOUSE, KEY_GROUPS, DETECTION,
-                            DETECTION_SWEEP, SEQUENCES, MOVES_WITH_MISSES]
+                            DETECTION_SWEEP, SEQUENCES, MOVES_WITH_MISSES, D2E]
 
 
 def register(definition: Definition) -> Definition:

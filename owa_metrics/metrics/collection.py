@@ -15,6 +15,7 @@ from ..decode.batch import _check_inputs, _Tables, batch_of_arrays, check_pairin
 from ..decode.event_batch import Alignment, Backend, EventBatch, Pairing
 from ..decode.matching import tolerance_ns
 from ..functional import kernel as compiled
+from ..functional.d2e import bin_ns_of
 from ..functional.declare import Given, GivenSamples, Samples, Shape, Sums
 from ..functional.plan import SAMPLE_SHIFT, Plan, accumulate
 from ..functional.report import REPORT, default_tag_keys
@@ -87,7 +88,8 @@ class OWAEventMetrics(Float64Metric):
                  sketch_range: tuple[float, float] = (1e-4, 1e8), num_resamples: int = 1000, seed: int = 42,
                  persistent: bool = False, backend: Backend = "auto", pairing: Pairing = "index",
                  tolerance_ms: Union[float, tuple[float, ...]] = 100.0, tags: Optional[Sequence[str]] = None,
-                 tag_keys: Union[None, str, Sequence[str]] = None, **kwargs):
+                 tag_keys: Union[None, str, Sequence[str]] = None, bin_ms: Optional[float] = None,
+                 empty_bins_as_correct: bool = False, bin_shifts: Sequence[int] = (), **kwargs):
         kwargs.setdefault("compute_with_cache", False)  # every compute() syncs, on every rank: no stale rank
         super().__init__(**kwargs)
         vocab = _vocab_map(vocab if vocab is not None else tokenizer, config, format)
@@ -111,7 +113,8 @@ class OWAEventMetrics(Float64Metric):
         self.num_resamples, self.seed = num_resamples, seed
         self.window_ns = vocab.config.timestamp_window_ns
         columns = vocab.config.token_format.digit_columns
-        self.shape = Shape(columns.count("timestamp"), columns.count("dx"), self.window_ns, sweep)
+        self.shape = Shape(columns.count("timestamp"), columns.count("dx"), self.window_ns, sweep,
+                           *_check_d2e(bin_ms, empty_bins_as_correct, bin_shifts))
         self.definitions = tuple(d for d in REPORT if d.applies(alignment, pairing))
         self._field_table = field_table(vocab.config).numpy()
         plan = Plan.get(self.definitions, self.shape, "cpu", self._given_names(tokens=True))
@@ -509,6 +512,20 @@ def _check_tag_keys(tag_keys):
         raise ValueError(f"tag_keys must be None (the headline keys and the counts), 'all' or a list of report keys, "
                          f"got {tag_keys!r}")
     return tuple(tag_keys)
+
+
+def _check_d2e(bin_ms, empty_bins_as_correct, bin_shifts) -> tuple:
+    """``(bin_ms, bin_shifts, empty_bins_as_correct)`` of the D2E protocol, checked (shifts without bins refused)."""
+    if bin_ms is None:
+        if tuple(bin_shifts) or empty_bins_as_correct:
+            raise ValueError("bin_shifts / empty_bins_as_correct belong to the D2E protocol: pass bin_ms too "
+                             "(upstream's is 50)")
+        return None, (), False
+    bin_ns_of(bin_ms)
+    whole = lambda k: isinstance(k, (int, np.integer)) and not isinstance(k, bool)  # noqa: E731
+    if isinstance(bin_shifts, (str, bytes)) or not hasattr(bin_shifts, "__iter__") or not all(map(whole, bin_shifts)):
+        raise ValueError(f"bin_shifts must be whole numbers of bins, e.g. range(-3, 4), got {bin_shifts!r}")
+    return float(bin_ms), tuple(int(k) for k in bin_shifts), bool(empty_bins_as_correct)
 
 
 def _vocab_map(vocab, config: Optional[CodecConfig], format: Optional[str]) -> VocabMap:

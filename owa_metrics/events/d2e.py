@@ -1,0 +1,92 @@
+"""An OWA MCAP recording as the D2E protocol reads it: the first screen's clock, keyboard and raw mouse events.
+
+Upstream's ``evaluate.py`` (worv-ai/D2E) moves each file's clock to video time: offset = the first ``screen``
+message's log time minus its ``media_ref.pts_ns``; the file covers [pts, pts + (end_time - that log time)] there,
+``end_time`` being the file's last message log time (the summary's). `common_range_ns` is the pair's overlap.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+_ACTIONS = {"press": 0, "release": 1}
+
+
+class RecordingError(ValueError):
+    """A recording the D2E protocol cannot read (no screen, no overlap); the message names the file(s)."""
+
+
+@dataclass
+class D2ERecording:
+    """One file: its first screen's log time and ``pts_ns``, its end time (ns), and int64 arrays of the keyboard
+    events (log time, vk, action: 0 press, 1 release) and ``mouse/raw`` events (log time, dx, dy, button_flags)."""
+
+    path: str
+    first_screen_ns: int
+    first_pts_ns: int
+    end_ns: int
+    key_ns: np.ndarray
+    vk: np.ndarray
+    action: np.ndarray
+    mouse_ns: np.ndarray
+    dx: np.ndarray
+    dy: np.ndarray
+    button_flags: np.ndarray
+
+    @property
+    def offset_ns(self) -> int:
+        """Log time - video time."""
+        return self.first_screen_ns - self.first_pts_ns
+
+    @property
+    def video_range_ns(self) -> tuple[int, int]:
+        return self.first_pts_ns, self.first_pts_ns + (self.end_ns - self.first_screen_ns)
+
+
+def read_d2e_recording(path: str | Path) -> D2ERecording:
+    """The first screen, keyboard and ``mouse/raw`` of an OWA MCAP file (log times, as written); raises
+    `RecordingError` naming the file when it has no screen message."""
+    try:
+        from mcap_owa.highlevel import OWAMcapReader
+    except ImportError as err:  # pragma: no cover - depends on the optional extra
+        raise ImportError("reading OWA recordings needs the 'owa' extra: pip install 'owa-metrics[owa]'") from err
+    keys, mice, screen = [], [], None
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Reader version")
+        with OWAMcapReader(str(path)) as reader:
+            for msg in reader.iter_messages(topics=["screen"]):
+                try:
+                    screen = (msg.timestamp, int(msg.decoded.media_ref.pts_ns))
+                except Exception as err:  # noqa: BLE001 - an old screen schema: one line naming the file
+                    raise RecordingError(f"{path}: its first screen message has no media_ref.pts_ns "
+                                         f"({type(err).__name__}), which the D2E protocol aligns the clocks on") from err
+                break
+            if screen is None:
+                raise RecordingError(f"{path}: no screen message: the D2E protocol aligns each file's clock on its "
+                                     "first screen's media_ref.pts_ns")
+            end_ns = int(reader.end_time)
+            for msg in reader.iter_messages(topics=["keyboard", "mouse/raw"]):  # I/O: one message at a time
+                d = msg.decoded
+                if msg.topic == "keyboard":
+                    keys.append((msg.timestamp, d.vk, _ACTIONS[d.event_type]))
+                else:
+                    mice.append((msg.timestamp, d.dx, d.dy, int(d.button_flags)))
+    k = np.array(keys, dtype=np.int64).reshape(-1, 3)
+    m = np.array(mice, dtype=np.int64).reshape(-1, 4)
+    return D2ERecording(str(path), int(screen[0]), screen[1], end_ns, k[:, 0], k[:, 1], k[:, 2], m[:, 0], m[:, 1],
+                        m[:, 2], m[:, 3])
+
+
+def common_range_ns(truth: D2ERecording, pred: D2ERecording) -> tuple[int, int]:
+    """[max of the first-screen pts, min of the files' video ends]; raises `RecordingError` naming both files when
+    they do not overlap."""
+    (t0, t1), (p0, p1) = truth.video_range_ns, pred.video_range_ns
+    start, end = max(t0, p0), min(t1, p1)
+    if end <= start:
+        raise RecordingError(f"{pred.path} and {truth.path} do not overlap in video time (first screen's pts_ns to "
+                             f"its end): [{p0}, {p1}] vs [{t0}, {t1}] ns")
+    return start, end
