@@ -26,6 +26,7 @@ from typing import Optional, Union
 import numpy as np
 import torch
 
+from .decode import kernel
 from .decode.kernel import _jit, njit
 
 _inline = njit(inline="always", nogil=True, cache=True) if njit is not None else (lambda fn: fn)  # inlined helpers
@@ -201,8 +202,10 @@ class TokenTable:
     def tokenize(self, buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, jsonl: bool):
         """``(ids, counts, flags, unks, tails)`` of the lines [starts, ends) of ``buf`` (see `_tokenize_block`)."""
         m = len(starts)
-        ids, at = (np.empty(max(len(buf) // 2 + 2 * m, 1), np.int64) for _ in range(2))
         counts, flags, unks, tails = (np.zeros(m, np.int64) for _ in range(4))
+        if not kernel.available():  # no numba (or NUMBA_DISABLE_JIT): every line the readable way
+            return np.empty(0, np.int64), counts, flags + _FALLBACK, unks, tails
+        ids, at = (np.empty(max(len(buf) // 2 + 2 * m, 1), np.int64) for _ in range(2))
         n = _tokenize_block(buf, starts.astype(np.int64), ends.astype(np.int64), jsonl, self.bits, self.words,
                             self.where, self.ids, self.unk, ids, at, counts, flags, tails)
         _verify(buf, n, ids, at, counts, self.words, self.where, self.ids, self.key_bytes, self.unk, unks)
