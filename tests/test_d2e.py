@@ -139,6 +139,11 @@ def test_a_hand_computed_pair(tmp_path):
     want.update({"d2e/mouse_button/button_accuracy": 0.25, "d2e/mouse_button/sample_count": 4,
                  "d2e/keyboard/key_accuracy": 0.4, "d2e/keyboard/sample_count": 5})
     _same(evaluate_d2e(pred, truth, empty_bins_as_correct=True), want, 1e-12)
+    keys_only = write_mcap(tmp_path / "k.mcap", [(7 * MS, 0)], [(7 * MS, "press", 65)], tail_ns=200 * MS)
+    _same(evaluate_d2e(keys_only, truth), {  # no mouse event at all: no Pearson, no ratio; 3 true button values
+        "d2e/num_bins": 3, "d2e/duration_s": 0.125, "d2e/mouse_move/sample_count": 2,
+        "d2e/mouse_button/button_accuracy": 0.0, "d2e/mouse_button/sample_count": 1,
+        "d2e/keyboard/key_accuracy": 1 / 3, "d2e/keyboard/sample_count": 3}, 1e-12)
 
 
 def test_shift_diagnostics_find_a_delayed_prediction(tmp_path):

@@ -8,8 +8,8 @@ counts of each button name (left / right / middle down / up bits of ``button_fla
 in float64, exact below 2**53; they add across batches, files and ranks); `d2e_keys` turns the rows into keys:
 
 - ``pearson_{x,y}``: Pearson's r of the true and predicted per-bin sums over the bins where either side has a move
-  (from n, Σt, Σp, Σt², Σp², Σtp, exactly: (nΣtp - ΣtΣp) / sqrt((nΣt² - (Σt)²)(nΣp² - (Σp)²)); none below 2 bins or
-  with a constant side); ``scale_ratio_{x,y}``: Σ|t| / Σ|p| over ALL bins (the ratio of the mean |sums|), inverted
+  (from n, Σt, Σp, Σt², Σp², Σtp, exactly: (nΣtp - ΣtΣp) / sqrt((nΣt² - (Σt)²)(nΣp² - (Σp)²)); none below 2
+  bins or with a constant side); ``scale_ratio_{x,y}``: Σ|t| / Σ|p| over ALL bins (the ratio of the mean |sums|), inverted
   when below 1 (none when Σ|p| = 0; inf when Σ|t| = 0 < Σ|p|, as upstream's numpy gives); ``sample_count``: n.
 - ``button_accuracy`` / ``key_accuracy``: over every (bin, name) seen on either side, 1 if the counts are equal;
   a bin with no name on either side adds a right value with ``empty_bins_as_correct``, else nothing.
@@ -98,22 +98,22 @@ def d2e_states(truth: D2EEvents, pred: D2EEvents, start_ns: torch.Tensor, end_ns
     bin_local = torch.arange(total, device=device) - offsets.index_select(0, bin_seq)
     bin_count = nb.index_select(0, bin_seq)
 
-    def place(seq, t):  # each event's global bin (-1: outside its range) and its bin's index in its sequence
-        local = torch.div(t - start_ns.index_select(0, seq), bin_ns, rounding_mode="floor")
-        inside = (t >= start_ns.index_select(0, seq)) & (t < end_ns.index_select(0, seq))
-        return torch.where(inside, offsets.index_select(0, seq) + local, -1), local, nb.index_select(0, seq)
+    per_seq = torch.stack([start_ns, end_ns, offsets, nb], 1)
+
+    def place(seq, t):  # each event's global bin (-1: outside its range), its bin in its sequence, its bins
+        start, end, offset, count = per_seq.index_select(0, seq).unbind(1)
+        local = torch.div(t - start, bin_ns, rounding_mode="floor")
+        return torch.where((t >= start) & (t < end), offset + local, -1), local, count
 
     sides = []
     for ev in (truth, pred):
         g, local, count = place(ev.mouse_seq, ev.mouse_ns)
-        move = (g >= 0) & (ev.button_flags == 0)
-        at = torch.where(move, g, total)  # a spare last bin takes what is not a move
-        sums = torch.zeros((total + 1, 2), dtype=torch.long, device=device).index_add_(
-            0, at, torch.stack([ev.dx, ev.dy], 1))[:total]
-        has = torch.zeros(total + 1, dtype=torch.bool, device=device).index_fill_(0, at, True)[:total]
+        at = torch.where((g >= 0) & (ev.button_flags == 0), g, total)  # a spare last bin takes what is not a move
+        sums = torch.stack([torch.bincount(at, ev.dx.double(), total + 1), torch.bincount(at, ev.dy.double(), total + 1)],
+                           1)[:total].double()  # integers, exact in float64 (no event: bincount gives int64)
+        has = torch.bincount(at, minlength=total + 1)[:total] > 0
         kg, klocal, kcount = place(ev.key_seq, ev.key_ns)
-        bits = (ev.button_flags[:, None] & _BUTTON_BITS.to(device)) != 0
-        bits &= (g >= 0)[:, None]
+        bits = ((ev.button_flags[:, None] & _BUTTON_BITS.to(device)) != 0) & (g >= 0)[:, None]
         b_event, b_name = bits.nonzero(as_tuple=True)
         sides.append(dict(sums=sums, has=has,
                           keys=(kg, klocal, kcount, ev.key_code, _KEY_NAMES),
@@ -123,21 +123,21 @@ def d2e_states(truth: D2EEvents, pred: D2EEvents, start_ns: torch.Tensor, end_ns
     for k in shifts:
         k = int(k)
         valid = (bin_local + k >= 0) & (bin_local + k < bin_count)  # true bins with a predicted bin k later
-        later = (torch.arange(total, device=device) + k).clamp(0, max(total - 1, 0))  # valid: the same sequence
-        moved, p_has = sides[1]["sums"].index_select(0, later), sides[1]["has"].index_select(0, later)
-        t, p = sides[0]["sums"].double(), moved.double()
-        pearson = (valid & (sides[0]["has"] | p_has)).double()[:, None]
-        everywhere = valid.double()[:, None]
-        move_sums = torch.stack([pearson.sum(0).expand(2), (t * pearson).sum(0), (p * pearson).sum(0),
-                                 (t * t * pearson).sum(0), (p * p * pearson).sum(0), (t * p * pearson).sum(0),
-                                 (t.abs() * everywhere).sum(0), (p.abs() * everywhere).sum(0)])  # [8, (x, y)]
+        if k:
+            later = (torch.arange(total, device=device) + k).clamp(0, max(total - 1, 0))  # valid: the same sequence
+            p, p_has = sides[1]["sums"].index_select(0, later), sides[1]["has"].index_select(0, later)
+        else:
+            p, p_has = sides[1]["sums"], sides[1]["has"]
+        t = sides[0]["sums"]
+        pearson = (valid & (sides[0]["has"] | p_has)).double()
+        # over the Pearson bins: tx ty px py, their squares, tx px, ty py; over every compared bin: |tx| |ty| |px| |py|
+        moves = pearson @ torch.cat([t, p, t * t, p * p, t * p], 1)
+        absolute = valid.double() @ torch.cat([t, p], 1).abs()
         n_valid = valid.sum()
         counts = [_count_agreement(sides[0][kind], sides[1][kind], k, n_valid) for kind in ("buttons", "keys")]
-        row = torch.stack([n_valid.double(), torch.tensor(duration, dtype=torch.float64, device=device),
-                           move_sums[0, 0], *move_sums[1:6, 0], *move_sums[1:6, 1],
-                           move_sums[6, 0], move_sums[7, 0], move_sums[6, 1], move_sums[7, 1],
-                           *counts[0], *counts[1]])
-        rows.append(row)
+        x, y = moves.view(5, 2).unbind(1)  # per axis: Σt, Σp, Σt², Σp², Σtp
+        head = torch.stack([n_valid.double(), torch.tensor(duration, dtype=torch.float64, device=device), pearson.sum()])
+        rows.append(torch.cat([head, x, y, absolute[[0, 2, 1, 3]], torch.stack([*counts[0], *counts[1]])]))
     return torch.stack(rows)
 
 

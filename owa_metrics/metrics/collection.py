@@ -77,6 +77,11 @@ class OWAEventMetrics(Float64Metric):
     the headline keys (``tag_keys=None``: `default_tag_keys`), every key (``"all"``) or the keys named. A tag's keys
     are those of a metric fed only that tag's sequences (each tag's rows of every update go through the same update
     again); the pooled keys stay.
+
+    The D2E protocol (the D2E paper's binned metrics, `owa_metrics.functional.d2e`): ``bin_ms=50`` adds
+    ``d2e/...`` (mouse Pearson and scale ratio, button and key accuracy over bins of each sequence's range, see
+    docs/METRICS.md); ``empty_bins_as_correct`` as upstream's flag; ``bin_shifts=range(-3, 4)`` the keys at each
+    shift of the prediction (``...@{k:+d}bins``) and ``d2e/best_shift_bins``. Off (None) by default.
     """
 
     full_state_update = False
