@@ -11,24 +11,23 @@ file's (`guess_format`; the prediction file's when the target's tokens cannot te
 from __future__ import annotations
 
 import json
-import re
+import sys
 import warnings
 from pathlib import Path
 from typing import Optional, Union
 
+import numpy as np
 import torch
 
 from .schema import Event
 from .metrics.collection import InvalidTargetsWarning, OWAEventMetrics
 from .tokens.codec import FORMATS, EventCodec, EventEncodeError, possible_formats
 from .tokens.vocab import VocabMap, build_tokenizer
+from . import streaming
+from .streaming import InputError, InputLines, TokenTable, exchange, raise_first, rank_world, tokenize
 
 
 MCAP_MAGIC = b"\x89MCAP0\r\n"
-
-
-class InputError(ValueError):
-    """A file the evaluator cannot read; the message names the file and says what is wrong with it."""
 
 
 class FormatGuessWarning(UserWarning):
@@ -141,9 +140,6 @@ def evaluation_warnings(report: dict, pred_path, target_path) -> list[str]:
     return out
 
 
-_PIECES = re.compile(r"(<[^<>]*>)")
-
-
 def guess_format(*contents: list[str] | list[Event]) -> Optional[str]:
     """The format the first file whose tokens tell says: the one registered format that can have written its event
     tokens (`possible_formats`: ``<SIGN_PLUS>``, ``<VK_n>``, ``<MB_h>`` ... -> factorized; a digit above 9, or a
@@ -167,12 +163,6 @@ def format_of(*helds: set[str]) -> Optional[str]:
         if len(found) == 1:
             return found[0]
     return None if any(held & starts for held in helds) else "hierarchical"
-
-
-def tokenize(text: str, vocab: dict[str, int], unk_id: int) -> list[int]:
-    """The ids `build_tokenizer`'s tokenizer gives ``text`` (each ``<...>`` a token, each run of other text one
-    token, unknown pieces ``unk_id``), by a regex split and a dict lookup: ~10x faster on long lines."""
-    return [vocab.get(piece, unk_id) for piece in _PIECES.split(text) if piece]
 
 
 def to_ids(contents: list[str] | list[Event], tokenizer, vocab: VocabMap) -> list[list[int]]:
@@ -199,8 +189,6 @@ def evaluate(pred_path, target_path, mode: str = "exact", batch_size: int = 16, 
     memory flat in their size); under torch.distributed each rank takes its share of the sequences, and the report
     (every rank's: call on every rank) is one process's. ``progress``: a bar on stderr (None: when it is a terminal)."""
     from tqdm.auto import tqdm
-
-    from .streaming import evaluate_text, rank_world
 
     if ".mcap" not in (Path(pred_path).suffix, Path(target_path).suffix):
         return evaluate_text(pred_path, target_path, mode, progress, format, pairing, tolerance_ms)
@@ -261,3 +249,82 @@ def _tags(*files: tuple) -> Optional[list[str]]:
 def _pad(rows: list[list[int]]) -> torch.Tensor:
     width = max(max(map(len, rows)), 1)
     return torch.tensor([row + [-100] * (width - len(row)) for row in rows], dtype=torch.long)
+
+
+def evaluate_text(pred_path, target_path, mode: str = "exact", progress: Optional[bool] = None,
+                  format: Optional[str] = None, pairing: str = "index",
+                  tolerance_ms: Union[float, tuple] = 100.0) -> dict:
+    """`owa_metrics.evaluate.evaluate` for two text / JSONL files, streamed and sharded (see the module)."""
+    pred_path, target_path = Path(pred_path), Path(target_path)
+    rank, world = rank_world()
+    error, indexes, tags = None, None, (set(), set())
+    try:
+        indexes = [streaming.line_index(path) for path in (pred_path, target_path)]
+        if indexes[0].lines != indexes[1].lines:  # what is wrong with either file first, as when they pair
+            for path, index in zip((pred_path, target_path), indexes):
+                streaming.check_whole(path, index)
+            raise ValueError(f"{pred_path} has {indexes[0].lines} sequences but {target_path} has {indexes[1].lines}")
+        first, last = streaming.shard(indexes[1], rank, world)
+        offsets = [index.offset_of(first) for index in indexes]
+        tags = tuple(streaming.tags_in(path, offset, last - first) for path, offset in zip((pred_path, target_path), offsets))
+    except (InputError, ValueError) as err:
+        error = err
+    raise_first(error)
+    tags = tuple(set().union(*names) for names in zip(*exchange(tags)))
+    guess = format or guess_format(*(streaming.head_text(path) for path in (target_path, pred_path))) or "hierarchical"
+    while True:
+        report, helds, nonblank = _evaluate_lines(pred_path, target_path, (first, last), offsets, tags, mode, progress,
+                                                  guess, pairing, tolerance_ms)
+        if format is not None:
+            break
+        told = format_of(helds[1], helds[0])
+        if (told or "hierarchical") == guess:
+            if told is None:
+                warnings.warn(FormatGuessWarning(target_path), stacklevel=3)
+            break
+        guess = told or "hierarchical"  # the first block told another format than the whole files: once more
+    for path, any_line in zip((pred_path, target_path), nonblank):
+        if not any_line:
+            raise InputError(f"{path}: no sequences (the file is empty or blank)")
+    return report
+
+
+def _evaluate_lines(pred_path: Path, target_path: Path, lines: tuple[int, int], offsets: list[int], tags: tuple,
+                    mode: str, progress: Optional[bool], format: str, pairing: str, tolerance_ms):
+    """This rank's lines fed to the metric, then the report (a sync); each file's held tokens and whether any line
+    holds a sequence, over all ranks."""
+    from tqdm.auto import tqdm
+
+    tokenizer = build_tokenizer(format=format)
+    vocab, table = VocabMap.from_tokenizer(tokenizer), TokenTable(tokenizer.get_vocab(), tokenizer.unk_token_id)
+    rank, _ = rank_world()
+    names = sorted(tags[0] | tags[1])
+    metric = OWAEventMetrics(vocab=vocab, alignment="generation", mode=mode, pairing=pairing, tolerance_ms=tolerance_ms,
+                             tags=names or None)
+    readers = [InputLines(path, table, lines[0], lines[1], offset) for path, offset in zip((pred_path, target_path),
+                                                                                            offsets)]
+    paths, error = (pred_path, target_path), None
+    total = sum(Path(p).stat().st_size for p in paths)
+    with tqdm(total=total, unit="B", unit_scale=True, desc=target_path.name, file=sys.stderr, leave=False,
+              disable=(None if progress is None else not progress) if rank == 0 else True) as bar:
+        done, line = 0, lines[0]
+        try:
+            while line < lines[1]:
+                counts = readers[1].counts()
+                k = int(np.searchsorted(np.cumsum(counts), streaming.TARGET_TOKENS, side="right"))
+                k = max(1, min(k, streaming.MAX_LINES, len(counts)))
+                (p_ids, p_counts, p_tags), (t_ids, t_counts, t_tags) = (r.take(k) for r in readers)
+                row_tags = streaming.row_tags(paths, (p_tags, t_tags), tags, line)
+                metric.update(streaming.padded(p_ids, p_counts), streaming.padded(t_ids, t_counts), tags=row_tags)
+                line += k
+                read = sum(r.offset for r in readers) - sum(offsets)
+                bar.update(read - done)
+                done = read
+        except (InputError, ValueError) as err:
+            error = err
+    raise_first(error)
+    helds = [set().union(*held) for held in zip(*exchange([r.held() for r in readers]))]
+    nonblank = [any(flags) for flags in zip(*exchange([r.nonblank for r in readers]))]
+    if not all(nonblank):
+        return None, helds, nonblank
+    return report_of(metric, target_path, format), helds, nonblank

@@ -22,7 +22,6 @@ import dataclasses
 import json
 import os
 import random
-import resource
 import shutil
 import subprocess
 import sys

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from owa_metrics import OWAEventMetrics, streaming
 from owa_metrics.cli import main
