@@ -460,10 +460,13 @@ def check_whole(path: Path, index: LineIndex) -> None:
         raise InputError(f"{path}: no sequences (the file is empty or blank)")
 
 
+HEAD_BYTES = 1 << 18
+
+
 def head_text(path: Path) -> list[str]:
-    """The first block of a file as text (for a first guess of the token format; the whole files confirm it)."""
+    """The first 256 kB of a file as text (for a first guess of the token format; the whole files confirm it)."""
     with open(path, "rb") as f:
-        return [f.read(BLOCK_BYTES).decode("utf-8", errors="replace")]
+        return [f.read(HEAD_BYTES).decode("utf-8", errors="replace")]
 
 
 def tags_in(path: Path, offset: int, lines: int) -> set[str]:
@@ -481,10 +484,9 @@ def tags_in(path: Path, offset: int, lines: int) -> set[str]:
             if block:  # whole lines only; the rest starts the next block
                 cut = data.rfind(b"\n") + 1
                 data, rest = data[:cut], data[cut:]
-            parts = data.split(b"\n")[:-1] if data.endswith(b"\n") else data.split(b"\n") if data else []
-            parts, lines = parts[:lines], lines - len(parts)
+            count = data.count(b"\n") + (not data.endswith(b"\n") and bool(data))
             if b'"tag"' in data or b"\\" in data:
-                for line in parts:
+                for line in data.split(b"\n")[:min(count, lines)]:
                     if b'"tag"' in line or b"\\" in line:
                         try:
                             item = json.loads(line)
@@ -493,6 +495,7 @@ def tags_in(path: Path, offset: int, lines: int) -> set[str]:
                         tag = item.get("tag") if isinstance(item, dict) else None
                         if isinstance(tag, str) and tag and "/" not in tag:
                             names.add(tag)
+            lines -= count
             if not block:
                 break
     return names
