@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import sys
 import time
 from pathlib import Path
@@ -26,6 +27,8 @@ examples:
   owa-metrics evaluate --pred pred.txt --target true.txt --format factorized --strict
   owa-metrics evaluate --pred pred.txt --target true.txt --pairing time --tolerance-ms 100
   owa-metrics evaluate --pred pred.mcap --target true.mcap --bin-ms 50 --bin-shifts -3 3   (the D2E protocol)
+  owa-metrics evaluate --pred preds/ --target truths/ --bin-ms 50   (folders: .mcap files paired by name)
+  torchrun --nproc-per-node 8 -m owa_metrics evaluate --pred preds/ --target truths/ --bin-ms 50   (8 processes)
 
 pred.jsonl, one line per sequence (true.jsonl may tag it: {{"text": ..., "tag": "minecraft"}}):
   {{"text": "{KEY_A}"}}
@@ -84,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
                           help="the model's image tokens in screen events: a VLM's name (InternVL, SmolVLM, "
                                "Qwen2-VL, Qwen2.5-VL) or 'PREFIX... IMAGE x COUNT SUFFIX...', e.g. "
                                "'<img> <IMG_CONTEXT> x 256 </img>' (default: SmolVLM's, or <fake_image_placeholder>)")
+    evaluate.add_argument("--no-progress", action="store_true",
+                          help="no progress bar (files read, MB/s) on stderr; there is none when stderr is not a "
+                               "terminal, nor on torchrun's ranks but 0")
     evaluate.add_argument("--strict", action="store_true",
                           help="exit 1 when there is any warning (e.g. more than 5 %% of the true events do not "
                                "decode)")
@@ -113,26 +119,57 @@ def main(argv: list[str] | None = None) -> int:
         except InputError as err:
             print(f"owa-metrics demo: {err}".splitlines()[0], file=sys.stderr)
             return 2
-    if args.command == "evaluate" and (args.bin_ms is not None or args.bin_shifts or args.empty_bins_as_correct):
-        return _evaluate_d2e(args.pred, args.target, args.bin_ms, args.empty_bins_as_correct, args.bin_shifts,
-                             args.json)
     if args.command == "evaluate":
-        if args.tolerance_ms is not None and args.pairing != "time":  # it would have no effect: say so
-            print("owa-metrics evaluate: --tolerance-ms is the tolerance of --pairing time: add --pairing time to "
-                  "match events within it, or leave --tolerance-ms out (index pairing matches nothing by time)",
-                  file=sys.stderr)
-            return 2
-        tolerance_ms = None if args.tolerance_ms is None else \
-            args.tolerance_ms[0] if len(args.tolerance_ms) == 1 else tuple(args.tolerance_ms)
-        return _evaluate(args.pred, args.target, args.mode, args.json, args.format, args.strict, args.pairing,
-                         tolerance_ms, args.generated_screens, args.image_tokens)
+        progress = False if args.no_progress else None
+        with _processes():
+            if args.bin_ms is not None or args.bin_shifts or args.empty_bins_as_correct:
+                return _evaluate_d2e(args.pred, args.target, args.bin_ms, args.empty_bins_as_correct, args.bin_shifts,
+                                     args.json, progress)
+            if args.tolerance_ms is not None and args.pairing != "time":  # it would have no effect: say so
+                print("owa-metrics evaluate: --tolerance-ms is the tolerance of --pairing time: add --pairing time "
+                      "to match events within it, or leave --tolerance-ms out (index pairing matches nothing by "
+                      "time)", file=sys.stderr)
+                return 2
+            tolerance_ms = None if args.tolerance_ms is None else \
+                args.tolerance_ms[0] if len(args.tolerance_ms) == 1 else tuple(args.tolerance_ms)
+            return _evaluate(args.pred, args.target, args.mode, args.json, args.format, args.strict, args.pairing,
+                             tolerance_ms, args.generated_screens, args.image_tokens, progress)
     parser.print_help()
     return 0
 
 
+@contextlib.contextmanager
+def _processes():
+    """Under torchrun (``WORLD_SIZE`` > 1): one gloo process group for the command (each rank evaluates its share,
+    the states sync), and only rank 0 prints; alone: nothing."""
+    import os
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        yield
+        return
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    try:
+        if dist.get_rank() == 0:
+            yield
+        else:
+            with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
+                yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _rank_zero() -> bool:
+    """Whether this process writes files: alone, or rank 0 of torchrun's."""
+    from .streaming import rank_world
+
+    return rank_world()[0] == 0
+
+
 def _evaluate(pred: Path, target: Path, mode: str, json_path: Path | None, format: str | None, strict: bool,
               pairing: str = "index", tolerance_ms: float | tuple | None = None, generated_screens: str = "context",
-              image_tokens: str | None = None) -> int:
+              image_tokens: str | None = None, progress: bool | None = None) -> int:
     import json
     import warnings
 
@@ -142,7 +179,7 @@ def _evaluate(pred: Path, target: Path, mode: str, json_path: Path | None, forma
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             report = evaluate(pred, target, mode, format=format, pairing=pairing, tolerance_ms=tolerance_ms,
-                              generated_screens=generated_screens, image_tokens=image_tokens)
+                              generated_screens=generated_screens, image_tokens=image_tokens, progress=progress)
     except (InputError, ImportError) as err:
         print(f"owa-metrics evaluate: {err}".splitlines()[0], file=sys.stderr)
         return 2
@@ -155,7 +192,7 @@ def _evaluate(pred: Path, target: Path, mode: str, json_path: Path | None, forma
     lines = [_cli_words(w.message) for w in caught] + evaluation_warnings(report, pred, target, generated_screens)
     for line in lines:
         print(f"owa-metrics evaluate: warning: {line}", file=sys.stderr)
-    if json_path:
+    if json_path and _rank_zero():
         try:
             write_output(json_path, json.dumps(report, indent=1) + "\n")
         except OSError as err:
@@ -167,11 +204,13 @@ def _evaluate(pred: Path, target: Path, mode: str, json_path: Path | None, forma
 
 
 def _evaluate_d2e(pred: Path, target: Path, bin_ms: float | None, empty_bins_as_correct: bool,
-                  bin_shifts: list[int] | None, json_path: Path | None) -> int:
-    """The D2E protocol on one MCAP pair: its keys as a table (and in full in --json); bad input: one line, exit 2."""
+                  bin_shifts: list[int] | None, json_path: Path | None, progress: bool | None = None) -> int:
+    """The D2E protocol on one MCAP pair, or on two folders' pairs (pooled keys, and a tag per file): its keys as a
+    table (and in full in --json); bad input: one line, exit 2."""
     import json
 
-    from .d2e import evaluate_d2e
+    from .d2e import evaluate_d2e, evaluate_d2e_folders
+    from .report import tag_table
 
     def fail(message: str) -> int:
         print(f"owa-metrics evaluate: {message}".splitlines()[0], file=sys.stderr)
@@ -182,20 +221,24 @@ def _evaluate_d2e(pred: Path, target: Path, bin_ms: float | None, empty_bins_as_
                     "(upstream's is 50)")
     if bin_shifts and bin_shifts[0] > bin_shifts[1]:
         return fail(f"--bin-shifts LOW HIGH with LOW <= HIGH, got {bin_shifts[0]} {bin_shifts[1]}")
+    folders = pred.is_dir() and target.is_dir()
     for path in (pred, target):
-        if path.suffix != ".mcap" or not path.is_file():
-            return fail(f"{path}: the D2E protocol (--bin-ms) compares two OWA MCAP recordings (.mcap files)")
+        if not folders and (path.suffix != ".mcap" or not path.is_file()):
+            return fail(f"{path}: the D2E protocol (--bin-ms) compares two OWA MCAP recordings (.mcap files), or two "
+                        "folders of them")
     shifts = range(bin_shifts[0], bin_shifts[1] + 1) if bin_shifts else ()
     try:
-        report = evaluate_d2e(pred, target, bin_ms, empty_bins_as_correct, shifts)
+        report = evaluate_d2e_folders(pred, target, bin_ms, empty_bins_as_correct, shifts, progress) if folders \
+            else evaluate_d2e(pred, target, bin_ms, empty_bins_as_correct, shifts)
     except (ValueError, ImportError) as err:  # a file without screens, no overlap: the message names the file
         return fail(str(err))
     except Exception as err:  # noqa: BLE001 - an unreadable MCAP: one line naming it
         return fail(f"{pred} / {target}: cannot read the MCAP pair ({type(err).__name__}: {err})")
     lines = [f"# D2E protocol: {pred.name} vs {target.name} ({bin_ms:g} ms bins)", "", "| key | value |", "|---|---:|"]
-    lines += [f"| {key} | {value:.6g} |" for key, value in report.items()]
-    print("\n".join(lines))
-    if json_path:
+    lines += [f"| {key} | {value:.6g} |" for key, value in report.items() if not key.startswith("tag/")]
+    tags = tag_table(report)
+    print("\n".join(lines + (["", "## Per file", "", tags] if tags else [])))
+    if json_path and _rank_zero():
         try:
             write_output(json_path, json.dumps(report, indent=1) + "\n")
         except OSError as err:

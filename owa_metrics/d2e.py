@@ -11,7 +11,7 @@ from typing import Sequence
 
 import torch
 
-from .events.d2e import D2ERecording, common_range_ns, read_d2e_recording
+from .events.d2e import D2ERecording, RecordingError, common_range_ns, read_d2e_recording
 from .functional.d2e import D2EEvents, bin_ns_of, d2e_keys, d2e_states, shift_rows
 
 
@@ -37,3 +37,74 @@ def evaluate_d2e(pred_path: str | Path, target_path: str | Path, bin_ms: float =
     none left out); ``bin_shifts``: the shift diagnostics too (`owa_metrics.functional.d2e.d2e_keys`)."""
     states = pair_states(read_d2e_recording(target_path), read_d2e_recording(pred_path), bin_ms, bin_shifts)
     return d2e_keys(states, empty_bins_as_correct, shift_rows(bin_shifts))
+
+
+def pair_folders(pred_dir: Path, target_dir: Path) -> list[tuple[str, Path, Path]]:
+    """``(stem, pred file, target file)`` for each ``.mcap`` name in both folders, sorted by name; raises
+    `RecordingError` naming a file that is in one folder only, or both folders when they share no file."""
+    files = [{p.name: p for p in sorted(Path(d).glob("*.mcap")) if p.is_file()} for d in (pred_dir, target_dir)]
+    for (mine, theirs), folder, other in ((files, pred_dir, target_dir), (files[::-1], target_dir, pred_dir)):
+        alone = sorted(mine.keys() - theirs.keys())
+        if alone and theirs.keys() & mine.keys():
+            raise RecordingError(f"{mine[alone[0]]}: no file of that name in {other} (the folders pair their .mcap "
+                                 f"files by name; {len(alone)} file(s) in {folder} only)")
+    common = sorted(files[0].keys() & files[1].keys())
+    if not common:
+        raise RecordingError(f"{pred_dir} and {target_dir} have no .mcap file of the same name (the folders pair "
+                             f"their files by name; {len(files[0])} and {len(files[1])} .mcap files)")
+    return [(Path(name).stem, files[0][name], files[1][name]) for name in common]
+
+
+def shard_pairs(pairs: list, rank: int, world: int) -> list:
+    """Rank ``rank``'s pairs: the largest first, each to the rank with the fewest bytes so far (the same on every
+    rank: sizes and names only)."""
+    sizes = [p.stat().st_size + t.stat().st_size for _, p, t in pairs]
+    loads, mine = [0] * world, []
+    for i in sorted(range(len(pairs)), key=lambda i: (-sizes[i], pairs[i][0])):
+        r = loads.index(min(loads))
+        loads[r] += sizes[i]
+        if r == rank:
+            mine.append(pairs[i])
+    return mine
+
+
+def evaluate_d2e_folders(pred_dir: str | Path, target_dir: str | Path, bin_ms: float = 50,
+                         empty_bins_as_correct: bool = False, bin_shifts: Sequence[int] = (),
+                         progress: bool | None = None) -> dict[str, float]:
+    """The D2E keys over the pairs of two folders (`pair_folders`): the pooled keys over every file's bins taken
+    together (the states add), and each file's under ``tag/{stem}/d2e/...``. Under torch.distributed each rank reads
+    its share of the pairs (`shard_pairs`) and the states are summed across ranks (call on every rank: every rank
+    gets the report). ``progress``: a bar of files and MB/s on stderr (None: when it is a terminal; rank 0)."""
+    import sys
+
+    from tqdm.auto import tqdm
+
+    from .streaming import exchange, raise_first, rank_world
+
+    rank, world = rank_world()
+    pairs, error, states = None, None, {}
+    try:
+        pairs = pair_folders(Path(pred_dir), Path(target_dir))
+    except RecordingError as err:
+        error = err
+    raise_first(error)
+    mine = shard_pairs(pairs, rank, world)
+    total = sum(p.stat().st_size + t.stat().st_size for _, p, t in mine)
+    show = (None if progress is None else progress) if rank == 0 else False
+    with tqdm(total=total, unit="B", unit_scale=True, file=sys.stderr, leave=False, disable=None if show is None
+              else not show, desc=f"{len(mine)} files") as bar:
+        try:
+            for done, (stem, pred, target) in enumerate(mine, 1):
+                states[stem] = pair_states(read_d2e_recording(target), read_d2e_recording(pred), bin_ms, bin_shifts)
+                bar.set_description(f"file {done}/{len(mine)}")
+                bar.update(pred.stat().st_size + target.stat().st_size)
+        except Exception as err:  # noqa: BLE001 - every rank hears of it (none waits in a collective)
+            error = err if isinstance(err, (RecordingError, ImportError)) else RecordingError(
+                f"{pred} / {target}: cannot read the MCAP pair ({type(err).__name__}: {err})")
+    raise_first(error)
+    states = {stem: rows for part in exchange(states) for stem, rows in part.items()}
+    shifts = shift_rows(bin_shifts)
+    report = d2e_keys(sum(states[stem] for stem, _, _ in pairs), empty_bins_as_correct, shifts)
+    for stem, _, _ in pairs:
+        report.update(d2e_keys(states[stem], empty_bins_as_correct, shifts, prefix=f"tag/{stem}/d2e"))
+    return report

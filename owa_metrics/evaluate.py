@@ -12,23 +12,23 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import warnings
 from pathlib import Path
 from typing import Optional, Union
 
+import numpy as np
 import torch
 
 from .schema import Event
 from .metrics.collection import MAX_TAGS, InvalidTargetsWarning, OWAEventMetrics, is_tag_name
 from .tokens.codec import FORMATS, CodecConfig, EventCodec, EventEncodeError, possible_formats
 from .tokens.vocab import IMAGE_CONVENTIONS, VocabMap, build_tokenizer, image_tokens as read_image_tokens
+from . import streaming
+from .streaming import _PIECES, InputError, InputLines, TokenTable, exchange, raise_first, rank_world, tokenize
 
 
 MCAP_MAGIC = b"\x89MCAP0\r\n"
-
-
-class InputError(ValueError):
-    """A file the evaluator cannot read; the message names the file and says what is wrong with it."""
 
 
 class FormatGuessWarning(UserWarning):
@@ -151,32 +151,29 @@ def evaluation_warnings(report: dict, pred_path, target_path, generated_screens:
     return out
 
 
-_PIECES = re.compile(r"(<[^<>]*>)")
-
-
 def guess_format(*contents: list[str] | list[Event]) -> Optional[str]:
     """The format the first file whose tokens tell says: the one registered format that can have written its event
     tokens (`possible_formats`: ``<SIGN_PLUS>``, ``<VK_n>``, ``<MB_h>`` ... -> factorized; a digit above 9, or a
     keyboard / mouse event without those -> hierarchical). None when some text holds events but none tells (screens
     only: both formats write ``<SCREEN>`` + 3 digits < 10); hierarchical when no file is text with events
     (recordings, or no event at all)."""
-    events = False
-    starts = {spec.preset.event_start for spec in FORMATS.values()}
+    helds = []
     for content in contents:
         held = set()  # every <...> token of the texts: the text before each ">" from its last "<" (as _PIECES reads)
         for text in (c for c in content if isinstance(c, str)):
             held.update(piece[piece.rfind("<"):] + ">" for piece in set(text.split(">")[:-1]) if "<" in piece)
+        helds.append(held)
+    return format_of(*helds)
+
+
+def format_of(*helds: set[str]) -> Optional[str]:
+    """`guess_format` from each file's set of ``<...>`` tokens."""
+    starts = {spec.preset.event_start for spec in FORMATS.values()}
+    for held in helds:
         found = possible_formats(held)
         if len(found) == 1:
             return found[0]
-        events = events or bool(held & starts)
-    return None if events else "hierarchical"
-
-
-def tokenize(text: str, vocab: dict[str, int], unk_id: int) -> list[int]:
-    """The ids `build_tokenizer`'s tokenizer gives ``text`` (each ``<...>`` a token, each run of other text one
-    token, unknown pieces ``unk_id``), by a regex split and a dict lookup: ~10x faster on long lines."""
-    return [vocab.get(piece, unk_id) for piece in _PIECES.split(text) if piece]
+    return None if any(held & starts for held in helds) else "hierarchical"
 
 
 def to_ids(contents: list[str] | list[Event], tokenizer, vocab: VocabMap) -> list[list[int]]:
@@ -194,7 +191,7 @@ def _ids(path, contents, tokenizer, vocab: VocabMap) -> list[list[int]]:
         raise InputError(f"{path}: a recorded event the {vocab.config.format} format cannot write ({err})") from None
 
 
-def evaluate(pred_path, target_path, mode: str = "exact", batch_size: int = 16, progress: bool = True,
+def evaluate(pred_path, target_path, mode: str = "exact", batch_size: int = 16, progress: Optional[bool] = None,
              format: Optional[str] = None, pairing: str = "index", tolerance_ms: Union[None, float, tuple] = None,
              generated_screens: str = "context", image_tokens: Optional[str] = None) -> dict:
     """``OWAEventMetrics(alignment="generation", pairing=, tolerance_ms=, generated_screens=)`` over the paired
@@ -202,22 +199,22 @@ def evaluate(pred_path, target_path, mode: str = "exact", batch_size: int = 16, 
     `FormatGuessWarning` when they cannot tell; the metric's undecodable-targets warning comes as
     `UndecodedTargetsWarning`); under time pairing each sequence's time origin is its first valid true event.
     ``image_tokens``: the model's image tokens, a VLM's name or ``"PREFIX IMAGE x COUNT SUFFIX"``
-    (`owa_metrics.tokens.vocab.image_tokens`); by default SmolVLM's and the screen placeholder."""
+    (`owa_metrics.tokens.vocab.image_tokens`); by default SmolVLM's and the screen placeholder. Two text files are
+    streamed (`owa_metrics.streaming`: memory flat in their size); under torch.distributed each rank takes its share
+    of the sequences, and the report (every rank's: call on every rank) is one process's. ``progress``: a bar on
+    stderr (None: when it is a terminal)."""
     from tqdm.auto import tqdm
 
+    if ".mcap" not in (Path(pred_path).suffix, Path(target_path).suffix):
+        return evaluate_text(pred_path, target_path, mode, progress, format, pairing, tolerance_ms,
+                             generated_screens, image_tokens)
     (pred_contents, pred_tags), (target_contents, target_tags) = read_tagged(pred_path), read_tagged(target_path)
     if format is None:
         format = guess_format(target_contents, pred_contents)
         if format is None:
             warnings.warn(FormatGuessWarning(target_path), stacklevel=2)
             format = "hierarchical"
-    config = None
-    if image_tokens is not None:
-        prefix, token, count, suffix = read_image_tokens(image_tokens)
-        config = CodecConfig.preset(format, image_prefix=prefix, image_token=token, image_token_count=count,
-                                    image_suffix=suffix)
-    tokenizer = build_tokenizer(config, format=format)
-    vocab = VocabMap.from_tokenizer(tokenizer, config)
+    tokenizer, vocab = _vocab(format, image_tokens)
     preds, targets = (_ids(path, contents, tokenizer, vocab)
                       for path, contents in ((pred_path, pred_contents), (target_path, target_contents)))
     if len(preds) != len(targets):
@@ -225,7 +222,9 @@ def evaluate(pred_path, target_path, mode: str = "exact", batch_size: int = 16, 
     tags = _tags((pred_path, pred_tags), (target_path, target_tags))
     metric = OWAEventMetrics(vocab=vocab, alignment="generation", mode=mode, pairing=pairing, tolerance_ms=tolerance_ms,
                              tags=sorted(set(tags)) if tags else None, generated_screens=generated_screens)
-    for first in tqdm(range(0, len(targets), batch_size), desc="evaluate", unit="batch", disable=not progress):
+    rank, world = rank_world()
+    for first in tqdm(range(rank * batch_size, len(targets), batch_size * world), desc="evaluate", unit="batch",
+                      disable=None if progress is None else not progress):
         try:
             metric.update(_pad(preds[first:first + batch_size]), _pad(targets[first:first + batch_size]),
                           tags=tags[first:first + batch_size] if tags else None)
@@ -233,6 +232,24 @@ def evaluate(pred_path, target_path, mode: str = "exact", batch_size: int = 16, 
             last = min(first + batch_size, len(targets))
             lines = f":{first + 1}-{last}" if isinstance(target_contents[0], str) else ""
             raise InputError(f"{target_path}{lines} (and {pred_path}): {err}") from None
+    return report_of(metric, target_path, format, screen_tokens_lacking(target_contents, tokenizer, vocab))
+
+
+def _vocab(format: str, image_tokens: Optional[str]) -> tuple:
+    """``(tokenizer, vocab)`` of ``format`` with the model's ``image_tokens`` (None: the defaults)."""
+    config = None
+    if image_tokens is not None:
+        prefix, token, count, suffix = read_image_tokens(image_tokens)
+        config = CodecConfig.preset(format, image_prefix=prefix, image_token=token, image_token_count=count,
+                                    image_suffix=suffix)
+    tokenizer = build_tokenizer(config, format=format)
+    return tokenizer, VocabMap.from_tokenizer(tokenizer, config)
+
+
+def report_of(metric: OWAEventMetrics, target_path, format: str, lacking: tuple = ()) -> dict:
+    """``metric.compute()`` as floats (a sync under torch.distributed: call on every rank); its undecodable-targets
+    warning as `UndecodedTargetsWarning` naming ``target_path`` (and ``lacking``, the image tokens its screens hold
+    that the vocabulary lacks), the others as they come."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         report = {k: float(v) for k, v in metric.compute().items()}
@@ -240,8 +257,7 @@ def evaluate(pred_path, target_path, mode: str = "exact", batch_size: int = 16, 
         if isinstance(caught_warning.message, InvalidTargetsWarning):
             warnings.warn(UndecodedTargetsWarning(target_path, int(report["status/invalid_target"]),
                                                   int(report["count/target_events"]), caught_warning.message.reason,
-                                                  format, screen_tokens_lacking(target_contents, tokenizer, vocab)),
-                          stacklevel=2)
+                                                  format, lacking), stacklevel=2)
         else:
             warnings.warn_explicit(caught_warning.message, caught_warning.category, caught_warning.filename,
                                    caught_warning.lineno)
@@ -287,3 +303,104 @@ def _tags(*files: tuple) -> Optional[list[str]]:
 def _pad(rows: list[list[int]]) -> torch.Tensor:
     width = max(max(map(len, rows)), 1)
     return torch.tensor([row + [-100] * (width - len(row)) for row in rows], dtype=torch.long)
+
+
+def evaluate_text(pred_path, target_path, mode: str = "exact", progress: Optional[bool] = None,
+                  format: Optional[str] = None, pairing: str = "index", tolerance_ms: Union[None, float, tuple] = None,
+                  generated_screens: str = "context", image_tokens: Optional[str] = None) -> dict:
+    """`owa_metrics.evaluate.evaluate` for two text / JSONL files, streamed and sharded (see the module)."""
+    pred_path, target_path = Path(pred_path), Path(target_path)
+    rank, world = rank_world()
+    error, indexes, tags = None, None, (set(), set())
+    try:
+        indexes = [streaming.line_index(path) for path in (pred_path, target_path)]
+        if indexes[0].lines != indexes[1].lines:  # what is wrong with either file first, as when they pair
+            for path, index in zip((pred_path, target_path), indexes):
+                streaming.check_whole(path, index)
+            raise ValueError(f"{pred_path} has {indexes[0].lines} sequences but {target_path} has {indexes[1].lines}")
+        first, last = streaming.shard(indexes[1], rank, world)
+        offsets = [index.offset_of(first) for index in indexes]
+        tags = tuple(streaming.tags_in(path, offset, last - first) for path, offset in zip((pred_path, target_path), offsets))
+    except (InputError, ValueError) as err:
+        error = err
+    raise_first(error)
+    tags = tuple({name: first + line for name, line in found.items()} for found in tags)  # lines of the files
+    tags = tuple(_first_lines(found) for found in zip(*exchange(tags)))
+    for path, found in zip((pred_path, target_path), tags):
+        if len(found) > MAX_TAGS:
+            name, line = sorted(found.items(), key=lambda item: item[1])[MAX_TAGS]
+            raise InputError(f"{path}:{line + 1}: {len(found)} distinct tags, at most {MAX_TAGS} (the tag {name!r} "
+                             f"here is the {MAX_TAGS + 1}th; each tag keeps a copy of every state): group rare tags "
+                             "into one (e.g. 'other') or tag by a coarser label")
+    tags = tuple(set(found) for found in tags)
+    guess = format or guess_format(*(streaming.head_text(path) for path in (target_path, pred_path))) or "hierarchical"
+    while True:
+        report, helds, nonblank = _evaluate_lines(pred_path, target_path, (first, last), offsets, tags, mode, progress,
+                                                  guess, pairing, tolerance_ms, generated_screens, image_tokens)
+        if format is not None:
+            break
+        told = format_of(helds[1], helds[0])
+        if (told or "hierarchical") == guess:
+            if told is None:
+                warnings.warn(FormatGuessWarning(target_path), stacklevel=3)
+            break
+        guess = told or "hierarchical"  # the first block told another format than the whole files: once more
+    for path, any_line in zip((pred_path, target_path), nonblank):
+        if not any_line:
+            raise InputError(f"{path}: no sequences (the file is empty or blank)")
+    return report
+
+
+def _first_lines(found: tuple[dict[str, int], ...]) -> dict[str, int]:
+    """Each tag's first line over the ranks' ``{tag: first line}``."""
+    out: dict[str, int] = {}
+    for names in found:
+        for name, line in names.items():
+            out[name] = min(line, out.get(name, line))
+    return out
+
+
+def _evaluate_lines(pred_path: Path, target_path: Path, lines: tuple[int, int], offsets: list[int], tags: tuple,
+                    mode: str, progress: Optional[bool], format: str, pairing: str, tolerance_ms,
+                    generated_screens: str = "context", image_tokens: Optional[str] = None):
+    """This rank's lines fed to the metric, then the report (a sync); each file's held tokens and whether any line
+    holds a sequence, over all ranks."""
+    from tqdm.auto import tqdm
+
+    tokenizer, vocab = _vocab(format, image_tokens)
+    table = TokenTable(tokenizer.get_vocab(), tokenizer.unk_token_id)
+    rank, _ = rank_world()
+    names = sorted(tags[0] | tags[1])
+    metric = OWAEventMetrics(vocab=vocab, alignment="generation", mode=mode, pairing=pairing, tolerance_ms=tolerance_ms,
+                             tags=names or None, generated_screens=generated_screens)
+    readers = [InputLines(path, table, lines[0], lines[1], offset) for path, offset in zip((pred_path, target_path),
+                                                                                            offsets)]
+    paths, error = (pred_path, target_path), None
+    total = sum(Path(p).stat().st_size for p in paths)
+    with tqdm(total=total, unit="B", unit_scale=True, desc=target_path.name, file=sys.stderr, leave=False,
+              disable=(None if progress is None else not progress) if rank == 0 else True) as bar:
+        done, line = 0, lines[0]
+        try:
+            while line < lines[1]:
+                counts = readers[1].counts()
+                k = int(np.searchsorted(np.cumsum(counts), streaming.TARGET_TOKENS, side="right"))
+                k = max(1, min(k, streaming.MAX_LINES, len(counts)))
+                (p_ids, p_counts, p_tags), (t_ids, t_counts, t_tags) = (r.take(k) for r in readers)
+                row_tags = streaming.row_tags(paths, (p_tags, t_tags), tags, line)
+                try:
+                    metric.update(streaming.padded(p_ids, p_counts), streaming.padded(t_ids, t_counts), tags=row_tags)
+                except ValueError as err:  # a limit these sequences meet (e.g. events per update): name their lines
+                    raise InputError(f"{target_path}:{line + 1}-{line + k} (and {pred_path}): {err}") from None
+                line += k
+                read = sum(r.offset for r in readers) - sum(offsets)
+                bar.update(read - done)
+                done = read
+        except (InputError, ValueError) as err:
+            error = err
+    raise_first(error)
+    helds = [set().union(*held) for held in zip(*exchange([r.held() for r in readers]))]
+    nonblank = [any(flags) for flags in zip(*exchange([r.nonblank for r in readers]))]
+    if not all(nonblank):
+        return None, helds, nonblank
+    lacking = screen_tokens_lacking(streaming.head_text(target_path), tokenizer, vocab)  # read in its first block
+    return report_of(metric, target_path, format, lacking), helds, nonblank

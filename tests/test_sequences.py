@@ -103,12 +103,13 @@ def test_each_key_equals_the_oracle_on_recordings(recording_rows, format_vocab, 
         _assert_equal(_report(metric), want, sketch=mode == "sketch")
 
 
-def test_levenshtein_compiled_and_torch_equal_the_textbook_recurrence():
+def test_levenshtein_bit_parallel_and_torch_equal_the_textbook_recurrence():
     rng = np.random.default_rng(5)
     B = 40
     sides = []
-    for _ in range(2):  # rows of 0..12 codes from a small alphabet, some entries not codes (-1)
+    for long in ((150, 70), (130, 90)):  # rows of 0..12 codes from a small alphabet, some entries not codes (-1)
         lengths = rng.integers(0, 13, size=B)
+        lengths[:2] = long  # and two rows longer than a machine word (the bit-parallel blocks)
         rows = np.repeat(np.arange(B), lengths)
         codes = np.where(rng.random(len(rows)) < 0.15, -1, rng.integers(0, 4, size=len(rows)))
         sides += [torch.from_numpy(codes), torch.from_numpy(rows)]

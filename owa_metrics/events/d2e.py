@@ -7,7 +7,6 @@ message's log time minus its ``media_ref.pts_ns``; the file covers [pts, pts + (
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,36 +48,52 @@ class D2ERecording:
 
 def read_d2e_recording(path: str | Path) -> D2ERecording:
     """The first screen, keyboard and ``mouse/raw`` of an OWA MCAP file (log times, as written); raises
-    `RecordingError` naming the file when it has no screen message."""
+    `RecordingError` naming the file when it has no screen message. One pass of the ``mcap`` package's reader in the
+    file's order, without its log-time sort (binning adds, in any order); each keyboard / ``mouse/raw`` message's
+    JSON read by ``json.loads`` (the pydantic models are not built: ~10x the reading), the screens' only for the
+    first one."""
+    import json
+    from array import array
+
     try:
-        from mcap_owa.highlevel import OWAMcapReader
+        from mcap.reader import make_reader
     except ImportError as err:  # pragma: no cover - depends on the optional extra
         raise ImportError("reading OWA recordings needs the 'owa' extra: pip install 'owa-metrics[owa]'") from err
-    keys, mice, screen = [], [], None
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Reader version")
-        with OWAMcapReader(str(path)) as reader:
-            for msg in reader.iter_messages(topics=["screen"]):
+    keys, mice, screen = array("q"), array("q"), None
+    loads = json.loads
+    with open(path, "rb") as f:
+        reader = make_reader(f)
+        summary = reader.get_summary()
+        end_ns = None if summary is None or summary.statistics is None else summary.statistics.message_end_time
+        last_ns = None
+        for _, channel, message in reader.iter_messages(topics=["screen", "keyboard", "mouse/raw"],
+                                                        log_time_order=False):
+            topic, t = channel.topic, message.log_time
+            last_ns = t if last_ns is None else max(last_ns, t)
+            if channel.message_encoding != "json":
+                raise RecordingError(f"{path}: {topic} messages in {channel.message_encoding!r}, not OWA's json")
+            if topic == "mouse/raw":
+                d = loads(message.data)
+                if d.get("us_flags", 0):
+                    raise RecordingError(f"{path}: a mouse/raw message with absolute coordinates (us_flags "
+                                         f"{d['us_flags']}): the D2E protocol reads relative moves")
+                mice.extend((t, d["last_x"], d["last_y"], d.get("button_flags", 0)))
+            elif topic == "keyboard":
+                d = loads(message.data)
+                keys.extend((t, d["vk"], _ACTIONS[d["event_type"]]))
+            elif screen is None or t < screen[0]:
                 try:
-                    screen = (msg.timestamp, int(msg.decoded.media_ref.pts_ns))
-                except Exception as err:  # noqa: BLE001 - an old screen schema: one line naming the file
+                    screen = (t, int(loads(message.data)["media_ref"]["pts_ns"]))
+                except (KeyError, TypeError, ValueError) as err:
                     raise RecordingError(f"{path}: its first screen message has no media_ref.pts_ns "
                                          f"({type(err).__name__}), which the D2E protocol aligns the clocks on") from err
-                break
-            if screen is None:
-                raise RecordingError(f"{path}: no screen message: the D2E protocol aligns each file's clock on its "
-                                     "first screen's media_ref.pts_ns")
-            end_ns = int(reader.end_time)
-            for msg in reader.iter_messages(topics=["keyboard", "mouse/raw"]):  # I/O: one message at a time
-                d = msg.decoded
-                if msg.topic == "keyboard":
-                    keys.append((msg.timestamp, d.vk, _ACTIONS[d.event_type]))
-                else:
-                    mice.append((msg.timestamp, d.dx, d.dy, int(d.button_flags)))
-    k = np.array(keys, dtype=np.int64).reshape(-1, 3)
-    m = np.array(mice, dtype=np.int64).reshape(-1, 4)
-    return D2ERecording(str(path), int(screen[0]), screen[1], end_ns, k[:, 0], k[:, 1], k[:, 2], m[:, 0], m[:, 1],
-                        m[:, 2], m[:, 3])
+    if screen is None:
+        raise RecordingError(f"{path}: no screen message: the D2E protocol aligns each file's clock on its "
+                             "first screen's media_ref.pts_ns")
+    k = np.frombuffer(keys, dtype=np.int64).reshape(-1, 3)
+    m = np.frombuffer(mice, dtype=np.int64).reshape(-1, 4)
+    return D2ERecording(str(path), int(screen[0]), screen[1], int(end_ns if end_ns is not None else last_ns), k[:, 0],
+                        k[:, 1], k[:, 2], m[:, 0], m[:, 1], m[:, 2], m[:, 3])
 
 
 def common_range_ns(truth: D2ERecording, pred: D2ERecording) -> tuple[int, int]:

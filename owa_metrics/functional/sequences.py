@@ -13,7 +13,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..decode import kernel
 from ..decode.event_batch import VALUE_COLUMNS, EventBatch, EventFields
 from ..schema import Category, Status
 
@@ -96,17 +95,22 @@ def key_sequence_sums(batch: EventBatch) -> torch.Tensor:
 def levenshtein(a: torch.Tensor, a_row: torch.Tensor, b: torch.Tensor, b_row: torch.Tensor,
                 num_sequences: int) -> torch.Tensor:
     """[num_sequences]: per row, the edit distance (insertions, deletions, substitutions, each 1) between its codes of
-    ``a`` and of ``b`` (entries sorted by row; negative codes are no entries). With numba, one compiled loop on the
-    CPU (tensors elsewhere are copied there at once: one host sync); without, `levenshtein_torch`."""
-    if not kernel.available():
-        return levenshtein_torch(a, a_row, b, b_row, num_sequences)
-    sizes = [_counts(a_row, torch.ones_like(a_row), num_sequences), _counts(b_row, torch.ones_like(b_row), num_sequences)]
-    on_cpu = torch.cat([a, b, *sizes]).cpu().numpy()
-    a_np, b_np, a_size, b_size = np.split(on_cpu, np.cumsum([len(a), len(b), num_sequences]))
-    out = np.zeros(num_sequences, dtype=np.int64)
-    _levenshtein_rows(a_np, np.concatenate([[0], np.cumsum(a_size)]), b_np, np.concatenate([[0], np.cumsum(b_size)]),
-                      out)
-    return torch.from_numpy(out).to(a.device)
+    ``a`` and of ``b`` (entries sorted by row; negative codes are no entries). Exact and bit-parallel (rapidfuzz's
+    Levenshtein over the rows' code lists: O(n m / 64), not a full table), on the CPU: tensors elsewhere are copied
+    there at once (one host sync). `levenshtein_torch` is the same in torch ops."""
+    from rapidfuzz.distance import Levenshtein
+
+    a_np, b_np, a_rows, b_rows = np.split(torch.cat([a, b, a_row, b_row]).cpu().numpy(),
+                                          np.cumsum([len(a), len(b), len(a_row)]))
+    a_keep, b_keep = a_np >= 0, b_np >= 0
+    a_size, b_size = (np.bincount(rows[keep], minlength=num_sequences)
+                      for rows, keep in ((a_rows, a_keep), (b_rows, b_keep)))
+    a_start, b_start = (np.concatenate([[0], np.cumsum(size)]).tolist() for size in (a_size, b_size))
+    a_list, b_list = a_np[a_keep].tolist(), b_np[b_keep].tolist()
+    out = (a_size + b_size).tolist()  # the distance when one side is empty
+    for r in np.flatnonzero((a_size > 0) & (b_size > 0)).tolist():  # a loop over sequences, not events
+        out[r] = Levenshtein.distance(a_list[a_start[r]:a_start[r + 1]], b_list[b_start[r]:b_start[r + 1]])
+    return torch.tensor(out, dtype=torch.long, device=a.device)
 
 
 def levenshtein_torch(a, a_row, b, b_row, num_sequences: int) -> torch.Tensor:
@@ -129,26 +133,6 @@ def levenshtein_torch(a, a_row, b, b_row, num_sequences: int) -> torch.Tensor:
         E = torch.cat([torch.full_like(D[:, :1], i), E], 1)
         D = torch.where((i <= a_len)[:, None], torch.cummin(E - j, 1).values + j, D)
     return D.gather(1, g_len[:, None]).squeeze(1)
-
-
-@kernel._jit
-def _levenshtein_rows(a, a_start, b, b_start, out):
-    """`levenshtein` per row r: codes a[a_start[r]:a_start[r + 1]] against b's, negative codes skipped."""
-    for r in range(out.shape[0]):
-        g = b[b_start[r]:b_start[r + 1]]
-        g = g[g >= 0]
-        previous = np.arange(len(g) + 1)
-        current = np.empty(len(g) + 1, np.int64)
-        i = 0
-        for code in a[a_start[r]:a_start[r + 1]]:
-            if code < 0:
-                continue
-            i += 1
-            current[0] = i
-            for j in range(1, len(g) + 1):
-                current[j] = min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + int(code != g[j - 1]))
-            previous, current = current, previous
-        out[r] = previous[len(g)]
 
 
 def movement_with_misses_sums(batch: EventBatch) -> torch.Tensor:
