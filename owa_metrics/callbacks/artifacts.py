@@ -123,8 +123,8 @@ def report_json(report: dict, **context) -> str:
 
 def confusion_figure(confusion, title: str):
     """The target x predicted category matrix, coloured by the share of the target row, each cell's count and
-    share written in black or white to contrast with it; 600 x 420 px with 10 pt text, legible at the size
-    TensorBoard shows an image card."""
+    share written in black or white to contrast with it; 340 x 270 px, 7.5 pt text: TensorBoard shows it whole in
+    an image card (its Images tab draws it at this size, its Time Series tab scales it to the card)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -132,20 +132,20 @@ def confusion_figure(confusion, title: str):
 
     counts = confusion.cpu().double().numpy()
     share = counts / np.maximum(counts.sum(axis=1, keepdims=True), 1)
-    fig, ax = plt.subplots(figsize=(6.0, 4.2), dpi=100)
+    fig, ax = plt.subplots(figsize=(3.4, 2.7), dpi=100)
     ax.imshow(share, cmap="Blues", vmin=0, vmax=1, aspect="auto")
-    ax.set_xticks(range(len(CATEGORY_NAMES) + 1), [*CATEGORY_NAMES, "invalid"], fontsize=10, rotation=20,
+    ax.set_xticks(range(len(CATEGORY_NAMES) + 1), [*CATEGORY_NAMES, "invalid"], fontsize=7.5, rotation=25,
                   ha="right", rotation_mode="anchor")
-    ax.set_yticks(range(len(CATEGORY_NAMES)), CATEGORY_NAMES, fontsize=10)
-    ax.tick_params(length=3, pad=2)
-    ax.set_xlabel("predicted (colour: share of the target row)", fontsize=10, labelpad=4)
-    ax.set_ylabel("target", fontsize=10, labelpad=2)
-    ax.set_title(title, fontsize=11, fontweight="bold", pad=6)
+    ax.set_yticks(range(len(CATEGORY_NAMES)), CATEGORY_NAMES, fontsize=7.5)
+    ax.tick_params(length=2, pad=1)
+    ax.set_xlabel("predicted (colour: share of the target row)", fontsize=7.5, labelpad=2)
+    ax.set_ylabel("target", fontsize=7.5, labelpad=1)
+    ax.set_title(title, fontsize=8, fontweight="bold", pad=4)
     for (i, j), count in np.ndenumerate(counts):
         text = f"{count:,.0f}" if count < 10_000 else f"{count / 1000:,.0f}k"
-        ax.text(j, i, f"{text}\n{share[i, j]:.0%}", ha="center", va="center", fontsize=10, linespacing=1.15,
+        ax.text(j, i, f"{text}\n{share[i, j]:.0%}", ha="center", va="center", fontsize=7, linespacing=1.1,
                 color="white" if share[i, j] > 0.5 else "black")
-    fig.tight_layout(pad=0.4)
+    fig.tight_layout(pad=0.3)
     return fig
 
 
