@@ -123,7 +123,7 @@ def report_json(report: dict, **context) -> str:
 
 def confusion_figure(confusion, title: str):
     """The target x predicted category matrix, coloured by the share of the target row, each cell's count and
-    share written in black or white to contrast with it; 340 x 270 px, 7.5 pt text: TensorBoard shows it whole in
+    share written in black or white to contrast with it; 320 x 260 px, 7.5 pt text: TensorBoard shows it whole in
     an image card (its Images tab draws it at this size, its Time Series tab scales it to the card)."""
     import matplotlib
 
@@ -132,7 +132,7 @@ def confusion_figure(confusion, title: str):
 
     counts = confusion.cpu().double().numpy()
     share = counts / np.maximum(counts.sum(axis=1, keepdims=True), 1)
-    fig, ax = plt.subplots(figsize=(3.4, 2.7), dpi=100)
+    fig, ax = plt.subplots(figsize=(3.2, 2.6), dpi=100)
     ax.imshow(share, cmap="Blues", vmin=0, vmax=1, aspect="auto")
     ax.set_xticks(range(len(CATEGORY_NAMES) + 1), [*CATEGORY_NAMES, "invalid"], fontsize=7.5, rotation=25,
                   ha="right", rotation_mode="anchor")
