@@ -224,8 +224,8 @@ def evaluate(pred_path, target_path, mode: str = "exact", batch_size: int = 16, 
             format = "hierarchical"
     told = {path: told_format(contents) for path, contents in ((pred_path, pred_contents),
                                                                (target_path, target_contents))}
-    if len({name for name in told.values() if name is not None} | {format}) > 1:
-        warnings.warn(FormatMismatchWarning({path: name for path, name in told.items() if name}, format), stacklevel=2)
+    if None not in told.values() and len(set(told.values())) > 1:  # (a format named against both: undecoded targets)
+        warnings.warn(FormatMismatchWarning(told, format), stacklevel=2)
     tokenizer = build_tokenizer(format=format)
     vocab = VocabMap.from_tokenizer(tokenizer)
     preds, targets = (_ids(path, contents, tokenizer, vocab)
