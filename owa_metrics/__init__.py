@@ -20,7 +20,7 @@ _EXPORTS = {
                     "decode"),
     **dict.fromkeys(["CATEGORY_NAMES", "Category", "Event", "Kind", "Status"], "schema"),
     **dict.fromkeys(["IQMPE", "DigitPrecisionAccuracy", "DirectionError", "EuclideanPercentError",
-                     "KeyboardAccuracy", "MouseActionAccuracy", "MovementR2", "OWAEventMetrics",
+                     "KeyboardAccuracy", "MouseActionAccuracy", "MovementR2", "OWAEventMetrics", "OWAMetricTracker",
                      "SignedPercentError", "TimestampError", "compute_metrics_for_event"], "metrics"),
     **dict.fromkeys(["CodecConfig", "EventCodec", "EventDecodeError", "EventEncodeError", "Role", "VocabMap",
                      "build_tokenizer"], "tokens"),

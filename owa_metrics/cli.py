@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
                          help="the token format (default hierarchical)")
     demo = commands.add_parser("demo", help="train a tiny causal LM on event tokens and log the event metrics")
     demo.add_argument("--config", help="YAML settings, as in configs/demo.yaml; the flags below override them")
-    demo.add_argument("--epochs", type=int, help="epochs to train (default: the config's, 5)")
+    demo.add_argument("--epochs", type=int, help="epochs to train (default: the config's, 3)")
     demo.add_argument("--logger", choices=["tensorboard", "csv", "wandb"],
                       help="where the metrics go (default: the config's, tensorboard)")
     demo.add_argument("--mcap", nargs="+", type=Path, help="real OWA recordings instead of the simulator")

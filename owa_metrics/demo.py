@@ -16,7 +16,8 @@ import torch
 from .events import read_recording, simulate_session
 from .evaluate import InputError, check_mcap
 from .schema import Event
-from .report import format_number
+from .functional.report import WORDS, higher_is_better
+from .report import format_number, unit_of
 from .tokens.data import collate, token_sequences
 from .tokens.vocab import VocabMap, build_tokenizer
 
@@ -112,7 +113,9 @@ def demo_model(config: DemoConfig, vocab_size: int, pad_id: int, eos_id: int):
 
         def training_step(self, batch, batch_idx):
             loss = self.model(**batch).loss
-            self.log("train/loss", loss, prog_bar=True)
+            # the progress bar's only: TensorBoard opens the first two groups by name, Lightning's `epoch` and this
+            # run's headline group `val` (val/loss and the event metrics)
+            self.log("train/loss", loss, prog_bar=True, logger=False)
             return loss
 
         def validation_step(self, batch, batch_idx):
@@ -170,29 +173,26 @@ def _logger(kind: str, out: Path):
     raise ValueError(f"--logger must be tensorboard, csv or wandb, got {kind!r}")
 
 
-# (key, name, unit, higher is better): what a tiny model learns in a few epochs, and what the metrics show of it
-COMPARED = (("comparable_rate", "comparable events", "ratio", True),
-            ("category/macro_f1", "category macro F1", "ratio", True),
-            ("timestamp/abs_error_p95_ms", "timestamp abs error P95", "ms", False),
-            ("token_accuracy/timestamp", "timestamp tokens right", "ratio", True),
-            ("mouse/direction_error_p50_deg", "mouse direction error P50", "deg", False),
-            ("mouse/euclidean_iqmpe_pct", "mouse move error IQM", "%", False),
-            ("mouse_nop/loss", "mouse move loss per event", "nats", False),
-            ("keyboard/loss", "keyboard loss per event", "nats", False))
+# what a tiny model learns in a few epochs, and what the metrics show of it; each key's words, unit and direction are
+# the report's (`WORDS`, `unit_of`, `higher_is_better`)
+COMPARED = ("comparable_rate", "category/macro_f1", "timestamp/abs_error_p95_ms", "token_accuracy/timestamp",
+            "mouse/direction_error_p50_deg", "mouse/euclidean_iqmpe_pct", "mouse_nop/loss", "keyboard/loss")
 
 
 def summary(result: dict, logger: str) -> str:
-    """Where the logs are, how to look at them, and the first epoch next to the last."""
+    """Where the logs are, how to look at them, and the first epoch next to the last, each row's key last."""
     first, last = result["first"], result["last"]
     lines = [f"logs: {result['log_dir']}"]
     if logger == "tensorboard":
         lines.append(f"open: tensorboard --logdir {Path(result['log_dir']).parent}")
     epochs = [f"epoch {report['epoch']}" for report in (first, last)]
-    lines += ["", f"{'metric':<32} {'unit':<5} {epochs[0]:>9} {epochs[1]:>9}  better"]
-    for key, name, unit, higher in COMPARED:
-        a, b = first.get(key), last.get(key)
+    width = max(len(WORDS[key]) for key in COMPARED)
+    lines += ["", f"{'metric':<{width}}  {'unit':<5} {epochs[0]:>9} {epochs[1]:>9}  better  key"]
+    for key in COMPARED:
+        a, b, unit, higher = first.get(key), last.get(key), unit_of(key), higher_is_better(key)
         better = "" if a is None or b is None else ("yes" if (b > a) == higher and a != b else "no")
-        lines.append(f"{name:<32} {unit:<5} {format_number(a, unit):>9} {format_number(b, unit):>9}  {better}")
+        lines.append(f"{WORDS[key]:<{width}}  {unit:<5} {format_number(a, unit):>9} {format_number(b, unit):>9}  "
+                     f"{better:<6}  {key}")
     return "\n".join(lines)
 
 

@@ -42,6 +42,17 @@ class FormatGuessWarning(UserWarning):
                          "(16 s vs 10 s)")
 
 
+class FormatMismatchWarning(UserWarning):
+    """The two files' tokens tell different token formats (``told``: path -> format; e.g. predictions written by a
+    factorized model against hierarchical targets): read in ``format``, the other file's events do not decode."""
+
+    def __init__(self, told: dict, format: str):
+        self.told, self.format = told, format
+        said = " but ".join(f"{path} looks {name}" for path, name in told.items())
+        super().__init__(f"{said}: read as {format}, the other file's events do not decode; write both files in one "
+                         "format (write_sequences with the tokenizer that made each, and the same format for both)")
+
+
 class UndecodedTargetsWarning(UserWarning):
     """`OWAEventMetrics`' warning that more than 5 % of the true events do not decode, with its numbers: the target
     file ``path``, ``count`` of ``total`` events, their most frequent failure ``reason`` and the ``format`` read;
@@ -151,6 +162,26 @@ def evaluation_warnings(report: dict, pred_path, target_path, generated_screens:
     return out
 
 
+def told_format(content: list[str] | list[Event]) -> Optional[str]:
+    """The one registered format that can have written the event tokens of ``content``'s texts (`possible_formats`),
+    else None (no text, screens only, or tokens of no format)."""
+    return _told(_held(content))
+
+
+def _told(held: set[str]) -> Optional[str]:
+    """`told_format` of a set of ``<...>`` tokens."""
+    found = possible_formats(held)
+    return found[0] if len(found) == 1 else None
+
+
+def _held(content: list[str] | list[Event]) -> set[str]:
+    """Every ``<...>`` token of the texts: the text before each ">" from its last "<" (as _PIECES reads them)."""
+    held = set()
+    for text in (c for c in content if isinstance(c, str)):
+        held.update(piece[piece.rfind("<"):] + ">" for piece in set(text.split(">")[:-1]) if "<" in piece)
+    return held
+
+
 def guess_format(*contents: list[str] | list[Event]) -> Optional[str]:
     """The format the first file whose tokens tell says: the one registered format that can have written its event
     tokens (`possible_formats`: ``<SIGN_PLUS>``, ``<VK_n>``, ``<MB_h>`` ... -> factorized; a digit above 9, or a
@@ -159,10 +190,7 @@ def guess_format(*contents: list[str] | list[Event]) -> Optional[str]:
     (recordings, or no event at all)."""
     helds = []
     for content in contents:
-        held = set()  # every <...> token of the texts: the text before each ">" from its last "<" (as _PIECES reads)
-        for text in (c for c in content if isinstance(c, str)):
-            held.update(piece[piece.rfind("<"):] + ">" for piece in set(text.split(">")[:-1]) if "<" in piece)
-        helds.append(held)
+        helds.append(_held(content))
     return format_of(*helds)
 
 
@@ -214,6 +242,10 @@ def evaluate(pred_path, target_path, mode: str = "exact", batch_size: int = 16, 
         if format is None:
             warnings.warn(FormatGuessWarning(target_path), stacklevel=2)
             format = "hierarchical"
+    told = {path: told_format(contents) for path, contents in ((pred_path, pred_contents),
+                                                               (target_path, target_contents))}
+    if None not in told.values() and len(set(told.values())) > 1:  # (a format named against both: undecoded targets)
+        warnings.warn(FormatMismatchWarning(told, format), stacklevel=2)
     tokenizer, vocab = _vocab(format, image_tokens)
     preds, targets = (_ids(path, contents, tokenizer, vocab)
                       for path, contents in ((pred_path, pred_contents), (target_path, target_contents)))
@@ -345,6 +377,9 @@ def evaluate_text(pred_path, target_path, mode: str = "exact", progress: Optiona
                 warnings.warn(FormatGuessWarning(target_path), stacklevel=3)
             break
         guess = told or "hierarchical"  # the first block told another format than the whole files: once more
+    told = {path: _told(held) for path, held in zip((pred_path, target_path), helds)}
+    if None not in told.values() and len(set(told.values())) > 1:  # (a format named against both: undecoded targets)
+        warnings.warn(FormatMismatchWarning(told, guess), stacklevel=2)
     for path, any_line in zip((pred_path, target_path), nonblank):
         if not any_line:
             raise InputError(f"{path}: no sequences (the file is empty or blank)")
@@ -404,3 +439,28 @@ def _evaluate_lines(pred_path: Path, target_path: Path, lines: tuple[int, int], 
         return None, helds, nonblank
     lacking = screen_tokens_lacking(streaming.head_text(target_path), tokenizer, vocab)  # read in its first block
     return report_of(metric, target_path, format, lacking), helds, nonblank
+
+
+def write_sequences(path: str | Path, sequences, tokenizer, tags: Optional[list[str]] = None) -> Path:
+    """Write token-id sequences as the file `evaluate` (``owa-metrics evaluate``) reads: ``.jsonl`` (one
+    ``{"text": ...}`` a line, with ``"tag"`` when ``tags`` names each row's) or any other suffix (one line each).
+    ``sequences``: a [B, T] tensor or lists of ids, e.g. ``model.generate(...)[:, prompt_len:]`` (the generated
+    continuations) and the true continuations' ids; each id is written as the tokenizer names it
+    (``convert_ids_to_tokens``), joined without separators, so every event token reads back as itself; ids < 0
+    (ignored labels) and the pad id are left out, and so is everything from the first eos id on."""
+    path = Path(path)
+    rows = sequences.tolist() if isinstance(sequences, torch.Tensor) else [list(map(int, row)) for row in sequences]
+    if tags is not None and len(tags) != len(rows):
+        raise ValueError(f"write_sequences: {len(tags)} tags for {len(rows)} sequences: give one tag per sequence")
+    pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
+    lines = []
+    for k, row in enumerate(rows):
+        if eos is not None and eos != pad and eos in row:
+            row = row[:row.index(eos)]
+        text = "".join(tokenizer.convert_ids_to_tokens([i for i in row if i >= 0 and i != pad]))
+        if "\n" in text or "\r" in text:
+            raise ValueError(f"write_sequences: sequence {k} holds a line break token; the file holds one per line")
+        lines.append(json.dumps({"text": text, **({"tag": tags[k]} if tags is not None else {})})
+                     if path.suffix == ".jsonl" else text)
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path

@@ -150,10 +150,11 @@ def sample_note(config: CodecConfig) -> str:
             "token of a screen).")
 
 
-def sample_table(rows: list[list[str]], columns: Sequence[str] = SAMPLE_COLUMNS, max_width: int = 48) -> str:
+def sample_table(rows: list[list[str]], columns: Sequence[str] = SAMPLE_COLUMNS, max_width: int = 34) -> str:
     """The rows as a fenced block of aligned columns: markdown (TensorBoard's text, ``epoch_{E}_step_{S}.md``) shows it as it
     is, in a monospace font that never wraps a cell; a cell wider than ``max_width`` continues on the next line
-    (between tokens or words), so that the table stays about 150 characters wide."""
+    (between tokens or words), so that the table stays at most 136 characters wide (TensorBoard's text tab shows it
+    whole in a 1600 px window)."""
     cells = [[textwrap.wrap(c.replace("><", "> <"), max_width) or [c] for c in row] for row in rows]
     lines = [[str(c) for c in columns]] + [
         [part[k].replace("> <", "><") if k < len(part) else "" for part in row]

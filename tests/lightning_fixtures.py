@@ -69,13 +69,25 @@ class TinyLM(L.LightningModule):
 
 
 def report_of(logged: dict, prefix: str = "val/owa/", suffix: str = "") -> dict:
-    """The report's keys and values among logged names. Every key is logged in its area's group: the prefix's and
-    the key's parts but the last joined by dots, "/", the last part (``val.owa.keyboard.timestamp/precision_p1`` is
-    ``keyboard/timestamp/precision_p1``); this reads those names back."""
+    """The report's keys and values among logged names: a headline key as ``{prefix}{key}``, every other key in a
+    group of the prefix's parts joined by dots, "/", the key (``val.owa.timestamp/keyboard/timestamp/precision_p1``
+    is ``keyboard/timestamp/precision_p1``); this reads those names back."""
     group = ".".join(part for part in prefix.split("/") if part)
     out = {}
     for name, value in logged.items():
-        if name.startswith(group) and name[len(group):len(group) + 1] in (".", "/") and name.endswith(suffix):
-            head, _, last = name[len(group) + 1:len(name) - len(suffix)].rpartition("/")
-            out[f"{head.replace('.', '/')}/{last}" if head else last] = value
+        if not name.endswith(suffix):
+            continue
+        name = name[:len(name) - len(suffix)]
+        if name.startswith(prefix):
+            out[name[len(prefix):]] = value
+        elif name.startswith(group + ".") and "/" in name:
+            out[name.split("/", 1)[1]] = value
     return out
+
+
+def reported(trainer) -> dict:
+    """Every key the trainer's `OWAEventMetricsCallback` s reported in the last epoch (``callback.reported``: the
+    headline keys are also in ``trainer.callback_metrics``, the others go to the loggers only)."""
+    from owa_metrics.callbacks import OWAEventMetricsCallback
+
+    return {k: v for c in trainer.callbacks if isinstance(c, OWAEventMetricsCallback) for k, v in c.reported.items()}

@@ -1,3 +1,4 @@
+import csv
 import json
 import math
 import time
@@ -12,7 +13,8 @@ from torch.utils.data import DataLoader
 
 from owa_metrics import OWAEventMetrics, align_teacher_forcing
 from owa_metrics.callbacks import OWAEventMetricsCallback
-from lightning_fixtures import TinyLM, collate, event_sequences, report_of, warm_up
+from owa_metrics.report import unit_of
+from lightning_fixtures import TinyLM, collate, event_sequences, report_of, reported, warm_up
 from oracles import close
 
 HEADLINE = ["comparable_rate", "category/macro_f1", "keyboard/ratio", "screen/comparable_rate",
@@ -73,17 +75,24 @@ def test_fit_logs_the_report_to_tensorboard(tmp_path, tokenizer, vocab, warm_sta
     logged = report_of({tag: events.Scalars(tag) for tag in tags["scalars"]})
     for key in HEADLINE:
         assert len(logged[key]) == 2, key  # both epochs, nothing from the sanity check
-    for epoch in range(2):  # every logged value equals the metric run by hand on the same predictions
-        assert {key for key, points in logged.items() if len(points) > epoch} >= set(by_hand[epoch])
+    for epoch, step in enumerate((3, 7)):  # every logged value equals the metric run by hand on the same predictions
+        at = {key: next((p.value for p in points if p.step == step), None) for key, points in logged.items()}
         for key, value in by_hand[epoch].items():
-            assert close(logged[key][epoch].value, value, 1e-5), (key, epoch)
+            if unit_of(key) == "count" and all(by_hand[e].get(key) == 0 for e in range(epoch + 1)):
+                assert at.get(key) is None, key  # a count that has been zero all along is no chart (files have it)
+            else:
+                assert close(at[key], value, 1e-5), (key, epoch)
     # the headline charts as val/owa/{key} (equal to their area's), a handful; nothing that cannot apply
     headline = {tag for tag in tags["scalars"] if tag.startswith("val/owa/")}
     assert headline == {f"val/owa/{key}" for key in TF_HEADLINE if key in by_hand[0] or key in by_hand[1]}
     assert 5 <= len(headline) <= 12 and not {"val/owa/mouse/r2", "val/owa/mouse/euclidean_pe_p95_pct"} & headline
     for tag in headline:
         assert [p.value for p in events.Scalars(tag)] == [p.value for p in logged[tag[len("val/owa/"):]]], tag
-    assert "val.owa.timestamp/precision_p1" in tags["scalars"] and "val.owa.mouse_nop.timestamp/iqmpe_pct" in tags["scalars"]
+    assert {"val.owa.timestamp/timestamp/precision_p1", "val.owa.timestamp/mouse_nop/timestamp/iqmpe_pct"} <= set(
+        tags["scalars"])
+    groups = {tag.split("/", 1)[0] for tag in tags["scalars"]}  # a few groups, not one per key family
+    assert {"epoch", "val", "val.owa.events", "val.owa.timestamp", "val.owa.tokens"} <= groups <= {
+        "epoch", "val", *(f"val.owa.{s}" for s in ("events", "timestamp", "tokens", "mouse", "keyboard"))}, groups
     assert not set(GENERATION_ONLY) & set(logged)
     assert "val/owa/timestamp/signed_error_ms" in tags["histograms"]
     assert "val/owa/category_confusion" in tags["images"]
@@ -171,7 +180,7 @@ def test_csv_logger_gets_scalars_only_and_a_resumed_callback_keeps_its_own_setti
     module.load_state_dict(warm_state)
     trainer.fit(module, train, val)
     header = (tmp_path / "csv" / "version_0" / "metrics.csv").read_text().splitlines()[0]
-    assert "v/comparable_rate" in header and "v/mouse/direction_error_p95_deg" in header and "v.mouse/r2" in header
+    assert "v/comparable_rate" in header and "v/mouse/direction_error_p95_deg" in header and "v.mouse/mouse/r2" in header
     assert (tmp_path / "csv" / "version_0" / "owa_metrics" / "v" / "epoch_0_step_3.json").exists()
     restored = OWAEventMetricsCallback(tokenizer)
     with caplog.at_level("INFO"):
@@ -236,7 +245,7 @@ def test_generation_mode_counts_and_survives_garbage(tmp_path, tokenizer, vocab)
                                            generate_fn=generate_fn, max_new_tokens=120, generated_screens="scored")
         trainer = _trainer(tmp_path / name, callback, CSVLogger(tmp_path / name), epochs=1)
         trainer.validate(TinyLM(vocab.size), val)
-        logs[name] = {k: float(v) for k, v in trainer.callback_metrics.items()}
+        logs[name] = {k: float(v) for k, v in reported(trainer).items()}
     perfect, garbage = logs["perfect"], logs["random"]
     assert logs["lists"] == perfect
     starts = [int((x["input_ids"] == vocab.ids["<EVENT_START>"]).sum()) for x in event_sequences(vocab)[:6]]
@@ -299,6 +308,11 @@ def test_the_demo_logs_to_wandb_as_wandb_mode_says(tmp_path, monkeypatch):
     wandb.teardown()
 
 
+def _at_step(rows: list[dict], row: dict) -> dict:
+    """Every history row of ``row``'s step merged (the headline and the breakdowns are logged apart)."""
+    return {k: v for r in rows if r.get("trainer/global_step") == row["trainer/global_step"] for k, v in r.items()}
+
+
 def _wandb_history(run_dir):
     """History rows of an offline W&B run, read from its .wandb file (LevelDB-style log of protobuf records): the
     complete records only (W&B's service may still be writing the end of the file)."""
@@ -349,7 +363,7 @@ def test_fit_logs_to_wandb_offline(tmp_path, tokenizer, vocab, warm_state, monke
     for epoch, row in enumerate(scalars):
         by_hand = _by_hand(tokenizer, module.recorded[epoch + 1])
         for key in HEADLINE:
-            assert close(report_of(row)[key], by_hand[key], 1e-5), (key, epoch)
+            assert close(report_of(_at_step(rows, row))[key], by_hand[key], 1e-5), (key, epoch)
     extras = {k for r in rows for k in r}
     assert {"val/owa/timestamp/signed_error_ms/_type", "val/owa/category_confusion/_type",
             "val/owa/samples/_type"} <= extras
@@ -365,12 +379,13 @@ def test_fit_logs_to_wandb_offline(tmp_path, tokenizer, vocab, warm_state, monke
 
 
 def _csv_row(out):
-    """The CSV logger's validation row (rank zero's file) as {key: value}."""
+    """The CSV logger's validation rows (rank zero's file; the headline and the breakdowns are logged apart) as
+    {key: value}."""
     import csv
 
     rows = list(csv.DictReader((out / "csv" / "version_0" / "metrics.csv").open()))
-    row = next(r for r in rows if r.get("val/owa/comparable_rate"))
-    return {k: float(v) for k, v in row.items() if k.startswith("val") and v != ""}
+    step = next(r for r in rows if r.get("val/owa/comparable_rate"))["step"]
+    return {k: float(v) for r in rows if r["step"] == step for k, v in r.items() if k.startswith("val") and v != ""}
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn"])
@@ -391,10 +406,10 @@ def test_ddp_fit_with_every_default_logs_what_one_process_logs(tmp_path, strateg
                     str(tmp_path / "two")], check=True, timeout=240, cwd=root, capture_output=True)
     ddp_fit.run(1, "auto", tmp_path / "one")
     one, two = _csv_row(tmp_path / "one"), _csv_row(tmp_path / "two")
-    assert one.keys() == two.keys() and "val/owa/keyboard/accuracy" in one and "val.owa_gen.count/sequences" in one
+    assert one.keys() == two.keys() and "val/owa/keyboard/accuracy" in one and "val.owa_gen.events/count/sequences" in one
     assert all(close(two[k], one[k], 1e-6) for k in one), {k: (two[k], one[k]) for k in one if not close(two[k], one[k])}
     # each sequence once (issue 32: the sampler's padding dropped), generation from all of them
-    assert two["val.owa.count/sequences"] == ddp_fit.SEQUENCES == two["val.owa_gen.count/sequences"]
+    assert two["val.owa.events/count/sequences"] == ddp_fit.SEQUENCES == two["val.owa_gen.events/count/sequences"]
     for logger in ("csv", "tb"):  # each callback's report, in each logger's run
         for prefix in ("owa", "owa_gen"):
             report = json.loads((tmp_path / "two" / logger / "version_0" / "owa_metrics" / "val" / prefix /
@@ -403,6 +418,37 @@ def test_ddp_fit_with_every_default_logs_what_one_process_logs(tmp_path, strateg
     events = EventAccumulator(str(tmp_path / "two" / "tb" / "version_0"), size_guidance={"images": 0})
     events.Reload()
     assert {"val/owa/category_confusion", "val/owa_gen/category_confusion"} <= set(events.Tags()["images"])
+
+
+def test_ddp_spawn_returns_whatever_the_number_of_keys(tmp_path):
+    """Issue 33: 4 tags with tag_keys="all" on both callbacks and generation paired by time over a 4-tolerance sweep,
+    under ddp_spawn on 2 processes (gloo): fit returns (it hung when every key went through callback_metrics, which
+    Lightning's spawn launcher sends back through a pipe that blocks past 64 KiB); callback_metrics holds the headline
+    keys only, and every other key of each report file reaches the CSV logger."""
+    import subprocess
+    import sys
+
+    import ddp_fit
+    from owa_metrics.functional.report import headline_keys
+
+    root, out = Path(__file__).resolve().parents[1], tmp_path / "two"
+    subprocess.run([sys.executable, "tests/ddp_fit.py", "--devices", "2", "--strategy", "ddp_spawn", "--tags", "--out",
+                    str(out)], check=True, timeout=240, cwd=root, capture_output=True)
+    returned = set(json.loads((out / "callback_metrics.json").read_text()))
+    headline = {f"val/owa/{k}" for k in headline_keys("teacher_forcing")} | {
+        f"val/owa_gen/{k}" for k in headline_keys("generation")}
+    assert "val/owa/comparable_rate" in returned and {n for n in returned if n.startswith("val")} <= headline
+    rows = list(csv.DictReader((out / "csv" / "version_0" / "metrics.csv").open()))
+    logged = {k: float(v) for r in rows for k, v in r.items() if k.startswith("val") and v != ""}
+    for prefix in ("owa", "owa_gen"):
+        report = json.loads((out / "csv" / "version_0" / "owa_metrics" / "val" / prefix / "epoch_0_step_0.json")
+                            .read_text())
+        keys = {k for k in report if k not in ("epoch", "step")}
+        assert sum(k.startswith("tag/") for k in keys) > 100 and len(keys) > 200
+        assert prefix == "owa" or {f"tag/{t}/detect/f1@{ms}ms" for t in ddp_fit.TAGS[:2] for ms in ddp_fit.SWEEP_MS} <= keys
+        mine = report_of(logged, f"val/{prefix}/")
+        charted = {k for k in keys if report[k] != 0 or unit_of(k) != "count"}  # a zero count is no chart yet
+        assert set(mine) == charted and all(close(mine[k], report[k], 1e-6) for k in charted)
 
 
 def test_hf_trainer_evaluate_matches_the_callback(tmp_path, tokenizer, vocab, warm_state):
@@ -424,7 +470,7 @@ def test_hf_trainer_evaluate_matches_the_callback(tmp_path, tokenizer, vocab, wa
     trainer = L.Trainer(accelerator="cpu", logger=False, callbacks=[callback], enable_progress_bar=False,
                         enable_model_summary=False, default_root_dir=tmp_path)
     trainer.validate(module, DataLoader(data, batch_size=4, collate_fn=collate))
-    logged = {k: float(v) for k, v in report_of(trainer.callback_metrics).items()}
+    logged = {k: float(v) for k, v in report_of(reported(trainer)).items()}
     for key in ["comparable_rate", "category/macro_f1", "keyboard/ratio", "count/target_events", "status/valid",
                 "timestamp/abs_error_p95_ms", "timestamp/signed_error_iqm_ms", "token_accuracy/timestamp"]:
         assert close(evaluated[f"eval_owa/{key}"], logged[key], 1e-6), key
@@ -470,7 +516,7 @@ def test_validation_step_may_return_an_hf_output_or_argmax_ids(tmp_path, tokeniz
     trainer.validate(module, _loaders(vocab)[1])
     assert not any(tmp_path.rglob("*.json")) and not Path("owa_metrics", "val").exists()  # no logger: no files
     by_hand = _by_hand(tokenizer, module.recorded[0])
-    logged = {k: float(v) for k, v in report_of(trainer.callback_metrics).items()}
+    logged = {k: float(v) for k, v in report_of(reported(trainer)).items()}
     assert ("screen/loss" in logged) == (returns == "model_output")  # the loss needs logits
     assert all(close(logged[k], v, 1e-6) for k, v in by_hand.items() if k in logged)
     assert logged["comparable_rate"] == pytest.approx(by_hand["comparable_rate"])
@@ -501,7 +547,7 @@ def test_generation_by_time_uses_the_prompts_last_event_as_origin(tmp_path, toke
                                        max_sequences=6, generate_fn=skip_first, generated_screens="scored")
     trainer = _trainer(tmp_path, callback, False, epochs=1)
     trainer.validate(TinyLM(vocab.size), val)
-    logged = {k: float(v) for k, v in report_of(trainer.callback_metrics).items()}
+    logged = {k: float(v) for k, v in report_of(reported(trainer)).items()}
     origins = [[e["timestamp_ns"] for e in row if e["status"] == 0][-1] for row in parse_rows([k for k, _, _ in seen], vocab)]
     oracle = time_oracle([g for _, g, _ in seen], [r for _, _, r in seen], vocab, origins=origins)
     assert oracle["count/missing_events"] == len(seen) and oracle["detect/recall"] < 1
@@ -540,7 +586,7 @@ def test_each_validation_dataloader_and_test_gets_its_own_report(tmp_path, token
     for recorded in module.recorded[1:]:
         alone = [_by_hand(tokenizer, recorded[:2]), _by_hand(tokenizer, recorded[2:])]  # a's two batches, then b's
         assert alone[0]["count/sequences"] == 8 == alone[1]["count/sequences"]
-    logged = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    logged = {k: float(v) for k, v in reported(trainer).items()}
     for idx in range(2):
         mine = report_of(logged, suffix=f"/dataloader_idx_{idx}")
         for key, value in alone[idx].items():
@@ -562,7 +608,7 @@ def test_each_validation_dataloader_and_test_gets_its_own_report(tmp_path, token
     by_hand = _by_hand(tokenizer, module.recorded[-1])
     assert by_hand["count/sequences"] == 8
     for key, value in by_hand.items():
-        assert close(report_of(tested[0], "test/owa/")[key], value, 1e-6), key
+        assert close(report_of(reported(trainer), "test/owa/")[key], value, 1e-6), key
     assert (tmp_path / "csv" / "version_0" / "owa_metrics" / "test" / "owa").is_dir()
 
 

@@ -83,6 +83,23 @@ def test_every_option_of_every_command_has_help():
     assert not [name for name, text in helps.items() if not text or text == argparse.SUPPRESS]
 
 
+def test_the_demo_help_says_the_demo_defaults():
+    """``demo --help`` names each default it mentions as DemoConfig (and configs/demo.yaml) has it."""
+    import re
+
+    import yaml
+
+    from owa_metrics.demo import DemoConfig
+
+    demo = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices["demo"]
+    shipped = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs" / "demo.yaml").read_text())
+    said = {a.dest: re.search(r"default: the config's, ([^)]+)\)", a.help) for a in demo._actions if a.help}
+    said = {name: match.group(1) for name, match in said.items() if match}
+    assert set(said) == {"epochs", "logger", "out", "format"}
+    for name, text in said.items():
+        assert text == str(getattr(DemoConfig(), name)) == str(shipped[name]), name
+
+
 def test_evaluate_help_describes_the_input_files_with_examples(capsys):
     try:
         main(["evaluate", "--help"])

@@ -8,7 +8,7 @@ from torch.utils.data import DataLoader
 from owa_metrics import OWAEventMetrics, align_teacher_forcing
 from owa_metrics.callbacks import OWAEventMetricsCallback
 from owa_metrics.tokens import collate
-from lightning_fixtures import TinyLM, event_sequences, report_of
+from lightning_fixtures import TinyLM, event_sequences, report_of, reported
 from oracles import close
 
 
@@ -71,7 +71,7 @@ def test_the_callback_reads_token_loss_with_the_hf_shift(tmp_path, tokenizer, vo
     trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
                         callbacks=[OWAEventMetricsCallback(tokenizer, artifacts=False)], default_root_dir=tmp_path)
     trainer.validate(module, DataLoader(data, batch_size=4, collate_fn=collate))
-    logged = {k: float(v) for k, v in report_of(trainer.callback_metrics).items()}
+    logged = {k: float(v) for k, v in report_of(reported(trainer)).items()}
     oracle = _logits_oracle(tokenizer, module.recorded[0])
     assert logged.keys() == oracle.keys() and any(k.endswith("/loss") for k in logged)
     assert all(close(logged[k], v, 1e-6) for k, v in oracle.items())

@@ -132,6 +132,25 @@ def test_the_confusion_figure_is_titled_rated_by_row_and_writes_counts_in_contra
     image = ax.get_images()[0].get_array()
     assert image[1, 4] == 1.0 and image[2, 2] == pytest.approx(1418 / 1500)  # coloured by the row's share
     width_px = figure.get_size_inches()[0] * figure.dpi
-    assert 500 <= width_px <= 800  # legible at TensorBoard's card size
+    assert 280 <= width_px <= 340  # whole in TensorBoard's image card (issue 35: 600 px overflowed it)
     texts = [*ax.texts, *ax.get_xticklabels(), *ax.get_yticklabels(), ax.xaxis.label, ax.yaxis.label, ax.title]
-    assert min(t.get_fontsize() for t in texts) >= 10
+    assert min(t.get_fontsize() for t in texts) * figure.dpi / 72 >= 9.5  # text at least ~10 px high
+
+
+def test_the_metrics_doc_names_each_key_in_the_reports_words():
+    """docs/METRICS.md's table of names is `WORDS` (key -> words), with each key's unit and direction; the markdown
+    report's headline and the demo's table read the same table."""
+    from pathlib import Path
+
+    from owa_metrics.demo import COMPARED
+    from owa_metrics.functional.report import HEADLINE, WORDS, higher_is_better
+    from owa_metrics.report import unit_of
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "METRICS.md").read_text()
+    table = text.split("## Names", 1)[1].split("| key | words | unit | better |", 1)[1].split("\n\n", 1)[0]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in table.strip().splitlines()[1:]]
+    better = {"higher": True, "lower": False, "–": None}
+    assert {row[0].strip("`"): (row[1], row[2], better[row[3]]) for row in rows} == {
+        key: (words, unit_of(key), higher_is_better(key)) for key, words in WORDS.items()}
+    assert len(rows) == len(WORDS) and all(WORDS[key] == words for key, words, _, _ in HEADLINE)
+    assert set(COMPARED) <= set(WORDS)

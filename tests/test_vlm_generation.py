@@ -12,7 +12,7 @@ from owa_metrics.callbacks import OWAEventMetricsCallback
 from owa_metrics.callbacks.generation import PromptInputsError, prompt_inputs
 from owa_metrics.events import simulate_session
 from owa_metrics.tokens import collate, token_sequences
-from lightning_fixtures import report_of
+from lightning_fixtures import report_of, reported
 
 
 def internvl_tokenizer():
@@ -77,7 +77,7 @@ def _validate(tmp_path, model, callback, data):
     trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
                         callbacks=[callback], default_root_dir=tmp_path)
     trainer.validate(VLM(model), DataLoader(data, batch_size=2, collate_fn=collate))
-    return {k: float(v) for k, v in report_of(trainer.callback_metrics).items()}
+    return {k: float(v) for k, v in report_of(reported(trainer)).items()}
 
 
 def test_internvl_teacher_forcing_and_generation_with_the_prompts_images(tmp_path, setup):

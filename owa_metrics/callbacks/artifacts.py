@@ -4,11 +4,12 @@ a run's files. Nothing here touches a collective: every rank has computed before
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Collection, Optional
+from typing import Optional
 
 import numpy as np
 from lightning.pytorch.loggers import CSVLogger, Logger, MLFlowLogger, TensorBoardLogger, WandbLogger
@@ -24,14 +25,29 @@ SAMPLES_DESCRIPTION = ("One row per target event of the first sequences: the tru
                        "(the raw tokens of one that does not decode) and a comparable pair's errors.")
 
 
-def scalar_names(key: str, prefix: str, headline: Collection[str]) -> list[str]:
-    """The names a report key is logged under. TensorBoard and W&B group charts by a name's first ``/`` part, so
-    every key goes to its area's group: the prefix's and the key's parts but the last, joined by dots (``val/owa/``
-    + ``keyboard/timestamp/precision_p1`` -> ``val.owa.keyboard.timestamp/precision_p1``); a headline key is also
-    logged as ``{prefix}{key}`` (``val/owa/comparable_rate``: the ``val`` group, a handful of charts)."""
-    *area, name = key.split("/")
-    group = ".".join(part for part in (*prefix.split("/"), *area) if part)
-    return [f"{group}/{name}"] + ([f"{prefix}{key}"] if key in headline else [])
+# The breakdown charts' groups (TensorBoard and W&B group charts by a name's first ``/`` part): a key goes to the first
+# section one of whose patterns (fnmatch) it matches, so that a run has a few groups, not one per key family
+SECTIONS = (("tags", ("tag/*",)), ("detection", ("detect/*",)), ("timestamp", ("timestamp/*", "*/timestamp/*")),
+            ("tokens", ("token_accuracy/*", "*/loss", "*/loss_sum", "count/loss_skipped_tokens")),
+            ("events", tuple(f"{cat}/{key}" for cat in CATEGORY_NAMES for key in ("count", "ratio", "comparable_rate"))),
+            ("mouse", ("mouse/*", "mouse_op/*")), ("keyboard", ("keyboard/*",)), ("events", ("*",)))
+
+
+def breakdown_name(key: str, prefix: str) -> str:
+    """The chart name of a key that is not a headline key: ``{group}.{section}/{key}``, the group being the prefix's
+    parts joined by dots (``val/owa/`` + ``keyboard/timestamp/precision_p1`` ->
+    ``val.owa.timestamp/keyboard/timestamp/precision_p1``): the key whole after the first ``/``."""
+    section = next(name for name, patterns in SECTIONS if any(fnmatch.fnmatchcase(key, p) for p in patterns))
+    return ".".join(part for part in (*prefix.split("/"), section) if part) + "/" + key
+
+
+def log_breakdowns(loggers: list[Logger], scalars: dict[str, float], step: int) -> None:
+    """The breakdown scalars straight to each logger (its own ``log_metrics``: TensorBoard, W&B, CSV, MLflow, ...),
+    on rank zero: nothing of them goes through Lightning's ``callback_metrics`` (under ``ddp_spawn`` those travel
+    back to the main process through a pipe that blocks past 64 KiB)."""
+    if scalars:
+        for logger in loggers:
+            logger.log_metrics(scalars, step)
 
 
 def histogram_ranges(histograms: dict) -> str:
@@ -107,8 +123,8 @@ def report_json(report: dict, **context) -> str:
 
 def confusion_figure(confusion, title: str):
     """The target x predicted category matrix, coloured by the share of the target row, each cell's count and
-    share written in black or white to contrast with it; 600 x 420 px with 10 pt text, legible at the size
-    TensorBoard shows an image card."""
+    share written in black or white to contrast with it; 320 x 260 px, 7.5 pt text: TensorBoard shows it whole in
+    an image card (its Images tab draws it at this size, its Time Series tab scales it to the card)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -116,20 +132,20 @@ def confusion_figure(confusion, title: str):
 
     counts = confusion.cpu().double().numpy()
     share = counts / np.maximum(counts.sum(axis=1, keepdims=True), 1)
-    fig, ax = plt.subplots(figsize=(6.0, 4.2), dpi=100)
+    fig, ax = plt.subplots(figsize=(3.2, 2.6), dpi=100)
     ax.imshow(share, cmap="Blues", vmin=0, vmax=1, aspect="auto")
-    ax.set_xticks(range(len(CATEGORY_NAMES) + 1), [*CATEGORY_NAMES, "invalid"], fontsize=10, rotation=20,
+    ax.set_xticks(range(len(CATEGORY_NAMES) + 1), [*CATEGORY_NAMES, "invalid"], fontsize=7.5, rotation=25,
                   ha="right", rotation_mode="anchor")
-    ax.set_yticks(range(len(CATEGORY_NAMES)), CATEGORY_NAMES, fontsize=10)
-    ax.tick_params(length=3, pad=2)
-    ax.set_xlabel("predicted (colour: share of the target row)", fontsize=10, labelpad=4)
-    ax.set_ylabel("target", fontsize=10, labelpad=2)
-    ax.set_title(title, fontsize=11, fontweight="bold", pad=6)
+    ax.set_yticks(range(len(CATEGORY_NAMES)), CATEGORY_NAMES, fontsize=7.5)
+    ax.tick_params(length=2, pad=1)
+    ax.set_xlabel("predicted (colour: share of the target row)", fontsize=7.5, labelpad=2)
+    ax.set_ylabel("target", fontsize=7.5, labelpad=1)
+    ax.set_title(title, fontsize=8, fontweight="bold", pad=4)
     for (i, j), count in np.ndenumerate(counts):
         text = f"{count:,.0f}" if count < 10_000 else f"{count / 1000:,.0f}k"
-        ax.text(j, i, f"{text}\n{share[i, j]:.0%}", ha="center", va="center", fontsize=10, linespacing=1.15,
+        ax.text(j, i, f"{text}\n{share[i, j]:.0%}", ha="center", va="center", fontsize=7, linespacing=1.1,
                 color="white" if share[i, j] > 0.5 else "black")
-    fig.tight_layout(pad=0.4)
+    fig.tight_layout(pad=0.3)
     return fig
 
 

@@ -18,8 +18,8 @@ from ..decode.event_batch import Pairing
 from ..metrics.base import Mode
 from ..metrics.collection import OWAEventMetrics
 from ..functional.report import headline_keys
-from ..report import format_report, sample_note, sample_rows, sample_table
-from .artifacts import log_extras, report_json, save_reports, scalar_names
+from ..report import format_report, sample_note, sample_rows, sample_table, unit_of
+from .artifacts import breakdown_name, log_breakdowns, log_extras, report_json, save_reports
 from .generation import check_batch, generate_batch
 
 NEEDS = ("validation_step must return a dict with 'logits' (or 'preds': argmax token ids) and 'labels', or an HF "
@@ -40,10 +40,13 @@ class _Run:
 class OWAEventMetricsCallback(Callback):
     """Decode predicted (teacher forcing) or generated sequences every validation and test epoch and log the
     report of `OWAEventMetrics` under ``prefix`` (test: ``test_prefix``, by default ``prefix`` with ``val`` read
-    as ``test``) through ``pl_module.log_dict`` (any Lightning logger): the headline keys as ``{prefix}{key}`` and
-    every key in its area's group (`artifacts.scalar_names`: ``val.owa.timestamp/precision_p1``), so that TensorBoard
-    opens on a handful of charts. With several dataloaders each has its own
-    metric and its keys end in ``/dataloader_idx_{i}``, as Lightning names them.
+    as ``test``): the headline keys (`headline_keys`, about ten) through ``pl_module.log_dict`` as ``{prefix}{key}``
+    (``trainer.callback_metrics``, checkpoint monitors, the progress bar, any logger); every other key on rank zero
+    straight to each logger's ``log_metrics`` in a few groups (`artifacts.breakdown_name`:
+    ``val.owa.timestamp/keyboard/timestamp/precision_p1``), a count only once it is not zero. So what Lightning
+    carries between processes stays small whatever the keys (``ddp_spawn`` sends ``callback_metrics`` through a
+    pipe). ``callback.reported`` holds the last epoch's every key on every rank, named as ``{prefix}{key}``. With
+    several dataloaders each has its own metric and its names end in ``/dataloader_idx_{i}``, as Lightning's.
 
     Teacher forcing (default): logits or argmax ids from what ``validation_step`` returns, labels from there or
     the batch; HF convention (logits at t predict label t + 1), so both are shifted; argmax runs on the model's
@@ -72,7 +75,7 @@ class OWAEventMetricsCallback(Callback):
 
     Slices: with ``tags=[names]`` (and ``tag_keys=``, both `OWAEventMetrics`'), each sequence's tag is
     ``tag_fn(batch)`` or ``batch["tag"]`` (ids into ``tags``, or names; a batch without one is an error); the
-    per-tag keys are logged in one group per tag (``val.owa.tag.minecraft/comparable_rate``), and the per-tag table
+    per-tag keys are logged in one group (``val.owa.tags/tag/minecraft/comparable_rate``), and the per-tag table
     is the TensorBoard text ``{prefix}tags`` and a section of the ``.md`` report.
     """
 
@@ -100,6 +103,8 @@ class OWAEventMetricsCallback(Callback):
         self._metrics = [self._new_metric()]  # one per dataloader, kept across epochs (reset at each start)
         self._runs: dict[int, _Run] = {}
         self._said_padding = False  # the warning that a sampler's padding cannot be told apart: once
+        self._charted: set[str] = set()  # breakdown charts logged so far (rank zero)
+        self.reported: dict[str, torch.Tensor] = {}  # the last epoch's reports, every key (`_report`)
         if tag_fn is not None and not self.metric.tags:
             raise ValueError("tag_fn gives each sequence's tag: name the tags too, OWAEventMetricsCallback(..., "
                              "tags=['minecraft', 'vscode', ...], tag_fn=...)")
@@ -130,10 +135,10 @@ class OWAEventMetricsCallback(Callback):
                        f"{pairing}, mode={self.mode}")
 
     def on_validation_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._runs = {}
+        self._runs, self.reported = {}, {}
 
     def on_test_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._runs = {}
+        self._runs, self.reported = {}, {}
 
     def on_validation_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
                                 batch_idx: int, dataloader_idx: int = 0) -> None:
@@ -245,16 +250,18 @@ class OWAEventMetricsCallback(Callback):
             run.origins.append(-1 if origin_ns is None else int(origin_ns[b]))
 
     def _report(self, trainer: Trainer, pl_module: LightningModule, prefix: str, dataloaders: int) -> None:
-        """Every rank: each dataloader's report (the metric syncs), logged; then rank zero writes the rest."""
+        """Every rank: each dataloader's report (the metric syncs); the headline keys through ``pl_module.log_dict``
+        (a bounded number: `headline_keys`); then rank zero writes the breakdowns to the loggers and the rest."""
         step = _scalar_step(trainer)
+        headline = headline_keys(self.alignment)
         for idx in range(max(dataloaders, 1)):
             run = self._run(idx, pl_module.device)  # also on a rank without batches of this dataloader: it syncs
             suffix = f"/dataloader_idx_{idx}" if dataloaders > 1 else ""
             report = run.metric.compute()
-            headline = headline_keys(self.alignment)
-            pl_module.log_dict({f"{name}{suffix}": v.float() for k, v in report.items()
-                                for name in scalar_names(k, prefix, headline)}, on_step=False,
-                               on_epoch=True, sync_dist=False, add_dataloader_idx=False)  # already reduced over ranks
+            self.reported.update({f"{prefix}{key}{suffix}": value for key, value in report.items()})
+            pl_module.log_dict({f"{prefix}{key}{suffix}": report[key].float() for key in headline if key in report},
+                               on_step=False, on_epoch=True, sync_dist=False,
+                               add_dataloader_idx=False)  # already reduced over ranks
             histograms = run.metric.error_histograms() if self.histograms else {}
             confusion = run.metric.confusion_matrix() if self.confusion_figure else None
             if trainer.is_global_zero:
@@ -264,7 +271,15 @@ class OWAEventMetricsCallback(Callback):
 
     def _write(self, trainer: Trainer, run: _Run, prefix: str, suffix: str, idx: int, report: dict,
                histograms: dict, confusion, step: int) -> None:
-        """Rank zero: the extras to the loggers and the report files (no collective in here)."""
+        """Rank zero: the breakdown scalars, the extras to the loggers and the report files (no collective in here)."""
+        headline = headline_keys(self.alignment)
+        scalars = {}
+        for key, value in report.items():  # a count that has been zero all along is no chart yet (the files have it)
+            name = breakdown_name(key, prefix) + suffix
+            if key not in headline and (value != 0 or unit_of(key) != "count" or name in self._charted):
+                scalars[name] = value
+                self._charted.add(name)
+        log_breakdowns(trainer.loggers, scalars, step)
         epoch = trainer.current_epoch
         where = f", dataloader {idx}" if suffix else ""
         rows = self._sample_rows(run)

@@ -7,6 +7,7 @@ own: docs/METRICS.md, "Adding a metric"). Each ``compute`` reads its states by n
 
 from __future__ import annotations
 
+import fnmatch
 import functools
 
 import torch
@@ -44,25 +45,61 @@ GENERATION_ONLY = ("count_accuracy", "count/pred_events", "count/extra_events", 
                    "status/missing")
 
 
+# A key's words wherever it is shown in words (the demo's table, the markdown report's headline, docs/METRICS.md's
+# table of names, which a test holds equal to this): written here only, read by all of them.
+WORDS = {
+    "comparable_rate": "comparable events",
+    "count_accuracy": "event count right (per sequence)",
+    "category/macro_f1": "category macro F1",
+    "detect/f1": "detection F1 (time pairing)",
+    "mouse/click_offset_p50_mu": "cursor offset at true clicks P50 (raw mouse units)",
+    "keyboard/sequence_error_rate": "key-sequence error rate (edit distance / true keys)",
+    "timestamp/abs_error_p95_ms": "timestamp abs error P95",
+    "timestamp/signed_error_iqm_ms": "timestamp signed error IQM",
+    "mouse/euclidean_iqmpe_pct": "mouse euclidean error IQM",
+    "mouse/euclidean_pe_p95_pct": "mouse euclidean error P95",
+    "mouse/direction_error_p50_deg": "mouse direction error P50",
+    "mouse/direction_error_p95_deg": "mouse direction error P95",
+    "mouse/action_accuracy": "mouse button accuracy",
+    "keyboard/accuracy": "keyboard accuracy (vk and action)",
+    "token_accuracy/timestamp": "timestamp tokens right",
+    **{f"{cat}/loss": f"{cat} loss per event" for cat in CATEGORY_NAMES},
+}
 # the report's headline, what a reader sees first (the markdown report, TensorBoard's ``val`` group, the per-tag keys):
-# (key, name, unit, the only alignment it applies to or None)
-HEADLINE = (
-    ("comparable_rate", "comparable events", "ratio", None),
-    ("count_accuracy", "event count right (per sequence)", "ratio", "generation"),
-    ("category/macro_f1", "category macro F1", "ratio", None),
-    ("detect/f1", "detection F1 (time pairing)", "ratio", "generation"),
-    ("mouse/click_offset_p50_mu", "cursor offset at true clicks P50 (raw mouse units)", "mu", "generation"),
-    ("keyboard/sequence_error_rate", "key-sequence error rate (edit distance / true keys)", "ratio", "generation"),
-    ("timestamp/abs_error_p95_ms", "timestamp abs error P95", "ms", None),
-    ("timestamp/signed_error_iqm_ms", "timestamp signed error IQM", "ms", None),
-    ("mouse/euclidean_iqmpe_pct", "mouse euclidean error IQM", "%", None),
-    ("mouse/euclidean_pe_p95_pct", "mouse euclidean error P95", "%", None),
-    ("mouse/direction_error_p50_deg", "mouse direction error P50", "deg", None),
-    ("mouse/direction_error_p95_deg", "mouse direction error P95", "deg", None),
-    ("mouse/action_accuracy", "mouse button accuracy", "ratio", None),
-    ("keyboard/accuracy", "keyboard accuracy (vk and action)", "ratio", None),
-    ("token_accuracy/timestamp", "timestamp tokens right", "ratio", "teacher_forcing"),
-)
+# (key, words, unit, the only alignment it applies to or None)
+HEADLINE = tuple((key, WORDS[key], unit, only) for key, unit, only in (
+    ("comparable_rate", "ratio", None),
+    ("count_accuracy", "ratio", "generation"),
+    ("category/macro_f1", "ratio", None),
+    ("detect/f1", "ratio", "generation"),
+    ("mouse/click_offset_p50_mu", "mu", "generation"),
+    ("keyboard/sequence_error_rate", "ratio", "generation"),
+    ("timestamp/abs_error_p95_ms", "ms", None),
+    ("timestamp/signed_error_iqm_ms", "ms", None),
+    ("mouse/euclidean_iqmpe_pct", "%", None),
+    ("mouse/euclidean_pe_p95_pct", "%", None),
+    ("mouse/direction_error_p50_deg", "deg", None),
+    ("mouse/direction_error_p95_deg", "deg", None),
+    ("mouse/action_accuracy", "ratio", None),
+    ("keyboard/accuracy", "ratio", None),
+    ("token_accuracy/timestamp", "ratio", "teacher_forcing"),
+))
+# which way a key is better, by pattern (fnmatch, the first match wins; a tag's key as the key itself): True higher,
+# False lower, None neither (counts, shares, signed errors, whose best is 0); `higher_is_better` reads it
+BETTER = (("count_accuracy", True), ("status/*_rate", False), ("*sequence_error_rate", False), ("*signed*", None),
+          ("count/*", None), ("status/*", None), ("*/count", None), ("*/ratio", None), ("*_rate*", True),
+          ("*accuracy*", True), ("*f1*", True), ("*precision*", True), ("*recall*", True), ("*r2*", True),
+          ("*cosine*", True), ("*coverage", True), ("*error*", False), ("*iqmpe*", False), ("*_pe_*", False),
+          ("*offset*", False), ("*/loss", False), ("*/loss_sum", False))
+
+
+def higher_is_better(key: str):
+    """True when a higher value of ``key`` is better, False when a lower one is, None when neither (`BETTER`)."""
+    if key.startswith("tag/"):
+        key = key.split("/", 2)[2]
+    return next((better for pattern, better in BETTER if fnmatch.fnmatchcase(key, pattern)), None)
+
+
 # keys that a few tiny true moves dominate (a percent of the true value, a sum of squares): the spec's, kept in the
 # report, but no headline chart; their robust neighbours are mouse/euclidean_iqmpe_pct and the direction error
 TINY_MOVE_KEYS = ("mouse/euclidean_pe_p95_pct", "mouse/r2")

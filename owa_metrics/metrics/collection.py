@@ -19,7 +19,7 @@ from ..functional import kernel as compiled
 from ..functional.d2e import bin_ns_of
 from ..functional.declare import Given, GivenSamples, Samples, Shape, Sums
 from ..functional.plan import SAMPLE_SHIFT, Plan, accumulate
-from ..functional.report import REPORT, default_tag_keys
+from ..functional.report import REPORT, WORDS, default_tag_keys, headline_keys, higher_is_better
 from ..functional.stats import distinct, sketch_counts
 from ..functional.tokens import event_token_stats, field_table, given_token_losses, token_losses
 from ..schema import Status
@@ -95,7 +95,7 @@ class OWAEventMetrics(Float64Metric):
 
     full_state_update = False
     is_differentiable = False
-    higher_is_better = None
+    higher_is_better = None  # per key: `KeyDirections` (set below the class)
 
     def __init__(self, tokenizer=None, *, vocab: Optional[VocabMap] = None, config: Optional[CodecConfig] = None,
                  format: Optional[str] = None, alignment: Alignment = "teacher_forcing", mode: Mode = "exact", relative_accuracy: float = 0.005,
@@ -414,8 +414,47 @@ class OWAEventMetrics(Float64Metric):
         for tag, name in enumerate(self.tags):
             if Read(self, tag)["batch_counts"].raw[0] > 0:  # a sequence of the tag on some rank
                 out.update({f"tag/{name}/{k}": v for k, v in self._keys(tag).items() if self._is_tag_key(k)})
-        return {k: torch.as_tensor(v, dtype=torch.float64).to(self.device) for k, v in out.items()
-                if not bool(torch.isnan(torch.as_tensor(v)))}
+        out = {k: torch.as_tensor(v, dtype=torch.float64).to(self.device) for k, v in out.items()
+               if not bool(torch.isnan(torch.as_tensor(v)))}
+        return out
+
+    def plot(self, val=None, ax=None, keys: Optional[Sequence[str]] = None):
+        """Draw the headline keys (`headline_keys`, or ``keys``), a panel each with torchmetrics' plotting (its
+        direction marked): a point for one result (``val``, else ``compute()``), a line over steps for several (a
+        list of results, or `MetricTracker.compute_all`'s stacked dict). ``ax``: one matplotlib axes per key.
+        Returns ``(figure, axes)``."""
+        import matplotlib.pyplot as plt
+        from torchmetrics.utilities.plot import plot_single_or_multi_val
+
+        val = self.compute() if val is None else val
+        steps = list(val) if isinstance(val, (list, tuple)) else None
+        first = steps[0] if steps else val
+        wanted = list(keys or headline_keys(self.alignment))
+        keys = [k for k in wanted if k in first]
+        if not keys:
+            raise ValueError(f"nothing to plot: the result holds none of the keys {wanted} (pass a report of "
+                             "OWAEventMetrics.compute(), a list of them, or MetricTracker.compute_all()'s)")
+        if ax is None:
+            cols = min(4, len(keys))
+            fig, ax = plt.subplots((len(keys) + cols - 1) // cols, cols, figsize=(3.2 * cols, 2.6 * -(-len(keys) // cols)),
+                                   squeeze=False)
+            for extra in ax.flat[len(keys):]:
+                extra.set_visible(False)
+        else:
+            fig = None
+        axes = list(getattr(ax, "flat", ax if isinstance(ax, (list, tuple)) else [ax]))
+        if len(axes) < len(keys):
+            raise ValueError(f"plot(ax=...) needs one axes per key: {len(keys)} keys ({keys}), {len(axes)} axes")
+        for key, panel in zip(keys, axes):
+            series = [torch.as_tensor(s[key]) for s in steps] if steps else torch.as_tensor(first[key])
+            if not steps and series.dim() == 1:  # compute_all's rows: one value per step
+                series = list(series)
+            plot_single_or_multi_val(series, ax=panel, higher_is_better=higher_is_better(key),
+                                     name=key.rsplit("/", 1)[-1])
+            panel.set_title(WORDS.get(key, key), fontsize=9)
+        if fig is not None:
+            fig.tight_layout()
+        return fig or axes[0].figure, ax
 
     def _keys(self, tag: Optional[int] = None) -> dict:
         """Every definition's keys over the pooled states, or over tag ``tag``'s."""
@@ -625,3 +664,15 @@ def _check_token_loss(token_loss, target, alignment: Alignment) -> None:
                          f"must be a float tensor [B, T] aligned with target {shape}")
     if isinstance(target, torch.Tensor) and token_loss.device != target.device:
         raise ValueError(f"token_loss on {token_loss.device} and target on {target.device}: put it on the ids' device")
+
+
+class KeyDirections(dict):
+    """`OWAEventMetrics.higher_is_better`, per key as torchmetrics allows for collections: True where a higher value
+    is better, False where a lower one is, None where neither (a count, a share, a signed error): the named keys
+    (`WORDS`) listed, any key answered by its name (`owa_metrics.functional.report.BETTER`)."""
+
+    def __missing__(self, key: str):
+        return higher_is_better(key)
+
+
+OWAEventMetrics.higher_is_better = KeyDirections({key: higher_is_better(key) for key in WORDS})
