@@ -9,7 +9,7 @@ from torch.utils.data import DataLoader
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from owa_metrics.callbacks import OWAEventMetricsCallback
-from lightning_fixtures import TinyLM, collate, event_sequences, report_of
+from lightning_fixtures import TinyLM, collate, event_sequences, report_of, reported
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +41,7 @@ def _validate(tmp_path, vocab, data, callbacks):
                         enable_model_summary=False, enable_checkpointing=False, default_root_dir=tmp_path,
                         limit_val_batches=2)
     trainer.validate(TinyLM(vocab.size), DataLoader(data, batch_size=4, collate_fn=collate))
-    return trainer.callback_metrics
+    return reported(trainer)  # every key of every callback, under its prefix
 
 
 def test_each_output_shape_of_a_perfect_generate_fn_scores_perfect(tmp_path, tokenizer, vocab, data):
