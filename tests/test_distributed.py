@@ -100,10 +100,16 @@ def _tagged(tokenizer, mode, batches):
 MID_EPOCH = (2, 1)  # batches each rank updates before the mid-epoch compute (2 ranks); rank 0 then adds one more
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _free_ports(n):
+    """``n`` distinct free ports (the sockets are held open together while the ports are chosen)."""
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return tuple(s.getsockname()[1] for s in sockets)
+    finally:
+        for s in sockets:
+            s.close()
 
 
 def _single_process(mode, pairing="index"):
@@ -119,7 +125,7 @@ def _single_process(mode, pairing="index"):
 def synced_by_world(tmp_path_factory):
     """Each process count's synced results, from one launch of 3 processes (`_worker`)."""
     out = tmp_path_factory.mktemp("synced")
-    mp.spawn(_worker, args=((_free_port(), _free_port()), str(out)), nprocs=3, join=True)
+    mp.spawn(_worker, args=(_free_ports(2), str(out)), nprocs=3, join=True)
     return {world: json.loads((out / f"synced_{world}.json").read_text()) for world in (2, 3)}
 
 
