@@ -3,7 +3,8 @@
     python tests/hf_evaluate.py --out report.json
     python -m torch.distributed.run --nproc_per_node 2 tests/hf_evaluate.py --out report.json
 
-Rank 0 writes the evaluation result. Used by tests/test_callbacks.py to compare 1 and 2 processes.
+Rank 0 writes the evaluation result. Used by tests/test_callbacks.py to compare 1 and 2 processes (the one process
+is the test's own: ``main(["--out", path])``).
 """
 
 import argparse
@@ -21,12 +22,12 @@ from owa_metrics import VocabMap, build_tokenizer  # noqa: E402
 from owa_metrics.callbacks import OWAEventMetricsForTrainer  # noqa: E402
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     from transformers import Trainer, TrainingArguments
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(1)
     tokenizer = build_tokenizer()
     vocab = VocabMap.from_tokenizer(tokenizer)

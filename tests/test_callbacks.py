@@ -388,8 +388,19 @@ def _csv_row(out):
     return {k: float(v) for r in rows if r["step"] == step for k, v in r.items() if k.startswith("val") and v != ""}
 
 
+@pytest.fixture(scope="module")
+def one_process_fit(tmp_path_factory):
+    """ddp_fit's run in one process (this one), the logged row the DDP runs must equal: run once for both
+    strategies."""
+    import ddp_fit
+
+    out = tmp_path_factory.mktemp("one")
+    ddp_fit.run(1, "auto", out)
+    return _csv_row(out)
+
+
 @pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn"])
-def test_ddp_fit_with_every_default_logs_what_one_process_logs(tmp_path, strategy):
+def test_ddp_fit_with_every_default_logs_what_one_process_logs(tmp_path, strategy, one_process_fit):
     """2 processes (gloo), the callbacks' defaults with TensorBoard and CSV loggers, 7 sequences: fit finishes (a hang
     fails within the process group's timeout) and every logged value equals one process's, the sampler's padding
     dropped (issue 32); generation's max_sequences counts over both ranks."""
@@ -404,8 +415,7 @@ def test_ddp_fit_with_every_default_logs_what_one_process_logs(tmp_path, strateg
     root = Path(__file__).resolve().parents[1]
     subprocess.run([sys.executable, "tests/ddp_fit.py", "--devices", "2", "--strategy", strategy, "--out",
                     str(tmp_path / "two")], check=True, timeout=240, cwd=root, capture_output=True)
-    ddp_fit.run(1, "auto", tmp_path / "one")
-    one, two = _csv_row(tmp_path / "one"), _csv_row(tmp_path / "two")
+    one, two = one_process_fit, _csv_row(tmp_path / "two")
     assert one.keys() == two.keys() and "val/owa/keyboard/accuracy" in one and "val.owa_gen.events/count/sequences" in one
     assert all(close(two[k], one[k], 1e-6) for k in one), {k: (two[k], one[k]) for k in one if not close(two[k], one[k])}
     # each sequence once (issue 32: the sampler's padding dropped), generation from all of them
@@ -487,14 +497,13 @@ def test_hf_trainer_two_processes_count_every_event_once(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    commands = {1: [sys.executable, "tests/hf_evaluate.py"],
-                2: [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
-                    "tests/hf_evaluate.py"]}
-    results = {}
-    for world, command in commands.items():
-        out = tmp_path / f"hf_{world}.json"
-        subprocess.run([*command, "--out", str(out)], check=True, timeout=600, cwd=root, capture_output=True)
-        results[world] = json.loads(out.read_text())
+    import hf_evaluate
+
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
+               "tests/hf_evaluate.py", "--out", str(tmp_path / "hf_2.json")]
+    subprocess.run(command, check=True, timeout=600, cwd=root, capture_output=True)
+    hf_evaluate.main(["--out", str(tmp_path / "hf_1.json")])  # one process: this one (no second start-up)
+    results = {world: json.loads((tmp_path / f"hf_{world}.json").read_text()) for world in (1, 2)}
     one, two = results[1]["report"], results[2]["report"]
     assert results[2]["world"] == 2 and one["eval_owa/count/sequences"] == 14 == two["eval_owa/count/sequences"]
     keys = [k for k in one if k.startswith("eval_owa/")]

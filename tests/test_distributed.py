@@ -37,10 +37,25 @@ def _batches(vocab):
     ]
 
 
-def _worker(rank, world, port, out_path):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))  # a hang fails
+def _worker(rank, ports, out_dir):
+    """One set of processes for both process counts (process start-up is most of the cost): all three ranks in a
+    world of 3, then a fresh default process group of ranks 0 and 1 (world 2); rank 0 writes ``synced_{world}.json``."""
     torch.set_num_threads(1)
+    for world, port in zip((3, 2), ports):
+        if rank >= world:
+            break
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))  # a hang fails
+        results = _synced(rank, world)
+        if rank == 0:
+            with open(os.path.join(out_dir, f"synced_{world}.json"), "w") as f:
+                json.dump(results, f)
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def _synced(rank, world):
+    """This rank's share of every check, computed under the initialized process group of ``world`` ranks."""
     tokenizer = build_tokenizer()
     shards = _batches(VocabMap.from_tokenizer(tokenizer))
     if world == 2:
@@ -68,11 +83,7 @@ def _worker(rank, world, port, out_path):
         answers = [None] * world
         dist.all_gather_object(answers, {k: v.item() for k, v in metric.compute().items()})
         results["mid_epoch"] = answers
-    if rank == 0:
-        with open(out_path, "w") as f:
-            json.dump(results, f)
-    dist.barrier()
-    dist.destroy_process_group()
+    return results
 
 
 TAGS = ["even", "odd", "even_big", "odd_big", "never"]
@@ -90,10 +101,16 @@ D2E = {"bin_ms": 50, "bin_shifts": (-2, 1)}  # issue 31's binned keys: their sum
 MID_EPOCH = (2, 1)  # batches each rank updates before the mid-epoch compute (2 ranks); rank 0 then adds one more
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _free_ports(n):
+    """``n`` distinct free ports (the sockets are held open together while the ports are chosen)."""
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return tuple(s.getsockname()[1] for s in sockets)
+    finally:
+        for s in sockets:
+            s.close()
 
 
 def _single_process(mode, pairing="index"):
@@ -106,13 +123,29 @@ def _single_process(mode, pairing="index"):
     return {k: v.item() for k, v in metric.compute().items()}, [] if pairing == "time" else metric.confusion_matrix().tolist()
 
 
-@pytest.mark.parametrize("world", [2, 3])
-def test_synced_compute_equals_one_process(tmp_path, world):
+@pytest.fixture(scope="module")
+def synced_by_world(tmp_path_factory):
+    """Each process count's synced results, from one launch of 3 processes (`_worker`)."""
+    out = tmp_path_factory.mktemp("synced")
+    mp.spawn(_worker, args=(_free_ports(2), str(out)), nprocs=3, join=True)
+    return {world: json.loads((out / f"synced_{world}.json").read_text()) for world in (2, 3)}
+
+
+@pytest.fixture(scope="module")
+def expected():
+    """The one-process results (the oracle both process counts are compared with), computed once."""
     expected = {mode: _single_process(mode) for mode in ("exact", "sketch")}
     expected["time"] = _single_process("exact", "time")
-    out = tmp_path / "synced.json"
-    mp.spawn(_worker, args=(world, _free_port(), str(out)), nprocs=world, join=True)
-    synced = json.loads(out.read_text())
+    tokenizer = build_tokenizer()
+    for mode in ("exact", "sketch"):
+        expected[f"tags_{mode}"] = _tagged(tokenizer, mode, [b for shard in _batches(VocabMap.from_tokenizer(tokenizer))
+                                                             for b in shard])
+    return expected
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_synced_compute_equals_one_process(synced_by_world, expected, world):
+    synced = synced_by_world[world]
     assert expected["time"][0]["detect/f1"] < 1 and "detect/time_error_abs_p50_ms" in expected["time"][0]
     for mode in ("exact", "sketch", "time"):  # issue 26's keys: samples, sketches and sums, synced like the others
         assert expected[mode][0]["count/click_events"] > 0 and "mouse/click_offset_p95_mu" in expected[mode][0]
@@ -139,8 +172,7 @@ def test_synced_compute_equals_one_process(tmp_path, world):
         for answer in synced["mid_epoch"]:  # the same answer on both ranks: no stale cache on the idle one
             assert answer.keys() == one.keys() and all(abs(answer[k] - v) <= 1e-12 * max(1, abs(v)) for k, v in one.items())
     for mode in ("exact", "sketch"):
-        tokenizer = build_tokenizer()
-        one = _tagged(tokenizer, mode, [b for shard in _batches(VocabMap.from_tokenizer(tokenizer)) for b in shard])
+        one = expected[f"tags_{mode}"]
         got = synced[f"tags_{mode}"]["report"]
         assert got.keys() == one.keys() and {k.split("/")[1] for k in one if k.startswith("tag/")} == set(TAGS[:4])
         differ = {k: (got[k], v) for k, v in one.items() if abs(got[k] - v) > 1e-12 * max(1, abs(v))}
