@@ -147,3 +147,8 @@ def test_predict_events_counts_actions_when_screens_are_context():
     assert split_prompt(ids, ids, vocab, 1)[3].tolist() == [starts[2]]
     assert split_prompt(ids, ids, vocab, 2)[3].tolist() == [starts[2]]  # the first action stays as context
     assert split_prompt(ids, ids, vocab, 1, actions_only=False)[3].tolist() == [starts[4]]
+    # a row with no action to predict is its prompt whole, never its padding: its cut is its length in any batch
+    only_screens = sum(pieces[3:], [])
+    ids = torch.tensor([sum(pieces, []), only_screens + [0] * (len(sum(pieces, [])) - len(only_screens))])
+    mask = torch.tensor([[1] * ids.shape[1], [1] * len(only_screens) + [0] * (ids.shape[1] - len(only_screens))])
+    assert split_prompt(ids, ids, vocab, 1, attention_mask=mask)[3].tolist() == [starts[2], len(only_screens)]

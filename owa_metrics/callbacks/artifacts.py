@@ -27,7 +27,7 @@ SAMPLES_DESCRIPTION = ("One row per target event of the first sequences: the tru
 
 # The breakdown charts' groups (TensorBoard and W&B group charts by a name's first ``/`` part): a key goes to the first
 # section one of whose patterns (fnmatch) it matches, so that a run has a few groups, not one per key family
-SECTIONS = (("tags", ("tag/*",)), ("detection", ("detect/*",)), ("timestamp", ("timestamp/*", "*/timestamp/*")),
+SECTIONS = (("tags", ("tag/*",)), ("d2e", ("d2e/*",)), ("detection", ("detect/*",)), ("timestamp", ("timestamp/*", "*/timestamp/*")),
             ("tokens", ("token_accuracy/*", "*/loss", "*/loss_sum", "count/loss_skipped_tokens")),
             ("events", tuple(f"{cat}/{key}" for cat in CATEGORY_NAMES for key in ("count", "ratio", "comparable_rate"))),
             ("mouse", ("mouse/*", "mouse_op/*")), ("keyboard", ("keyboard/*",)), ("events", ("*",)))

@@ -32,7 +32,8 @@ def check_batch(batch: Any, pl_module=None, vocab: Optional[VocabMap] = None, pr
                            "the targets from batch['labels'] when present); the batch has no 'input_ids'")
     if pl_module is not None and generate_fn is None:
         ids = batch["input_ids"]
-        cut = split_prompt(ids, batch.get("labels", ids), vocab, predict_events, actions_only)[3]
+        cut = split_prompt(ids, batch.get("labels", ids), vocab, predict_events, actions_only,
+                           batch.get("attention_mask"))[3]
         prompt_inputs(batch, cut, model_image_token(getattr(pl_module, "model", pl_module)))
 
 
@@ -47,7 +48,9 @@ def generate_batch(pl_module, batch: Any, batch_idx: int, tokenizer, vocab: Voca
     ids = batch["input_ids"]
     labels = batch.get("labels", ids)
     ids, labels = ids[:rows], labels[:rows]
-    prompt, mask, target, cut = split_prompt(ids, labels, vocab, predict_events, actions_only)
+    attention = batch.get("attention_mask")
+    prompt, mask, target, cut = split_prompt(ids, labels, vocab, predict_events, actions_only,
+                                             None if attention is None else attention[:rows])
     generate = generate_fn or default_generate(pl_module, tokenizer)
     max_new = max_new_tokens or predict_events * 80
     context = {name: value for name, value in (("batch", batch), ("cut", cut)) if name in _keywords(generate)}
@@ -129,11 +132,13 @@ def prompt_part(values: torch.Tensor, cut: torch.Tensor) -> torch.Tensor:
     return torch.where(pos >= 0, values[:len(cut)].gather(1, pos.clamp(min=0)), 0)
 
 
-def split_prompt(ids: torch.Tensor, labels: torch.Tensor, vocab, predict_events: int, actions_only: bool = True):
+def split_prompt(ids: torch.Tensor, labels: torch.Tensor, vocab, predict_events: int, actions_only: bool = True,
+                 attention_mask: Optional[torch.Tensor] = None):
     """``(prompt, mask, target, cut)``: prompt = each row up to the start of its last ``predict_events`` events
     (with ``actions_only``, its last ``predict_events`` actions: screens are context, not predicted), keeping at
-    least its first one (left-padded, with a mask), ``ids[b, :cut[b]]``; target = the rest of the row's labels
-    (left-aligned, -100 padded)."""
+    least its first one (left-padded, with a mask), ``ids[b, :cut[b]]``; a row with nothing to predict is its
+    prompt whole, up to its last attended token (``attention_mask``; else the row's width); target = the rest of
+    the row's labels (left-aligned, -100 padded)."""
     B, T = ids.shape
     roles = vocab.codes(ids) & 0xF
     starts = roles == int(Role.START)
@@ -143,10 +148,13 @@ def split_prompt(ids: torch.Tensor, labels: torch.Tensor, vocab, predict_events:
     keep_events = torch.maximum(count - predict_events, count.clamp(max=1))  # keep one event as context
     rank = starts.long().cumsum(1)
     is_cut = starts & (rank == (keep_events + 1)[:, None])
-    cut = torch.where(is_cut.any(1), is_cut.long().argmax(1), torch.full_like(count, T))
+    pos = torch.arange(T, device=ids.device)
+    whole = torch.full_like(count, T) if attention_mask is None else \
+        torch.where(attention_mask.bool(), pos + 1, 0).amax(1)  # the row's end (right padding cut off)
+    cut = torch.where(is_cut.any(1), is_cut.long().argmax(1), whole)
     prompt = prompt_part(ids, cut)
     mask = torch.arange(prompt.shape[1], device=ids.device) >= (prompt.shape[1] - cut)[:, None]
-    tail = torch.arange(T, device=ids.device) + cut[:, None]
+    tail = pos + cut[:, None]
     target = torch.where(tail < T, labels.gather(1, tail.clamp(max=T - 1)), -100)
     return prompt, mask.long(), target, cut
 
