@@ -390,20 +390,31 @@ def _csv_row(out):
 
 @pytest.fixture(scope="module")
 def one_process_fit(tmp_path_factory):
-    """ddp_fit's run in one process (this one), the logged row the DDP runs must equal: run once for both
-    strategies."""
+    """ddp_fit's run in one process (this one), the logged row the DDP runs must equal: each configuration (without
+    or with ``--tags``) run once."""
     import ddp_fit
 
-    out = tmp_path_factory.mktemp("one")
-    ddp_fit.run(1, "auto", out)
-    return _csv_row(out)
+    rows = {}
+
+    def row(tags: bool) -> dict:
+        if tags not in rows:
+            out = tmp_path_factory.mktemp("one")
+            ddp_fit.run(1, "auto", out, tags=tags)
+            rows[tags] = _csv_row(out)
+        return rows[tags]
+
+    return row
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn"])
-def test_ddp_fit_with_every_default_logs_what_one_process_logs(tmp_path, strategy, one_process_fit):
+@pytest.mark.parametrize("strategy, tags", [("ddp", False), ("ddp_spawn", True)], ids=["ddp", "ddp_spawn"])
+def test_ddp_fit_with_every_default_logs_what_one_process_logs(tmp_path, strategy, tags, one_process_fit):
     """2 processes (gloo), the callbacks' defaults with TensorBoard and CSV loggers, 7 sequences: fit finishes (a hang
     fails within the process group's timeout) and every logged value equals one process's, the sampler's padding
-    dropped (issue 32); generation's max_sequences counts over both ranks."""
+    dropped (issue 32); generation's max_sequences counts over both ranks. Under ddp_spawn the callbacks also have 4
+    tags with tag_keys="all", and generation is paired by time over a 4-tolerance sweep (issue 33: it hung when every
+    key went through callback_metrics, which Lightning's spawn launcher sends back through a pipe that blocks past 64
+    KiB): callback_metrics holds the headline keys only, and every other key of each report file reaches the CSV
+    logger."""
     import subprocess
     import sys
     from pathlib import Path
@@ -411,39 +422,26 @@ def test_ddp_fit_with_every_default_logs_what_one_process_logs(tmp_path, strateg
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     import ddp_fit
+    from owa_metrics.functional.report import headline_keys
 
-    root = Path(__file__).resolve().parents[1]
-    subprocess.run([sys.executable, "tests/ddp_fit.py", "--devices", "2", "--strategy", strategy, "--out",
-                    str(tmp_path / "two")], check=True, timeout=240, cwd=root, capture_output=True)
-    one, two = one_process_fit, _csv_row(tmp_path / "two")
+    root, out = Path(__file__).resolve().parents[1], tmp_path / "two"
+    subprocess.run([sys.executable, "tests/ddp_fit.py", "--devices", "2", "--strategy", strategy, "--out", str(out),
+                    *(["--tags"] if tags else [])], check=True, timeout=240, cwd=root, capture_output=True)
+    one, two = one_process_fit(tags), _csv_row(out)
     assert one.keys() == two.keys() and "val/owa/keyboard/accuracy" in one and "val.owa_gen.events/count/sequences" in one
     assert all(close(two[k], one[k], 1e-6) for k in one), {k: (two[k], one[k]) for k in one if not close(two[k], one[k])}
     # each sequence once (issue 32: the sampler's padding dropped), generation from all of them
     assert two["val.owa.events/count/sequences"] == ddp_fit.SEQUENCES == two["val.owa_gen.events/count/sequences"]
     for logger in ("csv", "tb"):  # each callback's report, in each logger's run
         for prefix in ("owa", "owa_gen"):
-            report = json.loads((tmp_path / "two" / logger / "version_0" / "owa_metrics" / "val" / prefix /
+            report = json.loads((out / logger / "version_0" / "owa_metrics" / "val" / prefix /
                                  "epoch_0_step_0.json").read_text())
             assert close(report["comparable_rate"], two[f"val/{prefix}/comparable_rate"], 1e-6)
-    events = EventAccumulator(str(tmp_path / "two" / "tb" / "version_0"), size_guidance={"images": 0})
+    events = EventAccumulator(str(out / "tb" / "version_0"), size_guidance={"images": 0})
     events.Reload()
     assert {"val/owa/category_confusion", "val/owa_gen/category_confusion"} <= set(events.Tags()["images"])
-
-
-def test_ddp_spawn_returns_whatever_the_number_of_keys(tmp_path):
-    """Issue 33: 4 tags with tag_keys="all" on both callbacks and generation paired by time over a 4-tolerance sweep,
-    under ddp_spawn on 2 processes (gloo): fit returns (it hung when every key went through callback_metrics, which
-    Lightning's spawn launcher sends back through a pipe that blocks past 64 KiB); callback_metrics holds the headline
-    keys only, and every other key of each report file reaches the CSV logger."""
-    import subprocess
-    import sys
-
-    import ddp_fit
-    from owa_metrics.functional.report import headline_keys
-
-    root, out = Path(__file__).resolve().parents[1], tmp_path / "two"
-    subprocess.run([sys.executable, "tests/ddp_fit.py", "--devices", "2", "--strategy", "ddp_spawn", "--tags", "--out",
-                    str(out)], check=True, timeout=240, cwd=root, capture_output=True)
+    if not tags:
+        return
     returned = set(json.loads((out / "callback_metrics.json").read_text()))
     headline = {f"val/owa/{k}" for k in headline_keys("teacher_forcing")} | {
         f"val/owa_gen/{k}" for k in headline_keys("generation")}
