@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from .schema import Event
-from .metrics.collection import MAX_TAGS, InvalidTargetsWarning, OWAEventMetrics, is_tag_name
+from .metrics.collection import MAX_TAGS, InvalidTargetsWarning, OWAEventMetrics
 from .tokens.codec import FORMATS, CodecConfig, EventCodec, EventEncodeError, possible_formats
 from .tokens.vocab import IMAGE_CONVENTIONS, VocabMap, build_tokenizer, image_tokens as read_image_tokens
 from . import streaming
@@ -95,17 +95,7 @@ def read_tagged(path: str | Path) -> tuple[list[str] | list[Event], Optional[lis
     for number, line in enumerate(_lines(text), 1):
         tag = None
         if path.suffix == ".jsonl" and line.strip():
-            try:
-                item = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise InputError(f"{path}:{number}: not JSON ({err.msg})") from None
-            line = item["text"] if isinstance(item, dict) and "text" in item else item
-            if not isinstance(line, str):
-                raise InputError(f"{path}:{number}: expected a string or an object with a 'text' field")
-            tag = item.get("tag") if isinstance(item, dict) else None
-            if tag is not None and not is_tag_name(tag):
-                raise InputError(f"{path}:{number}: 'tag' must be a name (a non-empty printable string without '/': "
-                                 f"no line break or other control character), got {tag!r}")
+            line, tag = streaming.json_line(line, path, number)
         texts.append(line.strip())
         tags.append(tag)
     if not any(texts):

@@ -335,16 +335,7 @@ class InputLines:
         if line.endswith("\r"):
             line = line[:-1]
         if self.jsonl and line.strip():
-            try:
-                item = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise InputError(f"{self.path}:{number}: not JSON ({err.msg})") from None
-            line = item["text"] if isinstance(item, dict) and "text" in item else item
-            if not isinstance(line, str):
-                raise InputError(f"{self.path}:{number}: expected a string or an object with a 'text' field")
-            tag = item.get("tag") if isinstance(item, dict) else None
-            if tag is not None:
-                _check_tag(tag, self.path, number)
+            line, tag = json_line(line, self.path, number)
         text = line.strip()
         self.nonblank = self.nonblank or bool(text)
         ids = tokenize(text, self.table.vocab, self.table.unk)
@@ -362,6 +353,22 @@ class InputLines:
 
 
 _TOKENS = re.compile(r"<[^<>]*>")
+
+
+def json_line(line: str, path, number: int) -> tuple[str, Optional[str]]:
+    """``(text, tag)`` of line ``number`` of a JSONL file: a JSON string, or an object with ``"text"`` (and a
+    ``"tag"``, checked); else an `InputError` naming the file and line."""
+    try:
+        item = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise InputError(f"{path}:{number}: not JSON ({err.msg})") from None
+    text = item["text"] if isinstance(item, dict) and "text" in item else item
+    if not isinstance(text, str):
+        raise InputError(f"{path}:{number}: expected a string or an object with a 'text' field")
+    tag = item.get("tag") if isinstance(item, dict) else None
+    if tag is not None:
+        _check_tag(tag, path, number)
+    return text, tag
 
 
 def _check_tag(tag, path, number: int) -> None:
