@@ -611,7 +611,7 @@ def test_each_validation_dataloader_and_test_gets_its_own_report(tmp_path, token
         assert close(results[f"val/owa/comparable_rate/dataloader_idx_{idx}"], by_hand["comparable_rate"], 1e-6)
         assert "val/owa/comparable_rate" not in results
 
-    tested = trainer.test(module, a)
+    trainer.test(module, a)
     by_hand = _by_hand(tokenizer, module.recorded[-1])
     assert by_hand["count/sequences"] == 8
     for key, value in by_hand.items():
