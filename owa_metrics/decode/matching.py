@@ -214,7 +214,8 @@ def match_by_time(target: EventFields, target_seq: torch.Tensor, pred: EventFiel
     return TimeMatching(detection=detection, paired=paired, detection_counts=swept[0], detection_error_ms=error_ms,
                         extra_events=(p_ok & ~in_pair).sum(), invalid_pred_events=(~p_ok).sum(), target_ns=t_abs,
                         generated_ns=p_abs, tolerance_ns=tolerance_ns, sweep_ns=sweep,
-                        sweep_counts=swept if sweep else None, origin_ns=origin)
+                        sweep_counts=swept if sweep else None, origin_ns=origin,
+                        sweep_detection=detections if sweep else None)
 
 
 def _sweep_match(t_key: torch.Tensor, t_ns: torch.Tensor, p_key: torch.Tensor, p_ns: torch.Tensor,
@@ -231,19 +232,25 @@ def _sweep_match(t_key: torch.Tensor, t_ns: torch.Tensor, p_key: torch.Tensor, p
     return torch.where(found >= 0, found - copy * n_p, -1)
 
 
-def _detection_counts(target: EventFields, pred: EventFields, t_ok: torch.Tensor, detection: torch.Tensor
+def _detection_counts(target: EventFields, pred: EventFields, t_ok: torch.Tensor, detection: torch.Tensor,
+                      t_group: Optional[torch.Tensor] = None, p_group: Optional[torch.Tensor] = None, groups: int = 1
                       ) -> torch.Tensor:
     """[S, 3, N_CAT + 1]: TP, FP, FN by category of S detection matchings (``detection`` [S, target events]):
     matched targets, generated events left over (an invalid one has category INVALID, column N_CAT: FP of no
-    category), valid targets left over; one index_add_ (a CUDA bincount reads its range)."""
+    category), valid targets left over; one index_add_ (a CUDA bincount reads its range). With the group of each
+    target and generated event (``t_group``, ``p_group``: in [0, groups)), by group: [groups, S, 3, N_CAT + 1]."""
     S, n_p, width = detection.shape[0], len(pred.status), N_CAT + 1
     matched = detection >= 0
     used = torch.zeros((S, n_p + 1), dtype=torch.bool, device=detection.device).scatter_(
         1, torch.where(matched, detection, n_p), True)[:, :n_p]
     base = torch.arange(S, device=detection.device)[:, None] * (3 * width)
-    cells = torch.cat([target.category + base, pred.category + (width + base), target.category + (2 * width + base)], 1)
-    return torch.zeros(S * 3 * width, dtype=torch.float64, device=detection.device).index_add_(
-        0, cells.view(-1), torch.cat([matched, ~used, t_ok & ~matched], 1).double().view(-1)).view(S, 3, width)
+    t_cell, p_cell = target.category, pred.category
+    if t_group is not None:  # each group's block of S x 3 x width
+        t_cell, p_cell = t_cell + t_group * (S * 3 * width), p_cell + p_group * (S * 3 * width)
+    cells = torch.cat([t_cell + base, p_cell + (width + base), t_cell + (2 * width + base)], 1)
+    counts = torch.zeros(groups * S * 3 * width, dtype=torch.float64, device=detection.device).index_add_(
+        0, cells.view(-1), torch.cat([matched, ~used, t_ok & ~matched], 1).double().view(-1))
+    return counts.view(S, 3, width) if t_group is None else counts.view(groups, S, 3, width)
 
 
 def pair_by_time(true_batch: EventBatch, gen_batch: EventBatch, window_ns: int, tolerance_ns: Union[int, tuple],

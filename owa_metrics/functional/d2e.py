@@ -84,17 +84,23 @@ def num_bins(start_ns: torch.Tensor, end_ns: torch.Tensor, bin_ns: int) -> torch
 
 
 def d2e_states(truth: D2EEvents, pred: D2EEvents, start_ns: torch.Tensor, end_ns: torch.Tensor, bin_ns: int,
-               shifts: Sequence[int] = (0,)) -> torch.Tensor:
+               shifts: Sequence[int] = (0,), group: Optional[torch.Tensor] = None, groups: int = 1) -> torch.Tensor:
     """[len(shifts), len(STATES)] float64: the sums of `STATES` over B sequences with ranges [start_ns, end_ns) [B]
     (a range with end <= start has no bins), comparing true bin i with predicted bin i + k at each shift k. Torch
-    ops on the events' device; the numbers of bins and of distinct (bin, name) keys are read on the host."""
+    ops on the events' device; the numbers of bins and of distinct (bin, name) keys are read on the host. ``group``
+    [B]: each sequence's group in [0, groups) (a tag): the sums by group, [groups, len(shifts), len(STATES)], in the
+    same pass (each bin's sums scattered to its sequence's group)."""
     device = start_ns.device
+    grouped, group = group is not None, (group if group is not None else torch.zeros_like(start_ns)).long()
     start_ns, end_ns = start_ns.long(), end_ns.long()
     nb = num_bins(start_ns, end_ns, bin_ns)
     offsets = nb.cumsum(0) - nb
     total = int(nb.sum())
-    duration = float((end_ns - start_ns).clamp(min=0).sum())
+    duration = torch.zeros(groups, dtype=torch.float64, device=device).index_add_(
+        0, group, (end_ns - start_ns).clamp(min=0).double())
     bin_seq = torch.repeat_interleave(torch.arange(len(nb), device=device), nb)
+    bin_group = group.index_select(0, bin_seq)
+    by_group = (bin_group == torch.arange(groups, device=device)[:, None]).double()  # [groups, bins]
     bin_local = torch.arange(total, device=device) - offsets.index_select(0, bin_seq)
     bin_count = nb.index_select(0, bin_seq)
 
@@ -131,19 +137,23 @@ def d2e_states(truth: D2EEvents, pred: D2EEvents, start_ns: torch.Tensor, end_ns
         t = sides[0]["sums"]
         pearson = (valid & (sides[0]["has"] | p_has)).double()
         # over the Pearson bins: tx ty px py, their squares, tx px, ty py; over every compared bin: |tx| |ty| |px| |py|
-        moves = pearson @ torch.cat([t, p, t * t, p * p, t * p], 1)
-        absolute = valid.double() @ torch.cat([t, p], 1).abs()
-        n_valid = valid.sum()
-        counts = [_count_agreement(sides[0][kind], sides[1][kind], k, n_valid) for kind in ("buttons", "keys")]
-        x, y = moves.view(5, 2).unbind(1)  # per axis: Σt, Σp, Σt², Σp², Σtp
-        head = torch.stack([n_valid.double(), torch.tensor(duration, dtype=torch.float64, device=device), pearson.sum()])
-        rows.append(torch.cat([head, x, y, absolute[[0, 2, 1, 3]], torch.stack([*counts[0], *counts[1]])]))
-    return torch.stack(rows)
+        moves = (by_group * pearson) @ torch.cat([t, p, t * t, p * p, t * p], 1)  # [groups, 10]
+        absolute = (by_group * valid) @ torch.cat([t, p], 1).abs()
+        n_valid = by_group @ valid.double()
+        counts = [_count_agreement(sides[0][kind], sides[1][kind], k, n_valid, bin_group, groups)
+                  for kind in ("buttons", "keys")]
+        x, y = moves.view(groups, 5, 2).unbind(2)  # per axis: Σt, Σp, Σt², Σp², Σtp
+        head = torch.stack([n_valid, duration, by_group @ pearson], 1)
+        rows.append(torch.cat([head, x, y, absolute[:, [0, 2, 1, 3]], torch.stack([*counts[0], *counts[1]], 1)], 1))
+    out = torch.stack(rows, 1)  # integers in float64: exact whatever the order of the sums
+    return out if grouped else out[0]
 
 
-def _count_agreement(truth: tuple, pred: tuple, k: int, n_valid: torch.Tensor) -> list[torch.Tensor]:
-    """(right, values, empty bins) of one kind of names at shift k: over the distinct (true bin, name) keys of both
-    sides, right where the two counts are equal; the compared bins with no key."""
+def _count_agreement(truth: tuple, pred: tuple, k: int, n_valid: torch.Tensor, bin_group: torch.Tensor,
+                     groups: int) -> list[torch.Tensor]:
+    """(right, values, empty bins) [groups] of one kind of names at shift k: over the distinct (true bin, name) keys
+    of both sides, right where the two counts are equal; the compared bins with no key; each by the group of the
+    true bin's sequence (``bin_group``)."""
     keys, sides = [], []
     for side, (g, local, count, name, n_names) in enumerate((truth, pred)):
         moved = k if side else -k  # a predicted event in bin j compares in true bin j - k; a true bin i needs i + k
@@ -157,10 +167,13 @@ def _count_agreement(truth: tuple, pred: tuple, k: int, n_valid: torch.Tensor) -
     side = torch.cat(sides)
     per = torch.zeros((len(distinct), 2), dtype=torch.long, device=both.device).index_put_(
         (inverse, side), torch.ones_like(side), accumulate=True)
-    right = (per[:, 0] == per[:, 1]).sum()
-    with_names = torch.unique(torch.div(distinct, n_names, rounding_mode="floor")).numel()
-    return [right.double(), torch.tensor(float(len(distinct)), dtype=torch.float64, device=both.device),
-            (n_valid - with_names).double()]
+    key_group = bin_group.index_select(0, torch.div(distinct, n_names, rounding_mode="floor"))
+    named_bins = torch.unique(torch.div(distinct, n_names, rounding_mode="floor"))
+    sums = torch.zeros((3, groups), dtype=torch.float64, device=both.device)
+    sums[0].index_add_(0, key_group, (per[:, 0] == per[:, 1]).double())
+    sums[1].index_add_(0, key_group, torch.ones_like(key_group, dtype=torch.float64))
+    sums[2].index_add_(0, bin_group.index_select(0, named_bins), torch.ones_like(named_bins, dtype=torch.float64))
+    return [sums[0], sums[1], n_valid - sums[2]]
 
 
 def d2e_keys(states: torch.Tensor, empty_bins_as_correct: bool = False, shifts: Sequence[int] = (0,),
@@ -283,7 +296,9 @@ def batch_events(batch, window_ns: int) -> tuple[D2EEvents, D2EEvents, torch.Ten
     return sides[0], sides[1], start, end
 
 
-def batch_states(batch, window_ns: int, bin_ms: float, bin_shifts: Sequence[int] = ()) -> torch.Tensor:
-    """`d2e_states` of a decoded batch's rows (`batch_events`), one row per shift of `shift_rows`."""
+def batch_states(batch, window_ns: int, bin_ms: float, bin_shifts: Sequence[int] = (),
+                 group: Optional[torch.Tensor] = None, groups: int = 1) -> torch.Tensor:
+    """`d2e_states` of a decoded batch's rows (`batch_events`), one row per shift of `shift_rows` (by group of
+    sequences with ``group``)."""
     truth, pred, start, end = batch_events(batch, window_ns)
-    return d2e_states(truth, pred, start, end, bin_ns_of(bin_ms), shift_rows(bin_shifts))
+    return d2e_states(truth, pred, start, end, bin_ns_of(bin_ms), shift_rows(bin_shifts), group, groups)

@@ -22,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional, Union
 
+import torch
+
 from ..schema import CATEGORY_NAMES, Category, Status
 
 # the codes of a row that the groups and `code_is` read: comparison status, target decode status, predicted
@@ -173,7 +175,9 @@ class Samples:
 @dataclass(frozen=True)
 class Given:
     """Sums of ``shape`` that a step beside the event rows gives: ``fn(batch, extras)`` -> one tensor per entry of
-    ``parts``, each added to ``state[part]`` (``extras``: the update's token statistics, ``extras["tokens"]``)."""
+    ``parts``, each added to ``state[part]`` (``extras``: the update's token statistics, ``extras["tokens"]``). With
+    groups of sequences (tags: ``extras["group"]``, each sequence's group [B], not None) each tensor has a leading
+    axis of ``extras["groups"]``, its sums by group (`per_group`)."""
 
     shape: tuple[int, ...]
     fn: Callable
@@ -182,9 +186,20 @@ class Given:
 
 @dataclass(frozen=True)
 class GivenSamples:
-    """Samples that ``fn(batch, extras)`` gives per update (one value each; NaN: no sample), beside the event rows."""
+    """Samples that ``fn(batch, extras)`` gives per update, beside the event rows: ``(values, seq)``, one value each
+    (NaN: no sample) and the sequence it is of (its group's sample, with groups of sequences)."""
 
     fn: Callable
+
+
+def per_group(values: torch.Tensor, seq: torch.Tensor, extras: dict) -> torch.Tensor:
+    """The sums of ``values`` [n, ...] (entry k of sequence ``seq[k]``): over all entries [...], or by group of
+    sequences [groups, ...] (``extras["group"]``: each sequence's group, in [0, ``extras["groups"]``)), in one op."""
+    group = extras.get("group")
+    if group is None:
+        return values.sum(0)
+    return values.new_zeros((extras["groups"], *values.shape[1:])).index_add_(0, group.index_select(0, seq.long()),
+                                                                                values)
 
 
 State = Union[Sums, SequenceMean, BatchCounts, Samples, Given, GivenSamples]

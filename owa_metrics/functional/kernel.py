@@ -10,6 +10,7 @@ to the last bits). `token_stats` does what `event_token_stats` + `token_sums` do
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import numpy as np
 import torch
@@ -78,9 +79,11 @@ def _run(code, run, v, window_ns, reg):
 def _accumulate(status, t_status, t_values, t_digits, p_kind, p_values, p_digits, seq, t_counts, p_counts, window_ns,
                 key_columns, key_weights, key_offsets, coded, groups, match_ptr, match_column, match_sign, read_ptr,
                 read_match, run_ptr, run, code, sum_regs, sample_regs, n_regs, const_ptr, const_cell, const_value, cell_ptr,
-                cell_flat, cell_x, seq_groups, seq_values, sample_groups, sample_offsets, sums, seq_out, batch_out,
-                sample_rows, sample_counts):
-    """Each row's V (`plan.row_columns`), its key, values and cells, as `plan.accumulate` with torch ops."""
+                cell_flat, cell_x, seq_groups, seq_values, sample_groups, sample_offsets, seq_group, sums, seq_out, batch_out,
+                sample_rows, sample_group, sample_counts):
+    """Each row's V (`plan.row_columns`), its key, values and cells, as `plan.accumulate` with torch ops, into the
+    block of its sequence's group (``seq_group`` [B]): ``sums`` [G, cells], ``seq_out`` [G, 2S], ``batch_out`` [G, 5];
+    each sampled row's group in ``sample_group``."""
     n_coded, n_match = coded.shape[1], match_ptr.shape[0] - 1
     B, S = t_counts.shape[0], seq_groups.shape[0]
     x = np.zeros(n_coded + n_match + sum_regs.shape[0])
@@ -110,11 +113,12 @@ def _accumulate(status, t_status, t_values, t_digits, p_kind, p_values, p_digits
             _run(code, run[run_ptr[key]:run_ptr[key + 1]], v, window_ns, reg)
             for j in range(sum_regs.shape[0]):
                 x[n_coded + n_match + j] = reg[sum_regs[j]]
-        for e in range(const_ptr[key], const_ptr[key + 1]):
-            sums[const_cell[e]] += const_value[e]
-        for e in range(cell_ptr[key], cell_ptr[key + 1]):
-            sums[cell_flat[e]] += x[cell_x[e]]
         b = seq[i]
+        g = seq_group[b]
+        for e in range(const_ptr[key], const_ptr[key + 1]):
+            sums[g, const_cell[e]] += const_value[e]
+        for e in range(cell_ptr[key], cell_ptr[key + 1]):
+            sums[g, cell_flat[e]] += x[cell_x[e]]
         for s in range(S):
             if groups[key, seq_groups[s]] != 0:
                 seq_n[b, s] += 1
@@ -125,67 +129,78 @@ def _accumulate(status, t_status, t_values, t_digits, p_kind, p_values, p_digits
                 m = sample_counts[s]
                 for j in range(sample_offsets[s], sample_offsets[s + 1]):
                     sample_rows[m, j] = reg[sample_regs[j]]
+                sample_group[m, s] = g
                 sample_counts[s] = m + 1
     for s in range(S):
         for b in range(B):
             if seq_n[b, s] > 0:  # the sequences with any, then the sum of the means (`plan.accumulate`'s order)
-                seq_out[s] += 1
-                seq_out[S + s] += seq_x[b, s] / seq_n[b, s]
+                seq_out[seq_group[b], s] += 1
+                seq_out[seq_group[b], S + s] += seq_x[b, s] / seq_n[b, s]
     for b in range(B):
-        gap = p_counts[b] - t_counts[b]
-        batch_out[0] += 1
-        batch_out[1] += gap == 0
-        batch_out[2] += p_counts[b]
-        batch_out[3] += max(gap, 0)
-        batch_out[4] += max(-gap, 0)
+        gap, g = p_counts[b] - t_counts[b], seq_group[b]
+        batch_out[g, 0] += 1
+        batch_out[g, 1] += gap == 0
+        batch_out[g, 2] += p_counts[b]
+        batch_out[g, 3] += max(gap, 0)
+        batch_out[g, 4] += max(-gap, 0)
 
 
-def accumulate(plan: Plan, out: dict, sketch: bool, spec: SketchSpec) -> tuple[list, list]:
-    """One decoded batch (`owa_metrics.decode.kernel.decode_arrays`' arrays) in one compiled loop: ``(increments of
-    plan.sums_states, then in sketch mode of each `Samples` state, the exact rows of each `Samples` state)``."""
+def accumulate(plan: Plan, out: dict, sketch: bool, spec: SketchSpec, seq_group: Optional[np.ndarray] = None,
+               groups: int = 1) -> tuple[list, list, list]:
+    """One decoded batch (`owa_metrics.decode.kernel.decode_arrays`' arrays) in one compiled loop: ``(increments
+    [groups, size] of plan.sums_states, then in sketch mode of each `Samples` state; the exact rows of each `Samples`
+    state; each one's rows' groups)``. ``seq_group`` [B]: each sequence's group (None: one group)."""
     t, p = out["target"], out["pred"]
     k = compiled_tables(plan)
-    n_x = len(plan.x_columns)
-    sums = np.zeros(plan.n_groups * n_x)
-    seq_out, batch_out = np.zeros(2 * len(plan.seq_groups)), np.zeros(5)
-    sample_rows = np.empty((len(out["seq"]), int(k["sample_offsets"][-1])))
+    n_x, S = len(plan.x_columns), len(plan.seq_groups)
+    B, n = len(out["target_count"]), len(out["seq"])
+    seq_group = np.zeros(B, dtype=np.int64) if seq_group is None else seq_group
+    sums, seq_out, batch_out = np.zeros((groups, plan.n_groups * n_x)), np.zeros((groups, 2 * S)), np.zeros((groups, 5))
+    sample_rows = np.empty((n, int(k["sample_offsets"][-1])))
+    sample_group = np.empty((n, len(plan.samples)), dtype=np.int64)
     counts = np.zeros(len(plan.samples), dtype=np.int64)
     _accumulate(out["status"], t["status"], t["values"], t["digits"], p["kind"], p["values"], p["digits"], out["seq"],
-                out["target_count"], out["pred_count"], plan.shape.window_ns, *(k[name] for name in TABLES), sums,
-                seq_out, batch_out, sample_rows, counts)
-    flat = np.concatenate([sums, seq_out, batch_out])
-    increments = list(torch.from_numpy(flat[k["index"]]).split(plan.sizes))[:-1]  # the loop counts the samples itself
+                out["target_count"], out["pred_count"], plan.shape.window_ns, *(k[name] for name in TABLES), seq_group,
+                sums, seq_out, batch_out, sample_rows, sample_group, counts)
+    flat = np.concatenate([sums, seq_out, batch_out], 1)
+    increments = list(torch.from_numpy(flat[:, k["index"]]).split(plan.sizes, 1))[:-1]  # the loop counts the samples
     rows = [torch.from_numpy(sample_rows[:m, k["sample_offsets"][s]:k["sample_offsets"][s + 1]])
             for s, m in enumerate(counts.tolist())]
+    row_groups = [torch.from_numpy(sample_group[:m, s]) for s, m in enumerate(counts.tolist())]
     if sketch:
-        increments += _sketch(plan, rows, spec)
-    return increments, rows
+        increments += _sketch(plan, rows, row_groups, spec, groups)
+    return increments, rows, row_groups
 
 
-def _sketch(plan: Plan, rows: list[torch.Tensor], spec: SketchSpec) -> list[torch.Tensor]:
-    """Each `Samples` state's sketch counts [values, groups, size] (flat) from its rows, in one count: each value in the
-    whole group's row, and (split by category) in its true category's."""
-    values, groups, sizes, base = [], [], [], 0
-    for state, r in zip(plan.samples.values(), rows):
+def _sketch(plan: Plan, rows: list[torch.Tensor], row_groups: list[torch.Tensor], spec: SketchSpec,
+            groups: int) -> list[torch.Tensor]:
+    """Each `Samples` state's sketch counts [groups, values x groups x size] from its rows, in one count: each value in
+    the whole group's row, and (split by category) in its true category's; each in its row's group's block."""
+    values, cells, blocks, sizes, base = [], [], [], [], 0
+    for state, r, g in zip(plan.samples.values(), rows, row_groups):
         n, n_g = len(state.values), 1 + N_CAT if state.by_category else 1
         first = base + torch.arange(n) * n_g
         if state.by_category:
             values.append(r[:, :n, None].expand(-1, -1, 2).reshape(-1))
-            groups.append(torch.stack([first.expand(len(r), -1), first + 1 + r[:, n:].long()], 2).reshape(-1))
+            cells.append(torch.stack([first.expand(len(r), -1), first + 1 + r[:, n:].long()], 2).reshape(-1))
+            blocks.append(g[:, None].expand(-1, 2 * n).reshape(-1))
         else:
             values.append(r.reshape(-1))
-            groups.append(first.expand(len(r), -1).reshape(-1))
+            cells.append(first.expand(len(r), -1).reshape(-1))
+            blocks.append(g[:, None].expand(-1, n).reshape(-1))
         sizes.append(n * n_g * spec.size)
         base += n * n_g
-    return list(sketch_counts(torch.cat(values), spec, torch.cat(groups), base).view(-1).split(sizes))
+    cell = torch.cat(cells) + torch.cat(blocks) * base if groups > 1 else torch.cat(cells)
+    return list(sketch_counts(torch.cat(values), spec, cell, groups * base).view(groups, -1).split(sizes, 1))
 
 
 @_jit
 def token_stats(seq, t_status, t_kind, t_values, start, end, start_cut, T, labels, guesses, field_table, token_loss,
-                has_loss, fields, loss):
+                has_loss, seq_group, fields, loss):
     """Teacher forcing, per valid target event: each field token (``field_table`` [kind, slot], slot 0 =
-    ``<EVENT_START>``) right or not into ``fields`` [2, F]; with ``has_loss`` the summed ``token_loss`` over the
-    event's span (prefix sums, as the torch path) into ``loss`` [categories] by category."""
+    ``<EVENT_START>``) right or not into ``fields`` [G, 2, F]; with ``has_loss`` the summed ``token_loss`` over the
+    event's span (prefix sums, as the torch path) into ``loss`` [G, categories] by category; G: the group of the
+    event's sequence (``seq_group``)."""
     n_slots = field_table.shape[1] - 1
     cumulative = np.zeros(1)
     if has_loss:
@@ -195,7 +210,7 @@ def token_stats(seq, t_status, t_kind, t_values, start, end, start_cut, T, label
     for i in range(seq.shape[0]):
         if t_status[i] != VALID:
             continue
-        row = seq[i] * T
+        row, g = seq[i] * T, seq_group[seq[i]]
         first, last = row + start[i], row + end[i]
         slot0 = first - (1 if start_cut[i] else 0)
         for s in range(n_slots):
@@ -205,7 +220,7 @@ def token_stats(seq, t_status, t_kind, t_values, start, end, start_cut, T, label
                 continue
             label = labels[min(max(pos, 0), labels.shape[0] - 1)]
             if label >= 0:
-                fields[1, field] += 1
-                fields[0, field] += guesses[min(max(pos, 0), labels.shape[0] - 1)] == label
+                fields[g, 1, field] += 1
+                fields[g, 0, field] += guesses[min(max(pos, 0), labels.shape[0] - 1)] == label
         if has_loss:
-            loss[t_values[i, 0]] += cumulative[last + 1] - cumulative[first]
+            loss[g, t_values[i, 0]] += cumulative[last + 1] - cumulative[first]

@@ -307,15 +307,20 @@ def _nodes(v: Value):
                 yield from _nodes(a)
 
 
-def accumulate(plan: Plan, batch: EventBatch, sketched: Optional[list[int]] = None) -> tuple[
-        list, Optional[torch.Tensor], torch.Tensor, torch.Tensor]:
-    """One batch with torch ops: ``(increments, samples, sampled, key)``: the increments of ``plan.sums_states``
-    then the sampled rows' numbers (`Plan.sample_counts`), in one flat vector split; every row's sample values [N,
-    `Plan.sample_values`] (or, for a sketch, the values ``sketched`` picks), whether each row is in each `Samples`
-    state's group [N, states], and the keys."""
+def accumulate(plan: Plan, batch: EventBatch, sketched: Optional[list[int]] = None,
+               group: Optional[torch.Tensor] = None, groups: int = 1) -> tuple[
+        list, Optional[torch.Tensor], torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+    """One batch with torch ops: ``(increments, samples, sampled, key, row_group)``: the increments [groups, size] of
+    ``plan.sums_states`` then the sampled rows' numbers (`Plan.sample_counts`), split from one flat [groups, ...]
+    matrix; every row's sample values [N, `Plan.sample_values`] (or, for a sketch, the values ``sketched`` picks),
+    whether each row is in each `Samples` state's group [N, states], the keys, and each row's group.
+
+    ``group`` [num_sequences]: each sequence's group (a tag) in [0, groups), None: one group. Every state family is
+    accumulated once for all groups: G^T X by group (one product with the groups x tags indicator), the sequence means
+    and the batch counts scattered by the sequences' groups."""
     V = row_matrix(batch)
     key = torch.addcmul(plan.key_offsets, V.index_select(1, plan.key_columns), plan.key_weights).sum(1)
-    coded, groups, seq_groups, sampled = plan.lookup.index_select(0, key).split(plan.split_sizes, 1)
+    coded, member, seq_groups, sampled = plan.lookup.index_select(0, key).split(plan.split_sizes, 1)
     leaf_matrix = V.index_select(1, plan.leaf_columns).double()
     evaluated = evaluate(plan.numbers + plan.sample_values, leaf_matrix, plan.leaves, plan.shape.window_ns)
     parts = [coded]
@@ -324,27 +329,55 @@ def accumulate(plan: Plan, batch: EventBatch, sketched: Optional[list[int]] = No
         parts.append(matched[:, :len(plan.matches)] if plan.match_cut else matched)
     parts += [torch.stack(evaluated[:len(plan.numbers)], 1)] if plan.numbers else []
     x = torch.cat(parts, 1)  # float64: the code values are
-    sources = [(groups.T @ x).view(-1)]
+    row_group = None if group is None else group.index_select(0, batch.seq_idx)
+    if row_group is None:
+        sources = [(member.T @ x).view(1, -1)]
+    else:  # [N, groups x event groups]: each row's event groups in its own group's block
+        by_group = (row_group[:, None] == torch.arange(groups, device=key.device))[:, :, None] * member[:, None]
+        sources = [(by_group.view(len(key), -1).T @ x).view(groups, -1)]
     if plan.split_sizes[2]:  # per sequence: events of the group and the value's sum, over the events (one division):
         # the sequences with any, and the sum of the means (0 for a sequence without events)
         S = plan.split_sizes[2]
         terms = torch.cat([seq_groups, seq_groups * x.index_select(1, plan.seq_values)], 1)
         per_seq = torch.zeros((batch.num_sequences, 2 * S), dtype=torch.float64, device=key.device).index_add_(
             0, batch.seq_idx, terms)
-        sources.append((per_seq / per_seq[:, :S].clamp(min=1).repeat(1, 2)).sum(0))
+        means = per_seq / per_seq[:, :S].clamp(min=1).repeat(1, 2)
+        sources.append(means.sum(0, keepdim=True) if group is None else
+                       means.new_zeros((groups, 2 * S)).index_add_(0, group, means))
     gap = batch.pred_count - batch.target_count
     # sequences, count matches, predicted events, extra and missing events (the clamp only cuts gap and -gap)
-    per_batch = torch.stack([gap == gap, gap == 0, batch.pred_count, gap, -gap]).clamp(min=0).sum(1)
-    if batch.time_matching is not None:  # the generated events paired with nothing, the target events unpaired
-        missing = (batch.status == int(Status.MISSING)).sum().reshape(1)
-        per_batch = torch.cat([per_batch[:3], batch.time_matching.extra_events.reshape(1), missing])
+    per_seq = torch.stack([gap == gap, gap == 0, batch.pred_count, gap, -gap], 1).clamp(min=0)
+    if group is None:
+        per_batch = per_seq.sum(0, keepdim=True)
+        if batch.time_matching is not None:  # the generated events paired with nothing, the target events unpaired
+            missing = (batch.status == int(Status.MISSING)).sum().reshape(1, 1)
+            per_batch = torch.cat([per_batch[:, :3], batch.time_matching.extra_events.reshape(1, 1), missing], 1)
+    else:
+        if batch.time_matching is not None:
+            per_seq = torch.cat([per_seq[:, :3], _unpaired(batch)], 1)
+        per_batch = torch.zeros((groups, 5), dtype=torch.float64, device=key.device).index_add_(
+            0, group, per_seq.double())
     sources.append(per_batch)
-    increments = torch.cat(sources).index_select(0, plan.index).split(plan.sizes)
+    increments = torch.cat(sources, 1).index_select(1, plan.index).split(plan.sizes, 1)
     values = evaluated[len(plan.numbers):]
     if sketched is not None:  # in the order of the sketch's columns (`Plan.sketch_tables`)
         values = [values[j] for j in sketched]
     samples = torch.stack(values, 1) if values else None
-    return list(increments), samples, sampled, key
+    return list(increments), samples, sampled, key, row_group
+
+
+def _unpaired(batch: EventBatch) -> torch.Tensor:
+    """[num_sequences, 2] (time pairing): per sequence, the valid generated events paired with nothing and the
+    target events unpaired (status MISSING): `TimeMatching`'s ``extra_events`` and the missing count, by sequence."""
+    generated, B = batch.generated, batch.num_sequences
+    n = len(generated.status)
+    paired = batch.time_matching.paired
+    in_pair = torch.zeros(n + 1, dtype=torch.bool, device=paired.device).index_fill_(
+        0, torch.where(paired >= 0, paired, n), True)[:n]
+    out = torch.zeros((B, 2), dtype=torch.long, device=paired.device)
+    out[:, 0].index_add_(0, batch.generated_seq.long(), ((generated.status == int(Status.VALID)) & ~in_pair).long())
+    out[:, 1].index_add_(0, batch.seq_idx, (batch.status == int(Status.MISSING)).long())
+    return out
 
 
 # ------------------------------------------------------------------------------------------ the compiled path's tables

@@ -12,6 +12,7 @@ import functools
 
 import torch
 
+from ..decode.matching import _detection_counts
 from ..schema import CATEGORY_NAMES, Status
 from .declare import (
     ONE, BatchCounts, Definition, Given, GivenSamples, Samples, SequenceMean, Shape, Sums, Value, code_is,
@@ -131,7 +132,7 @@ def event_type_sums(batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     (`EventTypeMetrics`' twin)."""
     digits = batch.target.digits.shape[1] - batch.target.n_timestamp_digits
     plan = Plan.get((EVENTS,), Shape(batch.target.n_timestamp_digits, digits // 2, 1), batch.seq_idx.device, ())
-    got = dict(zip(plan.sums_states, accumulate(plan, batch)[0]))
+    got = {name: v[0] for name, v in zip(plan.sums_states, accumulate(plan, batch)[0])}  # the one group
     return got["confusion"].view(N_CAT, N_CAT + 1), got["statuses"], torch.cat(
         [got["events"], got["batch_counts"].double(), got["comparable_seq"]])
 
@@ -243,10 +244,15 @@ MOUSE = Definition("mouse", _mouse_states, _mouse_keys)
 # ------------------------------------------------------------------ tokens (teacher forcing)
 def _token_pieces(batch, extras) -> tuple:
     """The summed token loss per category (the undecoded targets' column left out), and the skipped tokens."""
-    stats = extras["tokens"]
-    by_category = torch.zeros(N_CAT + 1, dtype=torch.float64, device=stats.category.device).index_add_(
-        0, stats.category, stats.loss_sum)  # in row order
-    return by_category[:N_CAT], stats.loss_skipped
+    stats, group = extras["tokens"], extras.get("group")
+    if group is None:
+        by_category = torch.zeros(N_CAT + 1, dtype=torch.float64, device=stats.category.device).index_add_(
+            0, stats.category, stats.loss_sum)  # in row order
+        return by_category[:N_CAT], stats.loss_skipped
+    cell = stats.category + group.index_select(0, batch.seq_idx) * (N_CAT + 1)  # by group: [groups, N_CAT + 1]
+    by_category = torch.zeros(extras["groups"] * (N_CAT + 1), dtype=torch.float64, device=cell.device).index_add_(
+        0, cell, stats.loss_sum).view(-1, N_CAT + 1)
+    return by_category[:, :N_CAT], stats.loss_skipped
 
 
 def _token_states(s: Shape) -> dict:
@@ -266,9 +272,23 @@ TOKENS = Definition("tokens", _token_states, _token_keys, alignment="teacher_for
 
 
 # ------------------------------------------------------------------ detection (generation, time pairing)
+def _detection_by_group(batch, extras: dict) -> torch.Tensor:
+    """[groups, tolerances, 3, N_CAT + 1]: the detection counts (at each tolerance of a sweep) by group of sequences
+    (``extras["group"]``), each target and generated event in its sequence's group; once per update."""
+    if "detection_by_group" not in extras:
+        tm, group = batch.time_matching, extras["group"]
+        detection = tm.sweep_detection if tm.sweep_detection is not None else tm.detection[None]
+        extras["detection_by_group"] = _detection_counts(
+            batch.target, batch.generated, batch.target.status == int(Status.VALID), detection,
+            group.index_select(0, batch.seq_idx), group.index_select(0, batch.generated_seq.long()), extras["groups"])
+    return extras["detection_by_group"]
+
+
 def _detection_states(s: Shape) -> dict:
-    return {"detection": Given((3, N_CAT + 1), lambda batch, x: (batch.time_matching.detection_counts,)),
-            "detection_errors": GivenSamples(lambda batch, x: batch.time_matching.detection_error_ms)}
+    return {"detection": Given((3, N_CAT + 1), lambda batch, x: (
+                batch.time_matching.detection_counts if x.get("group") is None else _detection_by_group(batch, x)[:, 0],)),
+            "detection_errors": GivenSamples(lambda batch, x: (batch.time_matching.detection_error_ms, None if x.get(
+                "group") is None else batch.seq_idx[batch.time_matching.detection >= 0]))}
 
 
 def _detection_keys(r) -> dict:
@@ -284,9 +304,10 @@ DETECTION = Definition("detection", _detection_states, _detection_keys, alignmen
 
 # ------------------------------------------------------------------ what a generated sequence does (generation)
 def _sequence_states(s: Shape) -> dict:
-    return {"click_offsets": GivenSamples(lambda batch, x: sequences.cursor_offsets(batch, x)[0]),
-            "path_end_offsets": GivenSamples(lambda batch, x: sequences.cursor_offsets(batch, x)[1]),
-            "key_sequences": Given((4,), lambda batch, x: (sequences.key_sequence_sums(batch),))}
+    return {"click_offsets": GivenSamples(lambda batch, x: (sequences.cursor_offsets(batch, x)[0], batch.seq_idx)),
+            "path_end_offsets": GivenSamples(lambda batch, x: (sequences.cursor_offsets(batch, x)[1], None if x.get(
+                "group") is None else torch.arange(batch.num_sequences, device=batch.seq_idx.device))),
+            "key_sequences": Given((4,), lambda batch, x: (sequences.key_sequence_sums(batch, x),))}
 
 
 def _sequence_keys(r) -> dict:
@@ -305,7 +326,7 @@ SEQUENCES = Definition("sequences", _sequence_states, _sequence_keys, alignment=
 
 
 def _moves_states(s: Shape) -> dict:
-    return {"moves_with_misses": Given((8,), lambda batch, x: (sequences.movement_with_misses_sums(batch),))}
+    return {"moves_with_misses": Given((8,), lambda batch, x: (sequences.movement_with_misses_sums(batch, x),))}
 
 
 def _moves_keys(r) -> dict:
@@ -327,7 +348,8 @@ def ms_label(tolerance_ms: float) -> str:
 
 def _sweep_states(s: Shape) -> dict:
     return {"detection_sweep": Given((len(s.tolerances_ms), 3, N_CAT + 1),
-                                     lambda batch, x: (batch.time_matching.sweep_counts,))} if s.tolerances_ms else {}
+                                     lambda batch, x: (batch.time_matching.sweep_counts if x.get("group") is None else
+                                                       _detection_by_group(batch, x),))} if s.tolerances_ms else {}
 
 
 def _sweep_keys(r) -> dict:
@@ -353,7 +375,8 @@ def _d2e_states(s: Shape) -> dict:
         return {}
     rows = len(d2e.shift_rows(s.bin_shifts))
     return {"d2e": Given((rows, len(d2e.STATES)),
-                         lambda batch, x: (d2e.batch_states(batch, s.window_ns, s.bin_ms, s.bin_shifts),))}
+                         lambda batch, x: (d2e.batch_states(batch, s.window_ns, s.bin_ms, s.bin_shifts, x.get("group"),
+                                                            x.get("groups", 1)),))}
 
 
 def _d2e_keys(r) -> dict:

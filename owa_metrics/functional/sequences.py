@@ -10,11 +10,14 @@ min(k, n_gen) valid events (``pairing="index"``), or over its valid events whose
 
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 import torch
 
 from ..decode.event_batch import VALUE_COLUMNS, EventBatch, EventFields
 from ..schema import Category, Status
+from .declare import per_group
 
 BUTTON_DOWN = 0x001 | 0x004 | 0x010  # button_flags of a left, right or middle button going down
 DX = VALUE_COLUMNS.index("dx")  # then dy
@@ -80,16 +83,21 @@ def _row_cumsum(x: torch.Tensor, rows: torch.Tensor, num_sequences: int, exclusi
     return before if exclusive_totals else x.cumsum(0) - before.index_select(0, rows)
 
 
-def key_sequence_sums(batch: EventBatch) -> torch.Tensor:
+def key_sequence_sums(batch: EventBatch, extras: Optional[dict] = None) -> torch.Tensor:
     """[4] float64: sum over rows of Levenshtein(generated keys, true keys), the true keys, rows whose keys are equal
-    and rows with a true key; a key = (vk, press/release) of a valid keyboard event, in order."""
+    and rows with a true key; a key = (vk, press/release) of a valid keyboard event, in order ([groups, 4] by group of
+    sequences with ``extras["group"]``: `per_group`)."""
     (generated, g_row), B = _generated(batch), batch.num_sequences
     codes = [torch.where((f.status == int(Status.VALID)) & (f.category == int(Category.KEYBOARD)), f.vk * 2 + f.action,
                          -1) for f in (batch.target, generated)]
     t_row = batch.seq_idx.long()
     distance = levenshtein(codes[0], t_row, codes[1], g_row, B)
     length = _counts(t_row, codes[0] >= 0, B)
-    return torch.stack([distance.sum(), length.sum(), ((distance == 0) & (length > 0)).sum(), (length > 0).sum()]).double()
+    if extras is None or extras.get("group") is None:
+        return torch.stack([distance.sum(), length.sum(), ((distance == 0) & (length > 0)).sum(),
+                            (length > 0).sum()]).double()
+    rows = torch.stack([distance, length, (distance == 0) & (length > 0), length > 0], 1).double()
+    return per_group(rows, torch.arange(B, device=rows.device), extras)
 
 
 def levenshtein(a: torch.Tensor, a_row: torch.Tensor, b: torch.Tensor, b_row: torch.Tensor,
@@ -135,7 +143,7 @@ def levenshtein_torch(a, a_row, b, b_row, num_sequences: int) -> torch.Tensor:
     return D.gather(1, g_len[:, None]).squeeze(1)
 
 
-def movement_with_misses_sums(batch: EventBatch) -> torch.Tensor:
+def movement_with_misses_sums(batch: EventBatch, extras: Optional[dict] = None) -> torch.Tensor:
     """[8] float64 (time pairing), over the valid true mouse events with (dx, dy) != (0, 0), p = the paired generated
     event's (dx, dy) or (0, 0): sum |p - t|², sum tx, ty, tx², ty², events, sum cos(p, t) (0 where p = 0), paired."""
     t, p = batch.target, batch.pred
@@ -146,4 +154,4 @@ def movement_with_misses_sums(batch: EventBatch) -> torch.Tensor:
     cosine = torch.where(norms > 0, (px * tx + py * ty) / norms.clamp(min=1e-300), 0.0)
     values = torch.stack([(px - tx) ** 2 + (py - ty) ** 2, tx, ty, tx * tx, ty * ty, torch.ones_like(tx), cosine,
                           paired.double()], 1)
-    return (values * moved[:, None]).sum(0)
+    return per_group(values * moved[:, None], batch.seq_idx, extras or {})  # by group of sequences: [groups, 8]

@@ -45,7 +45,8 @@ class EventTokenStats(NamedTuple):
 
 
 def event_token_stats(batch: EventBatch, preds: torch.Tensor, target: torch.Tensor, config: CodecConfig,
-                      logits: Optional[torch.Tensor] = None, token_loss: Optional[torch.Tensor] = None) -> EventTokenStats:
+                      logits: Optional[torch.Tensor] = None, token_loss: Optional[torch.Tensor] = None,
+                      group: Optional[torch.Tensor] = None, groups: int = 1) -> EventTokenStats:
     """Teacher forcing: per field, the tokens predicted right among the valid target events' labelled field tokens
     (a [slot, event] window, as the decoder's), and, given ``logits`` [B, T, V] aligned with ``target``, each
     event's summed token cross-entropy over its whole span (ignored labels excluded), by cumulative sums; or from
@@ -54,7 +55,8 @@ def event_token_stats(batch: EventBatch, preds: torch.Tensor, target: torch.Tens
 
     Each window token gets a code: its field + F x (predicted wrong), negative where it counts for no field (past
     the span, an ignored label, a slot of no field, an invalid target); the number of tokens of each code in
-    [0, 2F) is (right, wrong) per field, whose running sum is (right, total)."""
+    [0, 2F) is (right, wrong) per field, whose running sum is (right, total). ``group`` [B]: each sequence's group
+    in [0, groups) (a tag): the field counts [groups, F] and the skipped tokens [groups] by group, in one count."""
     B, T = target.shape
     t = batch.target
     category = t.category
@@ -64,11 +66,22 @@ def event_token_stats(batch: EventBatch, preds: torch.Tensor, target: torch.Tens
     pos = torch.add(first, t.start_cut, alpha=-1) + slots  # [slot, event], slot 0 = start
     wrong = torch.where(target < 0, -1, preds != target)  # per token: -1 ignored, 0 right, 1 wrong
     code = torch.add(fields_by_slot.index_select(1, category), wrong.take(pos.clamp(0, B * T - 1)), alpha=len(TOKEN_FIELDS))
-    counts = (torch.where(pos <= last, code, -1) == codes).sum((2, 3), dtype=torch.float64)  # (right, wrong) [2, F]
-    field_correct, field_total = counts.cumsum(0)
+    if group is None:
+        counts = (torch.where(pos <= last, code, -1) == codes).sum((2, 3), dtype=torch.float64)  # (right, wrong) [2, F]
+        field_correct, field_total = counts.cumsum(0)
+    else:  # each counted code in its group's block of 2F (the last cell: counted for no field)
+        cells = 2 * len(TOKEN_FIELDS)
+        code = torch.where((pos <= last) & (code >= 0), code + group.index_select(0, batch.seq_idx) * cells, groups * cells)
+        counts = torch.zeros(groups * cells + 1, dtype=torch.float64, device=code.device).index_add_(
+            0, code.view(-1), torch.ones_like(code, dtype=torch.float64).view(-1))[:-1].view(groups, 2, -1)
+        field_correct, field_total = counts.cumsum(1).unbind(1)
     loss_sum = skipped = None
     if logits is not None or token_loss is not None:
-        token_loss, skipped = token_losses(logits, target) if logits is not None else given_token_losses(token_loss, target)
+        by_row = group is not None
+        token_loss, skipped = token_losses(logits, target, by_row=by_row) if logits is not None else \
+            given_token_losses(token_loss, target, by_row=by_row)
+        if by_row:
+            skipped = skipped.new_zeros(groups).index_add_(0, group, skipped)
         cumulative = torch.nn.functional.pad(token_loss.cumsum(0), (1, 0))
         loss_sum = cumulative.index_select(0, last + 1) - cumulative.index_select(0, first)
     return EventTokenStats(category, loss_sum, field_correct, field_total, skipped)
@@ -88,7 +101,8 @@ def _window_constants(config: CodecConfig, device) -> tuple[torch.Tensor, torch.
             torch.arange(2 * n_fields, device=device).view(2, n_fields, 1, 1))
 
 
-def token_losses(logits: torch.Tensor, target: torch.Tensor, chunk_rows: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
+def token_losses(logits: torch.Tensor, target: torch.Tensor, chunk_rows: Optional[int] = None,
+                 by_row: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """``(token_loss [B * T] float64, skipped)``: the cross-entropy ``logsumexp(z) - z[label]`` of each labelled
     position of ``target`` under ``logits`` [B, T, V] (0 elsewhere); a label past the logits' vocabulary or a
     non-finite loss (NaN / inf logits) is 0 and counted in ``skipped``. On the CPU (or given ``chunk_rows``) it is
@@ -97,7 +111,7 @@ def token_losses(logits: torch.Tensor, target: torch.Tensor, chunk_rows: Optiona
     `block_cross_entropy`, no copy of the whole logits; finding them reads their number (a host sync, none on the
     CPU). Elsewhere at every position at once (`dense_token_losses`): no host sync."""
     if chunk_rows is None and target.device.type != "cpu":
-        return dense_token_losses(logits, target)
+        return dense_token_losses(logits, target, by_row=by_row)
     B, T = target.shape
     labels_flat = target.reshape(-1)
     scored = (labels_flat >= 0).nonzero().squeeze(1)
@@ -118,16 +132,22 @@ def token_losses(logits: torch.Tensor, target: torch.Tensor, chunk_rows: Optiona
     usable = (wanted < vocab_size) & torch.isfinite(token_ce)
     token_loss = torch.zeros(B * T, dtype=torch.float64, device=target.device)
     token_loss.index_copy_(0, scored, torch.where(usable, token_ce, 0.0))
+    if by_row:  # skipped per row of target [B]
+        return token_loss, torch.zeros(B, dtype=torch.float64, device=target.device).index_add_(
+            0, torch.div(scored, max(T, 1), rounding_mode="floor"), (~usable).double())
     return token_loss, (~usable).sum(dtype=torch.float64)
 
 
-def given_token_losses(token_loss: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def given_token_losses(token_loss: torch.Tensor, target: torch.Tensor, by_row: bool = False
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """`token_losses` from a per-token cross-entropy [B, T] aligned with ``target`` (a fused loss, or a loss with
     ``reduction="none"``): kept at the labelled positions, a non-finite one 0 and counted in ``skipped``."""
     labelled = target.reshape(-1) >= 0
     loss = token_loss.reshape(-1).to(torch.float64)
     usable = torch.isfinite(loss)
-    return torch.where(labelled & usable, loss, 0.0), (labelled & ~usable).sum(dtype=torch.float64)
+    skipped = labelled & ~usable
+    return torch.where(labelled & usable, loss, 0.0), (skipped.view(target.shape[0], -1).sum(1, dtype=torch.float64)
+                                                       if by_row else skipped.sum(dtype=torch.float64))
 
 
 def per_token_loss(logits: torch.Tensor, target: torch.Tensor, block_logits: Optional[int] = None) -> torch.Tensor:
@@ -177,7 +197,7 @@ def fused_block_cross_entropy(block: torch.Tensor, labels: torch.Tensor) -> torc
 
 
 def dense_token_losses(logits: torch.Tensor, target: torch.Tensor,
-                       block_logits: int = LOSS_BLOCK_LOGITS) -> tuple[torch.Tensor, torch.Tensor]:
+                       block_logits: int = LOSS_BLOCK_LOGITS, by_row: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """`token_losses` at every position (the ignored ones computed, then zeroed), in blocks of
     ``max(1, block_logits // V)`` positions: a number fixed by the shapes, so no host sync, and a float32 copy and
     log-softmax of one block at a time (V = 151,936 at 8 x 8192 positions: 75 blocks of 512 MB, not 40 GB each)."""
@@ -185,11 +205,13 @@ def dense_token_losses(logits: torch.Tensor, target: torch.Tensor,
     rows = logits.reshape(-1, logits.shape[-1])
     if rows.shape[0] != labels.numel():  # no positions: the labels are `_check_inputs`' ignored padding column
         zeros = torch.zeros(labels.numel() + 1, dtype=torch.float64, device=target.device)
-        return zeros[:-1], zeros[-1]
+        return zeros[:-1], zeros.new_zeros(target.shape[0]) if by_row else zeros[-1]
     token_ce = _blocked_cross_entropy(rows, labels, block_logits)
     usable = (labels < rows.shape[-1]) & torch.isfinite(token_ce)
     labelled = labels >= 0
-    return torch.where(usable & labelled, token_ce.double(), 0.0), (labelled & ~usable).sum(dtype=torch.float64)
+    skipped = labelled & ~usable
+    return torch.where(usable & labelled, token_ce.double(), 0.0), (
+        skipped.view(target.shape[0], -1).sum(1, dtype=torch.float64) if by_row else skipped.sum(dtype=torch.float64))
 
 
 def _blocked_cross_entropy(rows: torch.Tensor, labels: torch.Tensor, block_logits: int) -> torch.Tensor:

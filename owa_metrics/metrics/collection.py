@@ -142,23 +142,30 @@ class OWAEventMetrics(Float64Metric):
         plan = Plan.get(self.definitions, self.shape, "cpu", self._given_names(tokens=True))
         self._sampled_names = {n for n, st in plan.states.items() if isinstance(st, (Samples, GivenSamples))}
         sketches = plan.sketch_layout(self.spec.size)
-        for tag, (name, state) in ((t, item) for t in (None, *range(len(self.tags))) for item in plan.states.items()):
-            if isinstance(state, (Samples, GivenSamples)) and mode == "exact":  # flat float64 rows (NaN: not defined)
-                self.add_state(self.kept(name, tag), default=[], dist_reduce_fx="cat")
+        by_tag = (len(self.tags),) if self.tags else ()  # the tag axis: every state per tag, the pooled one their sum
+        for name, state in plan.states.items():
+            if isinstance(state, (Samples, GivenSamples)) and mode == "exact":  # flat float64 rows (NaN: not defined;
+                self.add_state(self.kept(name), default=[], dist_reduce_fx="cat")  # with tags, the tag last in a row)
             else:
                 shape = sketches[name] if isinstance(state, Samples) else (
                     (self.spec.size,) if isinstance(state, GivenSamples) else plan.state_shapes[name])
-                self.add_state(self.kept(name, tag), default=torch.zeros(shape, dtype=torch.float64),
+                self.add_state(self.kept(name), default=torch.zeros(by_tag + tuple(shape), dtype=torch.float64),
                                dist_reduce_fx="sum")
         self._dtype = torch.float64  # an empty list state syncs as an empty tensor of this dtype
         self.persistent(persistent)
 
-    def kept(self, name: str, tag: Optional[int] = None) -> str:
+    def kept(self, name: str) -> str:
         """The attribute of a declared state: a `Samples` / `GivenSamples` state's is ``{name}_samples`` (exact mode)
-        or ``{name}_sketch``; any other's its name; tag ``tag``'s copy (its index in ``tags``) ends in ``@{tag}``."""
+        or ``{name}_sketch``; any other's its name. With tags a state has the tag axis first ([tags, ...]; exact
+        samples: each row ends in its tag), and the pooled state is the sum over it (every sequence has a tag)."""
         if name in self._sampled_names:
             name = f"{name}_{'samples' if self.mode == 'exact' else 'sketch'}"
-        return name if tag is None else f"{name}@{tag}"
+        return name
+
+    @property
+    def _groups(self) -> int:
+        """The groups of sequences the states are kept by: one per tag, or one."""
+        return len(self.tags) or 1
 
     def _given_names(self, tokens: bool, loss: bool = True) -> tuple[str, ...]:
         """The `Given` states an update supplies: the token statistics (teacher forcing, with token ids; the loss with
@@ -213,14 +220,8 @@ class OWAEventMetrics(Float64Metric):
             if token_loss is not None:
                 token_loss = torch.nn.functional.pad(token_loss.reshape(target.shape[0], -1).to(target.device),
                                                      (0, target.shape[1] - token_loss.shape[-1]))  # [B, 0]: one column
-            rows = self._tag_rows(tags, target.shape[0], target.device)
-            if rows and origin_ns is not None:  # one per sequence (any array) or one for all: sliced per tag below
-                origin_ns = torch.as_tensor(origin_ns, dtype=torch.long).to(target.device)
-            self._update_ids(preds, target, logits, token_loss, origin_ns)
-            for tag, index in rows:  # each tag's rows again, into its states
-                pick = lambda x: x.index_select(0, index) if (  # noqa: E731
-                    isinstance(x, torch.Tensor) and x.dim() and x.shape[0] == target.shape[0]) else x
-                self._update_ids(*map(pick, (preds, target, logits, token_loss, origin_ns)), tag)
+            group = self._tag_ids_of(tags, target.shape[0], target.device)
+            self._update_ids(preds, target, logits, token_loss, origin_ns, group)
 
     def scored_ids(self, preds: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The ids ``update`` scores: in generation with ``generated_screens="context"`` both sides' screen events
@@ -237,20 +238,20 @@ class OWAEventMetrics(Float64Metric):
         return self.alignment == "generation" and self.generated_screens == "context"
 
     def _update_ids(self, preds: torch.Tensor, target: torch.Tensor, logits: Optional[torch.Tensor],
-                    token_loss: Optional[torch.Tensor], origin_ns, tag: Optional[int] = None) -> None:
-        """Decode and accumulate checked ids into the pooled states, or into tag ``tag``'s."""
+                    token_loss: Optional[torch.Tensor], origin_ns, group: Optional[torch.Tensor] = None) -> None:
+        """Decode and accumulate checked ids, once: into each sequence's tag (``group`` [B]: its tag id) with tags."""
         if self._compiled(target):
-            self._update_compiled(preds, target, logits, token_loss, tag)
+            self._update_compiled(preds, target, logits, token_loss, group)
             return
         batch = decode_batch(preds, target, self.vocab, self.alignment, self.backend, self.pairing,
                              self.tolerance_ms, origin_ns)
         tokens = None  # teacher forcing: `event_token_stats`
         if self.alignment == "teacher_forcing":
-            tokens = event_token_stats(batch, preds, target, self.vocab.config, logits, token_loss)
-        self._accumulate(batch, tokens, tag)
+            tokens = event_token_stats(batch, preds, target, self.vocab.config, logits, token_loss, group, self._groups)
+        self._accumulate(batch, tokens, group)
 
-    def _tag_rows(self, tags, batch_size: int, device) -> list[tuple[int, torch.Tensor]]:
-        """``(tag, its rows of the batch)`` for each tag present (one host read of the ids); raises on misuse."""
+    def _tag_ids_of(self, tags, batch_size: int, device) -> Optional[torch.Tensor]:
+        """Each sequence's tag id [B] on ``device`` (None without tags; one host read of the ids); raises on misuse."""
         if tags is None or not self.tags:
             if tags is not None:
                 raise ValueError("update(..., tags=) needs the tags' names up front: OWAEventMetrics(..., "
@@ -258,7 +259,7 @@ class OWAEventMetrics(Float64Metric):
             if self.tags:
                 raise ValueError(f"this metric reports per tag ({len(self.tags)} tags): pass update(..., tags=) with "
                                  "one tag per sequence (ids into tags, or the names), in every update")
-            return []
+            return None
         if isinstance(tags, (list, tuple, np.ndarray)) and all(isinstance(t, str) for t in tags):  # or empty
             unknown = sorted(set(tags) - self._tag_ids.keys())
             if unknown:
@@ -276,71 +277,84 @@ class OWAEventMetrics(Float64Metric):
         if ids.numel() and not 0 <= int(ids.min()) <= int(ids.max()) < len(self.tags):
             raise ValueError(f"tag ids must be in [0, {len(self.tags)}) (indices into tags={self.tags}), got "
                              f"{sorted(set(ids.tolist()))}")
-        counts = torch.bincount(ids, minlength=len(self.tags)).tolist()
-        rows = torch.argsort(ids, stable=True).to(device).split(counts)
-        return [(tag, index) for tag, index in enumerate(rows) if len(index)]
+        return ids.to(device)
 
-    def _accumulate(self, batch: EventBatch, tokens, tag: Optional[int] = None) -> None:
+    def _accumulate(self, batch: EventBatch, tokens, group: Optional[torch.Tensor] = None) -> None:
         """Every state from a decoded batch with torch ops (`owa_metrics.functional.plan.accumulate`), added in one
         ``_foreach_add_`` (with the sketch counts in sketch mode, and the given sums); exact mode reads the numbers of
-        sampled rows in one host sync, then selects them."""
+        sampled rows in one host sync, then selects them. ``group``: each sequence's tag: every state family by tag in
+        the same ops."""
         names = self._given_names(tokens is not None, tokens is not None and tokens.loss_sum is not None)
         plan = Plan.get(self.definitions, self.shape, batch.seq_idx.device, names)
         sketch = self.mode == "sketch" and plan.samples
-        increments, samples, sampled, key = accumulate(plan, batch, plan.sketch_tables[0] if sketch else None)
-        states = self._flat_states([self.kept(name, tag) for name in plan.sums_states])
+        G = self._groups
+        increments, samples, sampled, key, row_group = accumulate(plan, batch, plan.sketch_tables[0] if sketch else None,
+                                                                  group, G)
+        states = self._flat_states([self.kept(name) for name in plan.sums_states])
         increments, counts = increments[:-1], increments[-1]
         if sketch:
             _, rows, n_rows = plan.sketch_tables
-            flat = sketch_counts(samples, self.spec, rows.index_select(0, key), n_rows + 1)
-            states += self._flat_states([self.kept(name, tag) for name in plan.samples])
-            increments += flat.view(-1).split([getattr(self, self.kept(name)).numel() for name in plan.samples]
-                                              + [self.spec.size])[:-1]  # the last: the rows of no state's group
-        extras = {"tokens": tokens}
+            cell = rows.index_select(0, key)
+            if row_group is not None:  # each tag's block of sketch rows (the last of each: no state's group)
+                cell = cell + row_group[:, None] * (n_rows + 1)
+            flat = sketch_counts(samples, self.spec, cell, G * (n_rows + 1))
+            states += self._flat_states([self.kept(name) for name in plan.samples])
+            increments += flat.view(G, -1).split([getattr(self, self.kept(name)).numel() // G for name in plan.samples]
+                                                 + [self.spec.size], 1)[:-1]
+        extras = {"tokens": tokens, "group": group, "groups": G}
         given = [piece for name in plan.given for piece in plan.states[name].fn(batch, extras)]
-        torch._foreach_add_(states + self._given_views(plan, tag), increments + given)
+        torch._foreach_add_(states + self._given_views(plan), increments + given)
         if self.mode == "exact" and plan.samples:
-            self._append_rows(plan, samples, sampled, counts, tag)
-        self._add_given_samples(plan, batch, extras, tag)
+            self._append_rows(plan, samples, sampled, counts, row_group)
+        self._add_given_samples(plan, batch, extras)
 
     def _append_rows(self, plan: Plan, samples: torch.Tensor, sampled: torch.Tensor, counts: torch.Tensor,
-                     tag: Optional[int] = None) -> None:
+                     row_group: Optional[torch.Tensor] = None) -> None:
         """Each `Samples` state's rows: the rows of its group (their numbers read in one host sync: packed, see
-        `Plan.sample_counts`), its values."""
+        `Plan.sample_counts`), its values (then, with tags, the row's tag)."""
         if plan.packed:
             if len(samples) >= SAMPLE_SHIFT:  # the packed count would no longer be exact
                 raise ValueError(f"{len(samples)} target events in one update: exact mode reads at most "
                                  f"{SAMPLE_SHIFT - 1} per update; split the batch")
-            packed = int(counts)
+            packed = int(counts) if row_group is None else int(counts.sum())
             sizes = [packed // SAMPLE_SHIFT ** k % SAMPLE_SHIFT for k in range(len(plan.samples))]
         else:
-            sizes = [int(n) for n in counts.tolist()]
+            sizes = [int(n) for n in (counts.tolist()[0] if row_group is None else counts.sum(0).tolist())]
         rows = torch.nonzero_static(sampled.T, size=sum(sizes))[:, 1].split(sizes)
         for name, chosen, values in zip(plan.samples, rows, samples.split(plan.sample_widths, 1)):
-            append_samples(getattr(self, self.kept(name, tag)), values.index_select(0, chosen).reshape(-1))
+            if row_group is not None:
+                values = torch.cat([values, row_group[:, None].to(values.dtype)], 1)
+            append_samples(getattr(self, self.kept(name)), values.index_select(0, chosen).reshape(-1))
 
-    def _add_given_samples(self, plan: Plan, batch: EventBatch, extras: dict, tag: Optional[int] = None) -> None:
+    def _add_given_samples(self, plan: Plan, batch: EventBatch, extras: dict) -> None:
         """The `GivenSamples` states' values (NaN: no sample): counted in the sketch, or kept (their numbers read in
-        one host sync)."""
-        values = [plan.states[name].fn(batch, extras).to(self.device).double() for name in plan.given_samples]
+        one host sync); with tags, by the tag of each one's sequence."""
+        given = [plan.states[name].fn(batch, extras) for name in plan.given_samples]
+        values = [x.to(self.device).double() for x, _ in given]
+        group = extras.get("group")
+        tags = [None if group is None else group.index_select(0, seq.long()) for _, seq in given]
         if self.mode == "sketch":
-            for name, x in zip(plan.given_samples, values):
-                getattr(self, self.kept(name, tag)).add_(sketch_counts(x, self.spec))
+            for name, x, tag in zip(plan.given_samples, values, tags):
+                getattr(self, self.kept(name)).add_(sketch_counts(x, self.spec, tag, self._groups))
             return
         kept = [~torch.isnan(x) for x in values]
         sizes = torch.stack([k.sum() for k in kept]).tolist() if kept else []
-        for name, x, k, n in zip(plan.given_samples, values, kept, sizes):
-            append_samples(getattr(self, self.kept(name, tag)),
-                           x.index_select(0, torch.nonzero_static(k, size=n)[:, 0]))
+        for name, x, k, n, tag in zip(plan.given_samples, values, kept, sizes, tags):
+            if tag is not None:  # rows (value, tag)
+                x = torch.stack([x, tag.to(x.dtype)], 1)
+            append_samples(getattr(self, self.kept(name)),
+                           x.index_select(0, torch.nonzero_static(k, size=n)[:, 0]).reshape(-1))
 
     def _flat_states(self, names: list[str]) -> list[torch.Tensor]:
-        """Flat views of the named states: the additions of `_accumulate` go through them without a view op."""
-        return [view for name in names for view in self._views(name, "flat", lambda state: [state.view(-1)])]
+        """Views [groups, -1] of the named states: the additions of `_accumulate` go through them without a view op."""
+        G = self._groups
+        return [view for name in names for view in self._views(name, "flat", lambda state: [state.view(G, -1)])]
 
-    def _given_views(self, plan: Plan, tag: Optional[int] = None) -> list[torch.Tensor]:
-        """The views ``state[part]`` that the `Given` states' pieces add to."""
+    def _given_views(self, plan: Plan) -> list[torch.Tensor]:
+        """The views ``state[part]`` that the `Given` states' pieces add to (with tags ``state[:, part]``)."""
+        axis = (slice(None),) if self.tags else ()
         return [view for name in plan.given for view in self._views(
-            self.kept(name, tag), "parts", lambda state: [state[p] for p in plan.states[name].parts])]
+            self.kept(name), "parts", lambda state: [state[axis + tuple(p)] for p in plan.states[name].parts])]
 
     def _views(self, name: str, kind: str, make) -> list[torch.Tensor]:
         """``make(state)``'s views of a state, kept while the state is the same tensor (`reset` and syncs replace
@@ -358,38 +372,48 @@ class OWAEventMetrics(Float64Metric):
         return self.backend == "kernel" or (target.device.type == "cpu" and decode_kernel.available())
 
     def _update_compiled(self, preds: torch.Tensor, target: torch.Tensor, logits: Optional[torch.Tensor],
-                         token_loss: Optional[torch.Tensor] = None, tag: Optional[int] = None) -> None:
+                         token_loss: Optional[torch.Tensor] = None, group: Optional[torch.Tensor] = None) -> None:
         """The same states as `_accumulate`, from compiled loops: `kernel.decode_arrays` over the tokens, then
-        `functional.kernel.accumulate` over the rows with the same plan (and `token_stats` under teacher forcing)."""
+        `functional.kernel.accumulate` over the rows with the same plan (and `token_stats` under teacher forcing),
+        each row into its sequence's tag (``group``) in the same loop."""
         out = kernel_arrays(preds, target, self.vocab, self.alignment, _Tables.get(self.vocab.config, target.device))
-        whole, with_loss = {}, logits is not None or token_loss is not None
+        whole, with_loss, G = {}, logits is not None or token_loss is not None, self._groups
+        seq_group = np.zeros(target.shape[0], dtype=np.int64) if group is None else group.numpy()
         if self.alignment == "teacher_forcing":
             t = out["target"]
-            losses, skipped = (token_losses(logits, target) if logits is not None else
-                               given_token_losses(token_loss, target) if token_loss is not None else (torch.zeros(1), 0))
+            by_row = group is not None
+            losses, skipped = (token_losses(logits, target, by_row=by_row) if logits is not None else
+                               given_token_losses(token_loss, target, by_row=by_row) if token_loss is not None else
+                               (torch.zeros(1), 0))
             fields, loss = np.zeros(self.token_fields.shape), np.zeros(self.token_loss.shape)
             compiled.token_stats(out["seq"], t["status"], t["kind"], t["values"], t["start"], t["end"], t["start_cut"],
                                  target.shape[1], target.numpy().reshape(-1), preds.numpy().reshape(-1),
-                                 self._field_table, losses.numpy(), with_loss, fields, loss)
-            loss[-1] = skipped  # the loop adds the valid targets' loss by category: the last column is free
+                                 self._field_table, losses.numpy(), with_loss, seq_group, fields.reshape(G, *fields.shape[-2:]),
+                                 loss.reshape(G, -1))
+            # the loop adds the valid targets' loss by category: the last column is free
+            loss[..., -1] = np.bincount(seq_group, skipped.numpy(), G) if by_row and with_loss else skipped
             whole = {"token_fields": torch.from_numpy(fields), "token_loss": torch.from_numpy(loss)}
         plan = Plan.get(self.definitions, self.shape, "cpu", self._given_names(self.alignment == "teacher_forcing",
                                                                                with_loss))
         # the other given states read the decoded batch: its arrays as an `EventBatch` (no copy)
         batch = batch_of_arrays(out, self.shape.n_timestamp_digits, target.shape[0], self.alignment) \
             if set(plan.given) - set(whole) or plan.given_samples else None
-        extras = {"tokens": None}
+        extras = {"tokens": None, "group": group, "groups": G}
+        axis = (slice(None),) if self.tags else ()
         pieces = [piece for name in plan.given for piece in (  # as declared
-            [whole[name][part] for part in plan.states[name].parts] if name in whole else
+            [whole[name][axis + tuple(part)] for part in plan.states[name].parts] if name in whole else
             plan.states[name].fn(batch, extras))]
-        increments, samples = compiled.accumulate(plan, out, self.mode == "sketch", self.spec)
+        increments, samples, row_groups = compiled.accumulate(plan, out, self.mode == "sketch", self.spec,
+                                                              None if group is None else seq_group, G)
         states = list(plan.sums_states) + (list(plan.samples) if self.mode == "sketch" else [])
-        torch._foreach_add_(self._flat_states([self.kept(n, tag) for n in states]) + self._given_views(plan, tag),
+        torch._foreach_add_(self._flat_states([self.kept(n) for n in states]) + self._given_views(plan),
                             increments + pieces)
         if self.mode == "exact":
-            for name, values in zip(plan.samples, samples):
-                append_samples(getattr(self, self.kept(name, tag)), values.reshape(-1))
-        self._add_given_samples(plan, batch, extras, tag)
+            for name, values, tag in zip(plan.samples, samples, row_groups):
+                if group is not None:  # each row's tag last
+                    values = torch.cat([values, tag[:, None].to(values.dtype)], 1)
+                append_samples(getattr(self, self.kept(name)), values.reshape(-1))
+        self._add_given_samples(plan, batch, extras)
 
     # ----------------------------------------------------------------------------------------- compute
     def _wrap_compute(self, compute):
@@ -475,7 +499,7 @@ class OWAEventMetrics(Float64Metric):
         """Above ``threshold`` of invalid targets / target events, one warning on rank zero naming the most frequent
         decode failure and the likely fix."""
         if float(rate) > threshold:
-            failures = self.target_statuses[0].clone()
+            failures = Read(self).given("target_statuses")[0].clone()
             failures[int(Status.VALID)] = 0
             reason = Status(int(failures.argmax())).label
             rank_zero_warn(InvalidTargetsWarning(float(rate), reason, (
@@ -516,7 +540,7 @@ class OWAEventMetrics(Float64Metric):
         """Category confusion counts over all ranks (call on every rank): rows are the target categories
         (keyboard, mouse_op, mouse_nop, screen), columns the predicted ones and a last ``invalid`` column."""
         with self.sync_context():
-            return self.confusion.clone()
+            return Read(self).given("confusion").clone()
 
 
 class Named:
@@ -542,11 +566,27 @@ class Read:
         self._samples: dict = {}  # (name, value, category) -> its Distribution: each sorted once per compute
 
     def __getitem__(self, name: str) -> Named:
-        state, value = self.plan.states[name], getattr(self.metric, self.metric.kept(name, self.tag))
+        state, value = self.plan.states[name], self.given(name)
         return Named(value, tuple(state.values)) if isinstance(state, Sums) else Named(value)
 
     def given(self, name: str) -> torch.Tensor:
-        return getattr(self.metric, self.metric.kept(name, self.tag))
+        """A summed state: the pooled one, or tag ``tag``'s (with tags, the states' first axis)."""
+        value = getattr(self.metric, self.metric.kept(name))
+        if not self.metric.tags:
+            return value
+        return value.sum(0) if self.tag is None else value[self.tag]
+
+    def _rows(self, name: str, width: int) -> torch.Tensor:
+        """An exact-mode samples state's rows [n, width]: all of them, or tag ``tag``'s (with tags each row ends in
+        its tag, dropped here)."""
+        m = self.metric
+        rows = cat_samples(getattr(m, m.kept(name)), m.device)
+        if not m.tags:
+            return rows.reshape(-1, width)
+        rows = rows.reshape(-1, width + 1)
+        if self.tag is not None:
+            rows = rows[rows[:, -1] == self.tag]
+        return rows[:, :-1]
 
     def samples(self, name: str, value: str, category: Optional[int] = None) -> Distribution:
         """The distribution of a `Samples` state's ``value`` (over its whole group, or the events of one true
@@ -560,18 +600,17 @@ class Read:
         state, m = self.plan.states[name], self.metric
         j = list(state.values).index(value)
         if m.mode == "sketch":
-            counts = getattr(m, m.kept(name, self.tag))
+            counts = self.given(name)
             return Distribution(counts=counts[j, 0 if category is None else 1 + category], spec=m.spec)
-        rows = cat_samples(getattr(m, m.kept(name, self.tag)), m.device)
-        rows = rows.reshape(-1, len(state.values) + state.by_category)
+        rows = self._rows(name, len(state.values) + state.by_category)
         x = rows[:, j] if category is None else rows[rows[:, -1] == category, j]
         return Distribution(*distinct(x, drop_nan=True))
 
     def given_samples(self, name: str) -> Distribution:
         m = self.metric
         if m.mode == "sketch":
-            return Distribution(counts=getattr(m, m.kept(name, self.tag)), spec=m.spec)
-        return Distribution.exact(cat_samples(getattr(m, m.kept(name, self.tag)), m.device))
+            return Distribution(counts=self.given(name), spec=m.spec)
+        return Distribution.exact(self._rows(name, 1).reshape(-1))
 
 
 MAX_TAGS = 64  # each tag copies every state: sketch mode ~0.7 MB per tag, exact mode grows with its events
