@@ -147,3 +147,62 @@ def test_misuse_raises_saying_what_to_do(tokenizer, batches):
     with pytest.warns(UserWarning, match=r"tag_keys names \['comparable_rat'\]"):
         got = _report(misspelt)
     assert {k for k in got if k.startswith("tag/game/")} == {"tag/game/comparable_rate"}
+
+
+MORE = [  # alignment, pairing, mode, backend, settings: the D2E states, the token loss given, a tolerance sweep
+    ("teacher_forcing", "index", "exact", "torch", {"bin_ms": 50, "bin_shifts": (-1, 1)}),
+    ("teacher_forcing", "index", "sketch", "auto", {"bin_ms": 50}),
+    ("generation", "index", "exact", "auto", {"bin_ms": 50, "generated_screens": "scored"}),
+    ("generation", "time", "exact", "torch", {"tolerance_ms": (50, 200), "bin_ms": 50, "bin_shifts": (1,)}),
+    ("generation", "time", "sketch", "auto", {"tolerance_ms": (50, 200)}),
+]
+
+
+@pytest.mark.parametrize("alignment, pairing, mode, backend, more", MORE)
+def test_d2e_sweep_and_given_loss_per_tag_equal_its_sequences_scored_alone(tokenizer, batches, alignment, pairing,
+                                                                           mode, backend, more):
+    """Issue 34: the tag is an axis of every state, the D2E sums, the detection sweep and the skipped loss tokens
+    included; each tag's keys still equal a metric fed only its sequences."""
+    settings = dict(alignment=alignment, pairing=pairing, mode=mode, backend=backend, **more)
+    tagged = OWAEventMetrics(tokenizer, tags=TAGS, tag_keys="all", **settings)
+    pooled = OWAEventMetrics(tokenizer, **settings)
+    alone = [OWAEventMetrics(tokenizer, **settings) for _ in TAGS]
+    g = torch.Generator().manual_seed(3)
+    for preds, target, tags, _, _ in batches:
+        loss = {}
+        if alignment == "teacher_forcing":  # a per-token loss with non-finite values at some labelled positions
+            token_loss = torch.rand(target.shape, generator=g) * 3
+            token_loss[torch.rand(target.shape, generator=g) < 0.02] = float("nan")
+            loss = {"token_loss": token_loss}
+        tagged.update(preds, target, tags=tags, **loss)
+        pooled.update(preds, target, **loss)
+        for t, metric in enumerate(alone):
+            rows = (tags == t).nonzero()[:, 0]
+            if len(rows):
+                metric.update(preds[rows], target[rows], **{k: v[rows] for k, v in loss.items()})
+    got = _report(tagged)
+    _assert_same({k: v for k, v in got.items() if not k.startswith("tag/")}, _report(pooled), "pooled")
+    for name, metric in zip(TAGS[:3], alone):
+        _assert_same({k[len(f"tag/{name}/"):]: v for k, v in got.items() if k.startswith(f"tag/{name}/")},
+                     _report(metric), name)
+    if "bin_ms" in more:
+        assert got["tag/game/d2e/num_bins"] > 0
+    if alignment == "teacher_forcing":
+        assert got["count/loss_skipped_tokens"] == sum(got[f"tag/{n}/count/loss_skipped_tokens"] for n in TAGS[:3]) > 0
+    if "tolerance_ms" in more:
+        assert 0 < got["tag/editor/detect/f1@50ms"] <= got["tag/editor/detect/f1@200ms"] <= 1
+
+
+@pytest.mark.parametrize("backend", ["auto", "torch"])
+def test_an_update_with_tags_decodes_once(tokenizer, batches, backend, monkeypatch):
+    """One decode per update whatever the number of tags (issue 34: the tags' rows are not decoded again)."""
+    import owa_metrics.metrics.collection as collection
+
+    calls = []
+    for name in ("decode_batch", "kernel_arrays"):
+        real = getattr(collection, name)
+        monkeypatch.setattr(collection, name, lambda *a, _real=real, **k: calls.append(1) or _real(*a, **k))
+    metric = OWAEventMetrics(tokenizer, tags=TAGS, backend=backend)
+    preds, target, tags, _, _ = batches[0]
+    metric.update(preds, target, tags=tags)
+    assert len(calls) == 1 and metric.compute()["tag/game/count/sequences"] == int((tags == 0).sum())

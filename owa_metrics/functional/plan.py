@@ -334,7 +334,7 @@ def accumulate(plan: Plan, batch: EventBatch, sketched: Optional[list[int]] = No
         sources = [(member.T @ x).view(1, -1)]
     else:  # [N, groups x event groups]: each row's event groups in its own group's block
         by_group = (row_group[:, None] == torch.arange(groups, device=key.device))[:, :, None] * member[:, None]
-        sources = [(by_group.view(len(key), -1).T @ x).view(groups, -1)]
+        sources = [(by_group.view(len(key), groups * member.shape[1]).T @ x).view(groups, -1)]
     if plan.split_sizes[2]:  # per sequence: events of the group and the value's sum, over the events (one division):
         # the sequences with any, and the sum of the means (0 for a sequence without events)
         S = plan.split_sizes[2]

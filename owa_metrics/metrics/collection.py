@@ -81,11 +81,12 @@ class OWAEventMetrics(Float64Metric):
     timing). Teacher forcing always scores the screens' labelled tokens.
 
     Slices: ``tags=["minecraft", "vscode", ...]`` (at most `MAX_TAGS` names) and ``update(..., tags=)``, one tag per
-    sequence ([B] ids into ``tags``, or the names), keep every state once more per tag; ``compute()`` adds, for each
-    tag with a sequence on any rank, that tag's report under ``tag/{name}/...``: its sequences and target events and
-    the headline keys (``tag_keys=None``: `default_tag_keys`), every key (``"all"``) or the keys named. A tag's keys
-    are those of a metric fed only that tag's sequences (each tag's rows of every update go through the same update
-    again); the pooled keys stay.
+    sequence ([B] ids into ``tags``, or the names), keep every state by tag (the tag is the states' first axis, the
+    pooled state their sum: every sequence has a tag); ``compute()`` adds, for each tag with a sequence on any rank,
+    that tag's report under ``tag/{name}/...``: its sequences and target events and the headline keys
+    (``tag_keys=None``: `default_tag_keys`), every key (``"all"``) or the keys named. A tag's keys are those of a
+    metric fed only that tag's sequences: an update decodes and accumulates once, each row into its sequence's tag
+    (every state family scattered by tag in the same ops, on both paths); the pooled keys stay.
 
     The D2E protocol (the D2E paper's binned metrics, `owa_metrics.functional.d2e`): ``bin_ms=50`` adds
     ``d2e/...`` (mouse Pearson and scale ratio, button and key accuracy over bins of each sequence's range, see
@@ -613,7 +614,7 @@ class Read:
         return Distribution.exact(self._rows(name, 1).reshape(-1))
 
 
-MAX_TAGS = 64  # each tag copies every state: sketch mode ~0.7 MB per tag, exact mode grows with its events
+MAX_TAGS = 64  # every state has a row per tag: sketch mode ~0.7 MB per tag; exact mode keeps each sample once
 
 
 def _check_tags(tags) -> tuple[str, ...]:
@@ -627,8 +628,8 @@ def _check_tags(tags) -> tuple[str, ...]:
     if len(set(tags)) != len(tags):
         raise ValueError(f"tags must be distinct names, got {list(tags)}")
     if len(tags) > MAX_TAGS:
-        raise ValueError(f"{len(tags)} tags: at most {MAX_TAGS} (each tag keeps a copy of every state, ~0.7 MB in "
-                         "sketch mode, growing with its events in exact mode); group rare tags into one (e.g. 'other')"
+        raise ValueError(f"{len(tags)} tags: at most {MAX_TAGS} (each tag keeps its own row of every state, ~0.7 MB "
+                         "in sketch mode); group rare tags into one (e.g. 'other')"
                          " or slice by a coarser label")
     return tuple(tags)
 
