@@ -167,31 +167,46 @@ def accumulate(plan: Plan, out: dict, sketch: bool, spec: SketchSpec, seq_group:
     rows = [torch.from_numpy(sample_rows[:m, k["sample_offsets"][s]:k["sample_offsets"][s + 1]])
             for s, m in enumerate(counts.tolist())]
     row_groups = [torch.from_numpy(sample_group[:m, s]) for s, m in enumerate(counts.tolist())]
-    if sketch:
-        increments += _sketch(plan, rows, row_groups, spec, groups)
+    if sketch and groups == 1:
+        increments += [counts[None] for counts in _sketch(plan, rows, spec)]
     return increments, rows, row_groups
 
 
-def _sketch(plan: Plan, rows: list[torch.Tensor], row_groups: list[torch.Tensor], spec: SketchSpec,
-            groups: int) -> list[torch.Tensor]:
-    """Each `Samples` state's sketch counts [groups, values x groups x size] from its rows, in one count: each value in
-    the whole group's row, and (split by category) in its true category's; each in its row's group's block."""
-    values, cells, blocks, sizes, base = [], [], [], [], 0
-    for state, r, g in zip(plan.samples.values(), rows, row_groups):
+def _cells(plan: Plan, rows: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each `Samples` state's sketched ``(values, rows)`` from its kept rows: each value in the whole group's row of
+    the state ([values, 1 + categories when split]), and (split by category) in its true category's."""
+    out = []
+    for state, r in zip(plan.samples.values(), rows):
         n, n_g = len(state.values), 1 + N_CAT if state.by_category else 1
-        first = base + torch.arange(n) * n_g
+        first = torch.arange(n) * n_g
         if state.by_category:
-            values.append(r[:, :n, None].expand(-1, -1, 2).reshape(-1))
-            cells.append(torch.stack([first.expand(len(r), -1), first + 1 + r[:, n:].long()], 2).reshape(-1))
-            blocks.append(g[:, None].expand(-1, 2 * n).reshape(-1))
+            out.append((r[:, :n, None].expand(-1, -1, 2).reshape(-1),
+                        torch.stack([first.expand(len(r), -1), first + 1 + r[:, n:].long()], 2).reshape(-1)))
         else:
-            values.append(r.reshape(-1))
-            cells.append(first.expand(len(r), -1).reshape(-1))
-            blocks.append(g[:, None].expand(-1, n).reshape(-1))
-        sizes.append(n * n_g * spec.size)
-        base += n * n_g
-    cell = torch.cat(cells) + torch.cat(blocks) * base if groups > 1 else torch.cat(cells)
-    return list(sketch_counts(torch.cat(values), spec, cell, groups * base).view(groups, -1).split(sizes, 1))
+            out.append((r.reshape(-1), first.expand(len(r), -1).reshape(-1)))
+    return out
+
+
+def _sketch(plan: Plan, rows: list[torch.Tensor], spec: SketchSpec) -> list[torch.Tensor]:
+    """Each `Samples` state's sketch counts [values x groups x size] (flat) from its rows, in one count."""
+    values, cells, sizes, base = [], [], [], 0
+    for state, (v, cell) in zip(plan.samples.values(), _cells(plan, rows)):
+        values.append(v)
+        cells.append(cell + base)
+        sizes.append(len(state.values) * (1 + N_CAT if state.by_category else 1) * spec.size)
+        base += sizes[-1] // spec.size
+    return list(sketch_counts(torch.cat(values), spec, torch.cat(cells), base).view(-1).split(sizes))
+
+
+def sketch_by_group(plan: Plan, rows: list[torch.Tensor], row_groups: list[torch.Tensor], spec: SketchSpec,
+                    states: list[torch.Tensor]) -> None:
+    """With groups of sequences (tags): each `Samples` state's sketch counts added in place into ``states`` [groups,
+    values, 1 (+ categories), size], each value in its row's group's rows: one ``index_add_`` per state."""
+    for state, (v, cell), g in zip(states, _cells(plan, rows), row_groups):
+        per_group = state[0].numel() // spec.size
+        width = len(v) // max(len(g), 1)
+        bucket = spec.index(torch.nan_to_num(v)) + (cell + g.repeat_interleave(width) * per_group) * spec.size
+        state.view(-1).index_add_(0, bucket, (~torch.isnan(v)).double())
 
 
 @_jit

@@ -296,18 +296,35 @@ class OWAEventMetrics(Float64Metric):
         if sketch:
             _, rows, n_rows = plan.sketch_tables
             cell = rows.index_select(0, key)
-            if row_group is not None:  # each tag's block of sketch rows (the last of each: no state's group)
-                cell = cell + row_group[:, None] * (n_rows + 1)
-            flat = sketch_counts(samples, self.spec, cell, G * (n_rows + 1))
-            states += self._flat_states([self.kept(name) for name in plan.samples])
-            increments += flat.view(G, -1).split([getattr(self, self.kept(name)).numel() // G for name in plan.samples]
-                                                 + [self.spec.size], 1)[:-1]
+            if row_group is None:
+                flat = sketch_counts(samples, self.spec, cell, n_rows + 1)
+                states += self._flat_states([self.kept(name) for name in plan.samples])
+                increments += flat.view(1, -1).split([getattr(self, self.kept(name)).numel() for name in plan.samples]
+                                                     + [self.spec.size], 1)[:-1]  # the last: no state's group
+            else:
+                self._sketch_by_tag(plan, samples, cell, n_rows, row_group)
         extras = {"tokens": tokens, "group": group, "groups": G}
         given = [piece for name in plan.given for piece in plan.states[name].fn(batch, extras)]
         torch._foreach_add_(states + self._given_views(plan), increments + given)
         if self.mode == "exact" and plan.samples:
             self._append_rows(plan, samples, sampled, counts, row_group)
         self._add_given_samples(plan, batch, extras)
+
+    def _sketch_by_tag(self, plan: Plan, samples: torch.Tensor, cell: torch.Tensor, n_rows: int,
+                       row_group: torch.Tensor) -> None:
+        """With tags, the sketched values counted in place (no dense increment of tags x the sketches): per `Samples`
+        state one ``index_add_`` of its columns (``cell``: each one's sketch row, ``n_rows``: none) into the rows of
+        the row's tag."""
+        size, counted = self.spec.size, (~torch.isnan(samples) & (cell < n_rows)).double()
+        bucket = self.spec.index(torch.nan_to_num(samples))
+        column, base = 0, 0
+        for name, state in plan.samples.items():
+            target = getattr(self, self.kept(name))
+            per_tag, width = target[0].numel() // size, len(state.values) * (2 if state.by_category else 1)
+            local = (cell[:, column:column + width] - base).clamp(0, per_tag - 1) + row_group[:, None] * per_tag
+            target.view(-1).index_add_(0, (local * size + bucket[:, column:column + width]).reshape(-1),
+                                       counted[:, column:column + width].reshape(-1))
+            column, base = column + width, base + per_tag
 
     def _append_rows(self, plan: Plan, samples: torch.Tensor, sampled: torch.Tensor, counts: torch.Tensor,
                      row_group: Optional[torch.Tensor] = None) -> None:
@@ -406,9 +423,12 @@ class OWAEventMetrics(Float64Metric):
             plan.states[name].fn(batch, extras))]
         increments, samples, row_groups = compiled.accumulate(plan, out, self.mode == "sketch", self.spec,
                                                               None if group is None else seq_group, G)
-        states = list(plan.sums_states) + (list(plan.samples) if self.mode == "sketch" else [])
+        states = list(plan.sums_states) + (list(plan.samples) if self.mode == "sketch" and group is None else [])
         torch._foreach_add_(self._flat_states([self.kept(n) for n in states]) + self._given_views(plan),
                             increments + pieces)
+        if self.mode == "sketch" and group is not None:  # counted in place, by tag
+            compiled.sketch_by_group(plan, samples, row_groups, self.spec,
+                                     [getattr(self, self.kept(n)) for n in plan.samples])
         if self.mode == "exact":
             for name, values, tag in zip(plan.samples, samples, row_groups):
                 if group is not None:  # each row's tag last
