@@ -6,7 +6,8 @@
 
 The corpus: `fuzz.py`'s corrupted rows of noisy simulated sessions, both formats; every configuration: teacher
 forcing (logits in every other batch), generation paired by index and by time, exact and sketch, the torch and the
-kernel path (24). ``compare`` prints every key that differs: counts exactly, other keys by more than 1e-12
+kernel path (24); and each of them again with three tags (by row) and the D2E protocol on (``bin_ms=50``), every
+key of every tag reported (48 in all). ``compare`` prints every key that differs: counts exactly, other keys by more than 1e-12
 (relative); keys only B has are named unless they are the ones ``--new`` lists (prefixes).
 """
 from __future__ import annotations
@@ -49,9 +50,11 @@ def reports():
         data = corpus(vocab, 1 if fmt == "hierarchical" else 2)
         for alignment, pairing in (("teacher_forcing", "index"), ("generation", "index"), ("generation", "time")):
             for mode in ("exact", "sketch"):
-                for backend in ("torch", "kernel"):
-                    m = OWAEventMetrics(tok, alignment=alignment, pairing=pairing, mode=mode, backend=backend)
+                for backend, tagged in ((b, t) for t in (False, True) for b in ("torch", "kernel")):
+                    sliced = {"tags": ["a", "b", "c"], "tag_keys": "all", "bin_ms": 50} if tagged else {}
+                    m = OWAEventMetrics(tok, alignment=alignment, pairing=pairing, mode=mode, backend=backend, **sliced)
                     for i, (preds, target, gen) in enumerate(data):
+                        by_row = {"tags": torch.arange(len(target)) % 3} if tagged else {}
                         with warnings.catch_warnings():
                             warnings.simplefilter("ignore")
                             if alignment == "teacher_forcing":
@@ -59,12 +62,13 @@ def reports():
                                 if i % 2:
                                     g = torch.Generator().manual_seed(i)
                                     logits = torch.randn(*target.shape, vocab.size, generator=g)
-                                m.update(preds, target, logits=logits)
+                                m.update(preds, target, logits=logits, **by_row)
                             else:
-                                m.update(gen, target)
+                                m.update(gen, target, **by_row)
                     with warnings.catch_warnings():
                         warnings.simplefilter("ignore")
-                        out[(fmt, alignment, pairing, mode, backend)] = {k: float(v) for k, v in m.compute().items()}
+                        config = (fmt, alignment, pairing, mode, backend) + (("tags",) if tagged else ())
+                        out[config] = {k: float(v) for k, v in m.compute().items()}
     return out
 
 
