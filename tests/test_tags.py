@@ -206,3 +206,23 @@ def test_an_update_with_tags_decodes_once(tokenizer, batches, backend, monkeypat
     preds, target, tags, _, _ = batches[0]
     metric.update(preds, target, tags=tags)
     assert len(calls) == 1 and metric.compute()["tag/game/count/sequences"] == int((tags == 0).sum())
+
+
+def test_a_declared_given_state_without_the_tag_axis_is_refused(tokenizer, batches):
+    """A registered `Given` / `GivenSamples` state that gives pooled sums (or values without their sequences) would add
+    them to every tag: with tags the update refuses it, saying what to return."""
+    from owa_metrics.functional.declare import Definition, Given, GivenSamples
+    from owa_metrics.functional.report import register, unregister
+
+    preds, target, tags, _, _ = batches[0]
+    for name, state, says in (("pooled_given", Given((1,), lambda batch, x: (torch.ones(1, dtype=torch.float64),)),
+                               "without the tag axis"),
+                              ("bare_samples", GivenSamples(lambda batch, x: torch.ones(3, dtype=torch.float64)),
+                               "without their sequences")):
+        register(Definition(name, lambda s, state=state: {f"{name}_state": state}, lambda r: {}))
+        try:
+            OWAEventMetrics(tokenizer).update(preds, target)  # without tags: as before
+            with pytest.raises(ValueError, match=says):
+                OWAEventMetrics(tokenizer, tags=TAGS).update(preds, target, tags=tags)
+        finally:
+            unregister(name)

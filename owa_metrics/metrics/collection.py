@@ -305,7 +305,9 @@ class OWAEventMetrics(Float64Metric):
                 self._sketch_by_tag(plan, samples, cell, n_rows, row_group)
         extras = {"tokens": tokens, "group": group, "groups": G}
         given = [piece for name in plan.given for piece in plan.states[name].fn(batch, extras)]
-        torch._foreach_add_(states + self._given_views(plan), increments + given)
+        views = self._given_views(plan)
+        self._check_by_tag(plan, given, views)
+        torch._foreach_add_(states + views, increments + given)
         if self.mode == "exact" and plan.samples:
             self._append_rows(plan, samples, sampled, counts, row_group)
         self._add_given_samples(plan, batch, extras)
@@ -348,6 +350,11 @@ class OWAEventMetrics(Float64Metric):
         """The `GivenSamples` states' values (NaN: no sample): counted in the sketch, or kept (their numbers read in
         one host sync); with tags, by the tag of each one's sequence."""
         given = [plan.states[name].fn(batch, extras) for name in plan.given_samples]
+        given = [(g, None) if isinstance(g, torch.Tensor) else g for g in given]  # values alone: no tags
+        if self.tags and any(seq is None for _, seq in given):
+            raise ValueError(f"the GivenSamples states {[n for n, (_, q) in zip(plan.given_samples, given) if q is None]}"
+                             " give their values without their sequences: with tags, return (values, seq) from the "
+                             "state's fn (seq: the sequence of each value, in the batch)")
         values = [x.to(self.device).double() for x, _ in given]
         group = extras.get("group")
         tags = [None if group is None else group.index_select(0, seq.long()) for _, seq in given]
@@ -362,6 +369,13 @@ class OWAEventMetrics(Float64Metric):
                 x = torch.stack([x, tag.to(x.dtype)], 1)
             append_samples(getattr(self, self.kept(name)),
                            x.index_select(0, torch.nonzero_static(k, size=n)[:, 0]).reshape(-1))
+
+    def _check_by_tag(self, plan: Plan, pieces: list, views: list) -> None:
+        """With tags, raise unless every `Given` piece has the tag axis (a piece without it would be added to every
+        tag: a silent wrong number)."""
+        if self.tags and any(p.dim() != v.dim() for p, v in zip(pieces, views)):
+            raise ValueError(f"a Given state of {list(plan.given)} gives sums without the tag axis: with tags its fn "
+                             "must return them by tag, [extras['groups'], ...] (see declare.per_group)")
 
     def _flat_states(self, names: list[str]) -> list[torch.Tensor]:
         """Views [groups, -1] of the named states: the additions of `_accumulate` go through them without a view op."""
@@ -424,8 +438,9 @@ class OWAEventMetrics(Float64Metric):
         increments, samples, row_groups = compiled.accumulate(plan, out, self.mode == "sketch", self.spec,
                                                               None if group is None else seq_group, G)
         states = list(plan.sums_states) + (list(plan.samples) if self.mode == "sketch" and group is None else [])
-        torch._foreach_add_(self._flat_states([self.kept(n) for n in states]) + self._given_views(plan),
-                            increments + pieces)
+        views = self._given_views(plan)
+        self._check_by_tag(plan, pieces, views)
+        torch._foreach_add_(self._flat_states([self.kept(n) for n in states]) + views, increments + pieces)
         if self.mode == "sketch" and group is not None:  # counted in place, by tag
             compiled.sketch_by_group(plan, samples, row_groups, self.spec,
                                      [getattr(self, self.kept(n)) for n in plan.samples])
