@@ -148,8 +148,9 @@ def _accumulate(status, t_status, t_values, t_digits, p_kind, p_values, p_digits
 def accumulate(plan: Plan, out: dict, sketch: bool, spec: SketchSpec, seq_group: Optional[np.ndarray] = None,
                groups: int = 1) -> tuple[list, list, list]:
     """One decoded batch (`owa_metrics.decode.kernel.decode_arrays`' arrays) in one compiled loop: ``(increments
-    [groups, size] of plan.sums_states, then in sketch mode of each `Samples` state; the exact rows of each `Samples`
-    state; each one's rows' groups)``. ``seq_group`` [B]: each sequence's group (None: one group)."""
+    [groups, size] of plan.sums_states, then in sketch mode with one group of each `Samples` state (with groups:
+    `sketch_by_group`); the exact rows of each `Samples` state; each one's rows' groups)``. ``seq_group`` [B]: each
+    sequence's group (None: one group)."""
     t, p = out["target"], out["pred"]
     k = compiled_tables(plan)
     n_x, S = len(plan.x_columns), len(plan.seq_groups)
@@ -168,7 +169,7 @@ def accumulate(plan: Plan, out: dict, sketch: bool, spec: SketchSpec, seq_group:
             for s, m in enumerate(counts.tolist())]
     row_groups = [torch.from_numpy(sample_group[:m, s]) for s, m in enumerate(counts.tolist())]
     if sketch and groups == 1:
-        increments += [counts[None] for counts in _sketch(plan, rows, spec)]
+        increments += [sketch[None] for sketch in _sketch(plan, rows, spec)]
     return increments, rows, row_groups
 
 
