@@ -365,10 +365,11 @@ class OWAEventMetrics(Float64Metric):
         kept = [~torch.isnan(x) for x in values]
         sizes = torch.stack([k.sum() for k in kept]).tolist() if kept else []
         for name, x, k, n, tag in zip(plan.given_samples, values, kept, sizes, tags):
+            at = torch.nonzero_static(k, size=n)[:, 0]
+            rows = x.index_select(0, at)
             if tag is not None:  # rows (value, tag)
-                x = torch.stack([x, tag.to(x.dtype)], 1)
-            append_samples(getattr(self, self.kept(name)),
-                           x.index_select(0, torch.nonzero_static(k, size=n)[:, 0]).reshape(-1))
+                rows = torch.stack([rows, tag.index_select(0, at).to(x.dtype)], 1).view(-1)
+            append_samples(getattr(self, self.kept(name)), rows)
 
     def _check_by_tag(self, plan: Plan, pieces: list, views: list) -> None:
         """With tags, raise unless every `Given` piece has the tag axis (a piece without it would be added to every
