@@ -226,3 +226,22 @@ def test_a_declared_given_state_without_the_tag_axis_is_refused(tokenizer, batch
                 OWAEventMetrics(tokenizer, tags=TAGS).update(preds, target, tags=tags)
         finally:
             unregister(name)
+
+
+@pytest.mark.parametrize("alignment", ["teacher_forcing", "generation"])
+def test_the_tag_axis_is_the_same_on_the_kernel_and_the_torch_path(tokenizer, batches, alignment):
+    """Every state by tag (exact and sketch, D2E on), after the same batches: the compiled loop and the torch ops."""
+    for mode in ("exact", "sketch"):
+        metrics = [OWAEventMetrics(tokenizer, alignment=alignment, mode=mode, backend=b, tags=TAGS, bin_ms=50)
+                   for b in ("kernel", "torch")]
+        for preds, target, tags, logits, _ in batches:
+            loss = {"logits": logits} if alignment == "teacher_forcing" else {}
+            for m in metrics:
+                m.update(preds, target, tags=tags, **loss)
+        for name in metrics[0]._defaults:
+            got, want = (getattr(m, name) for m in metrics)
+            if isinstance(got, list):
+                got, want = torch.cat(got), torch.cat(want)
+            # counts exactly; the per-sequence means, the direction error (atan2) and the loss to the last bits
+            torch.testing.assert_close(got, want, rtol=1e-12, atol=0, equal_nan=True, msg=f"{mode} {name}")
+        assert metrics[0].timestamp_digits.shape[0] == len(TAGS)
