@@ -7,8 +7,8 @@
 The corpus: `fuzz.py`'s corrupted rows of noisy simulated sessions, both formats; every configuration: teacher
 forcing (logits in every other batch), generation paired by index and by time, exact and sketch, the torch and the
 kernel path (24); and each of them again with three tags (by row) and the D2E protocol on (``bin_ms=50``), every
-key of every tag reported (48 in all). ``compare`` prints every key that differs: counts exactly, other keys by more than 1e-12
-(relative); keys only B has are named unless they are the ones ``--new`` lists (prefixes).
+key of every tag reported (48 in all). ``compare`` prints every key that differs: counts exactly, other keys by more
+than 1e-12 (relative); keys only B has are named unless they are the ones ``--new`` lists (prefixes).
 """
 from __future__ import annotations
 

@@ -31,8 +31,8 @@ class TimeMatching:
     the absolute times (`unwrap_ns`; 0 where the event does not decode). ``tolerance_ns``: the tolerance the
     detection and the pairs were matched at (a sweep's first). A tolerance sweep: ``sweep_ns`` its tolerances (ns),
     ``sweep_counts`` [len(sweep_ns), 3, N_CAT + 1] the detection counts at each (the first: ``detection_counts``).
-    ``origin_ns`` [num_sequences]: each row's time origin (the absolute times' axis). ``sweep_detection``: a sweep's ``detection`` at each
-    tolerance.
+    ``origin_ns`` [num_sequences]: each row's time origin (the absolute times' axis). ``sweep_detection``
+    [len(sweep_ns), n_target_events]: a sweep's ``detection`` at each tolerance.
     """
 
     detection: torch.Tensor
@@ -47,7 +47,7 @@ class TimeMatching:
     sweep_ns: tuple = ()
     sweep_counts: Optional[torch.Tensor] = None
     origin_ns: Optional[torch.Tensor] = None
-    sweep_detection: Optional[torch.Tensor] = None  # [len(sweep_ns), n_target_events]: the matches at each tolerance
+    sweep_detection: Optional[torch.Tensor] = None
 
 
 VALUE_COLUMNS = ("category", "timestamp_ns", "vk", "action", "dx", "dy", "button_flags", "button_data")

@@ -79,8 +79,8 @@ def _run(code, run, v, window_ns, reg):
 def _accumulate(status, t_status, t_values, t_digits, p_kind, p_values, p_digits, seq, t_counts, p_counts, window_ns,
                 key_columns, key_weights, key_offsets, coded, groups, match_ptr, match_column, match_sign, read_ptr,
                 read_match, run_ptr, run, code, sum_regs, sample_regs, n_regs, const_ptr, const_cell, const_value, cell_ptr,
-                cell_flat, cell_x, seq_groups, seq_values, sample_groups, sample_offsets, seq_group, sums, seq_out, batch_out,
-                sample_rows, sample_group, sample_counts):
+                cell_flat, cell_x, seq_groups, seq_values, sample_groups, sample_offsets, seq_group, sums, seq_out,
+                batch_out, sample_rows, sample_group, sample_counts):
     """Each row's V (`plan.row_columns`), its key, values and cells, as `plan.accumulate` with torch ops, into the
     block of its sequence's group (``seq_group`` [B]): ``sums`` [G, cells], ``seq_out`` [G, 2S], ``batch_out`` [G, 5];
     each sampled row's group in ``sample_group``."""

@@ -421,8 +421,8 @@ class OWAEventMetrics(Float64Metric):
             fields, loss = np.zeros(self.token_fields.shape), np.zeros(self.token_loss.shape)
             compiled.token_stats(out["seq"], t["status"], t["kind"], t["values"], t["start"], t["end"], t["start_cut"],
                                  target.shape[1], target.numpy().reshape(-1), preds.numpy().reshape(-1),
-                                 self._field_table, losses.numpy(), with_loss, seq_group, fields.reshape(G, *fields.shape[-2:]),
-                                 loss.reshape(G, -1))
+                                 self._field_table, losses.numpy(), with_loss, seq_group,
+                                 fields.reshape(G, *fields.shape[-2:]), loss.reshape(G, -1))
             # the loop adds the valid targets' loss by category: the last column is free
             loss[..., -1] = np.bincount(seq_group, skipped.numpy(), G) if by_row and with_loss else skipped
             whole = {"token_fields": torch.from_numpy(fields), "token_loss": torch.from_numpy(loss)}
