@@ -46,6 +46,13 @@ import torch
 
 from ..decode.kernel import _jit, available as kernel_available
 
+try:
+    from llvmlite import ir
+    from numba import types
+    from numba.extending import intrinsic
+except Exception:  # noqa: BLE001 - without numba the vectorized path runs
+    intrinsic = None
+
 CHUNK_ELEMENTS = 1 << 15  # resamples per chunk: about this many counts (256 KB, below torch's parallel grain)
 TAIL_MARGIN = 4.0  # kept ranks reach TAIL_MARGIN sqrt(n) past the quartile ranks (about 9 standard deviations)
 BY_VALUE = 256, 8  # kept counts drawn value by value when at most max(256, kept samples / 8) kept values
@@ -238,11 +245,11 @@ def _sample_by_sample(rng: np.random.Generator, groups: np.ndarray, kept: np.nda
     """`_resample_iqms` drawing the kept counts sample by sample (exact values, all finite; ``group_values`` as
     there), equal to the vectorized path: each resample's draws ``rng.integers(0, kept total, size=T)``
     (`_KeptDraws`), counted by position, are read by one compiled pass (`_kept_draws_iqm`) that counts them value
-    by value only in the two zones of kept values
-    whose ranks are within ``width`` of a quartile's, and sums the draws between the zones (all inside [Q25, Q75]
-    while each quartile is in its zone): O(T + 4 width) per resample, not O(T + kept values). A resample whose
-    tails must be split, or whose quartile leaves its zone (about never at tail_margin 4), is read from its counts
-    by ``resample_iqms``."""
+    by value only in the two zones of kept values whose ranks are within ``width`` of a quartile's, and sums the
+    draws between the zones (all inside [Q25, Q75] while each quartile is in its zone): O(T + 4 width) per
+    resample, not O(T + kept values). With numpy's method matched, one compiled loop makes every resample's draws
+    and IQM (`_kept_resamples`). A resample whose tails must be split, or whose quartile leaves its zone (about
+    never at tail_margin 4), is read from its counts by ``resample_iqms``, its draws made again by numpy."""
     has_left = int(left_total > 0)
     kept_values = group_values[has_left:has_left + kept.size]
     left_value, right_value = group_values[0], group_values[-1]  # read only when that tail has samples
@@ -258,25 +265,31 @@ def _sample_by_sample(rng: np.random.Generator, groups: np.ndarray, kept: np.nda
     lo = [math.floor(x) for x in h]
     ranks = np.array([lo[0], min(lo[0] + 1, n - 1), lo[1], min(lo[1] + 1, n - 1)], dtype=np.int64)
     fine, drawn = np.empty(zone_b + kept.size - zone_c, dtype=np.int64), np.zeros(int(ends[-1]), dtype=np.uint8)
-    iqms, rest = torch.empty(len(groups), dtype=torch.float64), {}  # rest: the others' counts, by resample
+    layout = (slot, middle_values, kept_values, fine, zone_b, zone_c, pos_b, pos_c)
+    iqms, done = np.empty(len(groups)), np.zeros(len(groups), dtype=np.bool_)
+    draws, redo = _KeptDraws(rng, int(ends[-1])), {}  # redo: the others' draws, by resample
+    if draws.own:
+        starts = draws.resamples(groups, r25, n - r75, drawn, layout, left_value, right_value, ranks,
+                                 h[0] - lo[0], h[1] - lo[1], iqms, done)
+        redo = {i: (starts[i], int(groups[i, 1])) for i in np.flatnonzero(~done).tolist()}
+    else:
+        for i, (left, size, right) in enumerate(groups.tolist()):
+            positions = rng.integers(0, draws.total, size=size)
+            if left <= r25 and right < n - r75:
+                _count_positions(positions, drawn)
+                iqms[i], done[i] = _kept_draws_iqm(drawn, size, *layout, left, left_value, right, right_value,
+                                                   ranks, h[0] - lo[0], h[1] - lo[1])
+            if not done[i]:
+                redo[i] = positions
+    iqms, rest = torch.from_numpy(iqms), {}  # rest: the others' counts, by resample, in the order drawn
 
     def flush(rest: dict) -> None:  # in the order drawn (so are the tails' splits)
         if rest:
             iqms[list(rest)] = resample_iqms(groups[list(rest)], np.stack(list(rest.values())))
             rest.clear()
 
-    draws = _KeptDraws(rng, int(ends[-1]))
-    for i, (left, size, right) in enumerate(groups.tolist()):
-        if left <= r25 and right < n - r75:
-            draws.count(size, drawn)
-            iqms[i], ok = _kept_draws_iqm(drawn, size, slot, middle_values, kept_values, fine, zone_b, zone_c, pos_b,
-                                          pos_c, left, left_value, right, right_value, ranks, h[0] - lo[0],
-                                          h[1] - lo[1])
-            if ok:
-                continue
-            positions = draws.again()
-        else:
-            positions = draws.take(size)
+    for i, positions in redo.items():
+        positions = draws.replay(*positions) if draws.own else positions
         rest[i] = np.bincount(slot[positions], minlength=kept.size)
         if len(rest) * (kept.size + 2) >= CHUNK_ELEMENTS:
             flush(rest)
@@ -291,104 +304,222 @@ def _lerp_scalar(a: float, b: float, t: float) -> float:
     return b - diff * (1 - t) if t >= 0.5 else a + diff * t
 
 
+PCG64_MULTIPLIER = (2549297995355413924 << 64) + 4865540595714422341  # numpy's PCG64: state = state * M + inc
+PCG_LANES = 4  # interleaved generator states (`_pcg_refill`, `_count8`: 4 outputs a step)
+
+
 class _KeptDraws:
     """The kept draws of successive resamples, ``rng.integers(0, total, size=T)`` each, made by numpy's own method
-    from the generator's 32-bit words (its PCG64's 64-bit outputs, low half first; Lemire's: a word w gives
-    ``(w total) >> 32`` unless ``(w total) mod 2^32 < (2^32 - total) mod total``, then it is skipped), read in
-    bulk (``random_raw``) and counted by position in one compiled loop, without the draws' array. Checked against
-    ``rng.integers`` once per process (`_lemire_is_numpys`); where it differs (another numpy, another generator, a
-    total past 2^32 - 1) ``rng.integers`` draws and they are counted."""
+    from the generator's stream, compiled: its PCG64 (128-bit LCG ``s <- s M + inc``, output XSL-RR of the new
+    state) made as ``PCG_LANES`` interleaved states each stepping ``PCG_LANES`` at a time (the same outputs, in
+    the same order, without each step waiting on the last), each 64-bit output read as two 32-bit words, low half
+    first (a word left over in the generator comes first); Lemire's method: a word w gives ``(w total) >> 32``
+    unless ``(w total) mod 2^32 < (2^32 - total) mod total``, then it is skipped. Checked against ``rng.integers``
+    once per process (`_lemire_is_numpys`); where it differs (another numpy, another generator, a total past
+    2^32 - 1) ``own`` is False and the caller draws with ``rng.integers``. `replay` draws a resample again with
+    numpy's generator, advanced to where that resample began."""
 
-    def __init__(self, rng: np.random.Generator, total: int):
+    def __init__(self, rng: np.random.Generator, total: int, own: Optional[bool] = None):
         self.rng, self.total, self.threshold = rng, total, (2**32 - total) % total
-        self.own = total < 2**32 and type(rng.bit_generator) is np.random.PCG64 and _lemire_is_numpys()
-        if self.own:
-            state = rng.bit_generator.state  # a word left over from a 64-bit output comes first
-            self.words = np.array([state["uinteger"]] if state["has_uint32"] else [], dtype=np.uint32)
-        self.start = self.end = 0
-
-    def _have(self, size: int, extra: int = 0) -> None:
-        """Words from ``start`` enough for ``size`` draws (and their skipped words, ~never more than this bound)."""
-        need = size + 2 * size * self.threshold // 2**32 + 1024 + extra
-        if self.words.size - self.start < need:
-            more = self.rng.bit_generator.random_raw(max(need, 1 << 17) // 2 + 1).view(np.uint32)
-            self.words = np.concatenate([self.words[self.start:], more])
-            self.start = 0
-
-    def count(self, size: int, drawn: np.ndarray) -> None:
-        """Add the next resample's ``size`` draws to their positions' counts ``drawn``."""
+        if own is None:
+            own = total < 2**32 and type(rng.bit_generator) is np.random.PCG64 and _lemire_is_numpys()
+        self.own = own
         if not self.own:
-            self.last = self.rng.integers(0, self.total, size=size)
-            _count_positions(self.last, drawn)
             return
-        self.start, extra = self.end, 0
-        while True:
-            self._have(size, extra)
-            got, end = _lemire_count(self.words, self.start, size, self.total, self.threshold, drawn)
-            if got == size:
-                self.size, self.end = size, end
-                return
-            drawn[:] = 0  # out of words (never in practice): again, with more
-            extra += size
+        self.origin = rng.bit_generator.state
+        state, inc = self.origin["state"]["state"], self.origin["state"]["inc"]
+        mask, lanes, jump, shift = (1 << 128) - 1, [], [1, 0], 0
+        for _ in range(PCG_LANES):  # lane i holds the state after i + 1 steps; each then steps PCG_LANES at once
+            state = (state * PCG64_MULTIPLIER + inc) & mask
+            jump = [jump[0] * PCG64_MULTIPLIER & mask, (jump[1] * PCG64_MULTIPLIER + inc) & mask]
+            lanes += [state >> 64, state & (2**64 - 1)]
+        self.gen = np.array(lanes + [x >> shift & (2**64 - 1) for x in jump for shift in (64, 0)], dtype=np.uint64)
+        self.out, self.pos = np.empty(PCG_LANES, dtype=np.uint64), np.empty(2 * PCG_LANES, dtype=np.int64)
+        self.ok = np.zeros(2 * PCG_LANES, dtype=np.bool_)
+        self.cursor = np.zeros(3, dtype=np.int64)  # next word in the queue, words in it, the stream index of its first
+        if self.origin["has_uint32"]:  # the queue starts with the word left over
+            m = self.origin["uinteger"] * total
+            self.pos[0], self.ok[0], self.cursor[1] = m >> 32, m % 2**32 >= self.threshold, 1
 
-    def again(self) -> np.ndarray:
-        """The last resample's draws (positions), as ``rng.integers`` gave them."""
-        if not self.own:
-            return self.last
-        return _lemire_draws(self.words, self.start, self.size, self.total, self.threshold)[0]
+    def _args(self):
+        return self.gen, self.out, self.pos, self.ok, self.cursor, self.total, self.threshold
 
     def take(self, size: int) -> np.ndarray:
         """The next resample's ``size`` draws (positions)."""
         if not self.own:
             return self.rng.integers(0, self.total, size=size)
-        self.start = self.end
-        self._have(size, size)
-        out, self.end = _lemire_draws(self.words, self.start, size, self.total, self.threshold)
-        self.size = size
-        return out
+        into = np.empty(size, dtype=np.int64)
+        _draw(*self._args(), size, into, 0, into, 1)
+        return into
+
+    def resamples(self, groups, r25, right_limit, drawn, layout, left_value, right_value, ranks, t25, t75, iqms,
+                  done) -> np.ndarray:
+        """`_kept_resamples` from here; the stream index of each resample's first word."""
+        starts = np.empty(len(groups), dtype=np.int64)
+        _kept_resamples(*self._args(), groups, r25, right_limit, drawn, *layout, left_value, right_value, ranks,
+                        t25, t75, iqms, done, starts)
+        return starts
+
+    def replay(self, start: int, size: int) -> np.ndarray:
+        """``size`` draws from the stream's word ``start`` on, made by numpy: ``rng.integers`` of its generator
+        advanced there."""
+        bit_generator, pre, start = np.random.PCG64(), self.origin["has_uint32"], int(start)
+        if pre and start == 0:
+            bit_generator.state = self.origin
+        else:
+            bit_generator.state = {**self.origin, "has_uint32": 0, "uinteger": 0}
+            bit_generator.advance((start - pre) // 2)
+            if (start - pre) % 2:  # from the high half of an output
+                high = int(bit_generator.random_raw()) >> 32
+                bit_generator.state = {**bit_generator.state, "has_uint32": 1, "uinteger": high}
+        return np.random.Generator(bit_generator).integers(0, self.total, size=size)
 
 
 @functools.lru_cache(maxsize=1)
 def _lemire_is_numpys() -> bool:
-    """Whether `_lemire_draws` on default_rng's raw words gives what its ``integers`` gives (two calls in a row)."""
+    """Whether `_KeptDraws` gives what default_rng's ``integers`` gives (calls in a row, a word left over or not,
+    past several refills), and `_KeptDraws.replay` what it drew."""
     for total in (3, 508_001, 2**31 + 5):
-        numpys = np.random.default_rng(total)
-        want = np.concatenate([numpys.integers(0, total, size=size) for size in (7, 100)])
-        words = np.random.default_rng(total).bit_generator.random_raw(400).view(np.uint32)
-        got, end = _lemire_draws(words, 0, want.size, total, (2**32 - total) % total)
-        if end > words.size or not np.array_equal(got, want):
-            return False
+        for skip in (0, 1):
+            numpys = np.random.default_rng(total)
+            numpys.integers(0, total, size=skip)  # one word: one left over
+            draws, sizes = _KeptDraws(numpys, total, own=True), (7, 100, 5003, 50)
+            got, start = [draws.take(size) for size in sizes[:-1]], int(draws.cursor[2] + draws.cursor[0])
+            got.append(draws.take(sizes[-1]))
+            want = [numpys.integers(0, total, size=size) for size in sizes]
+            if not all(np.array_equal(g, w) for g, w in zip(got, want)):
+                return False
+            if not np.array_equal(draws.replay(start, sizes[-1]), want[-1]):
+                return False
     return True
 
 
-@_jit
-def _lemire_draws(words, start, size, total, threshold):
-    """``(draws, end)``: ``size`` draws in [0, total) from ``words[start:end]`` (`_KeptDraws`); end past the words
-    when they run out."""
-    out = np.empty(size, dtype=np.int64)
-    scale, low, limit = np.uint64(total), np.uint64(0xFFFFFFFF), np.uint64(threshold)
-    got, i = 0, start
-    while got < size and i < words.size:
-        m = np.uint64(words[i]) * scale
-        i += 1
-        if (m & low) >= limit:
-            out[got] = np.int64(m >> np.uint64(32))
-            got += 1
-    return out, (i if got == size else words.size + 1)
+if intrinsic is not None:
+    @intrinsic
+    def _mul_high(typingctx, a, b):
+        """The high 64 bits of the 128-bit product of two uint64 (one instruction)."""
+        def codegen(context, builder, signature, args):
+            wide = ir.IntType(128)
+            product = builder.mul(builder.zext(args[0], wide), builder.zext(args[1], wide))
+            return builder.trunc(builder.lshr(product, ir.Constant(wide, 64)), ir.IntType(64))
+        return types.uint64(types.uint64, types.uint64), codegen
+else:
+    def _mul_high(a, b):
+        return np.uint64(int(a) * int(b) >> 64)
 
 
 @_jit
-def _lemire_count(words, start, size, total, threshold, drawn):
-    """`_lemire_draws` counted by position in ``drawn``: ``(draws made, end)``."""
+def _pcg_refill(gen, out, pos, ok, total, threshold):
+    """The next ``out.size`` (a multiple of 4) PCG64 outputs from the 4 interleaved states ``gen[:8]`` (high, low
+    each; ``gen[8:]``: the jump ``s <- s A + C`` of 4 steps), and each of their words' draw ``pos`` and whether it
+    is kept ``ok`` (Lemire's, `_KeptDraws`)."""
+    h0, l0, h1, l1, h2, l2, h3, l3 = gen[0], gen[1], gen[2], gen[3], gen[4], gen[5], gen[6], gen[7]
+    a_high, a_low, c_high, c_low = gen[8], gen[9], gen[10], gen[11]
+    for i in range(0, out.size, 4):
+        out[i], out[i + 1], out[i + 2], out[i + 3] = (_xsl_rr(h0, l0), _xsl_rr(h1, l1), _xsl_rr(h2, l2),
+                                                      _xsl_rr(h3, l3))
+        h0, l0 = _lcg_step(h0, l0, a_high, a_low, c_high, c_low)
+        h1, l1 = _lcg_step(h1, l1, a_high, a_low, c_high, c_low)
+        h2, l2 = _lcg_step(h2, l2, a_high, a_low, c_high, c_low)
+        h3, l3 = _lcg_step(h3, l3, a_high, a_low, c_high, c_low)
+    gen[0], gen[1], gen[2], gen[3], gen[4], gen[5], gen[6], gen[7] = h0, l0, h1, l1, h2, l2, h3, l3
+    words = out.view(np.uint32)  # low half first (little-endian; `_lemire_is_numpys` checks)
     scale, low, limit = np.uint64(total), np.uint64(0xFFFFFFFF), np.uint64(threshold)
-    got, i = 0, start
-    while got < size and i < words.size:
-        m = np.uint64(words[i]) * scale
-        i += 1
-        if (m & low) >= limit:
-            drawn[np.int64(m >> np.uint64(32))] += 1
+    for j in range(words.size):
+        m = np.uint64(words[j]) * scale
+        pos[j] = np.int64(m >> np.uint64(32))
+        ok[j] = (m & low) >= limit
+
+
+@_jit
+def _lcg_step(high, low, a_high, a_low, c_high, c_low):
+    """``s A + C mod 2^128`` of s = (high, low)."""
+    new_low = low * a_low + c_low
+    carry = np.uint64(1) if new_low < c_low else np.uint64(0)
+    return _mul_high(low, a_low) + low * a_high + high * a_low + c_high + carry, new_low
+
+
+@_jit
+def _xsl_rr(high, low):
+    """PCG64's output of a state: ``(high ^ low)`` rotated right by the state's top 6 bits."""
+    x, r = high ^ low, high >> np.uint64(58)
+    return (x >> r) | (x << ((np.uint64(64) - r) & np.uint64(63)))
+
+
+@_jit
+def _draw(gen, out, pos, ok, cursor, total, threshold, size, drawn, add, into, how):
+    """The next ``size`` draws of the stream (`_KeptDraws`): counted by position in ``drawn`` (``how`` 0: ``add``
+    each), written to ``into`` (1) or passed over (2). ``cursor``: the queue's next word ``pos[j]``, its words,
+    the stream index of its first. Counting, the words come straight from the generator 8 at a time (`_count8`)
+    once the queue is empty, while at least 8 draws are wanted; the queue (refilled 4 outputs at a time) gives
+    the others, word by word."""
+    j, have, got = cursor[0], cursor[1], 0
+    while got < size:
+        if j == have and how == 0 and size - got >= 8:
+            cursor[2] += have
+            steps, got = _count8(gen, total, threshold, size - got, drawn, add, got)
+            cursor[2] += 8 * steps
+            j = have = 0
+            continue
+        if j == have:
+            _pcg_refill(gen, out, pos, ok, total, threshold)
+            cursor[2] += have
+            j, have = 0, pos.size
+        if ok[j]:
+            if how == 0:
+                drawn[pos[j]] += add
+            elif how == 1:
+                into[got] = pos[j]
             got += 1
-    return got, i
+        j += 1
+    cursor[0], cursor[1] = j, have
+
+
+@_jit
+def _count8(gen, total, threshold, want, drawn, add, got):
+    """``(steps, got)``: the generator's next 4 outputs, 8 words, at a time, each kept word's draw counted in
+    ``drawn`` (``add``), while at least 8 of ``want`` draws remain."""
+    h0, l0, h1, l1, h2, l2, h3, l3 = gen[0], gen[1], gen[2], gen[3], gen[4], gen[5], gen[6], gen[7]
+    a_high, a_low, c_high, c_low = gen[8], gen[9], gen[10], gen[11]
+    scale, low, limit, half = np.uint64(total), np.uint64(0xFFFFFFFF), np.uint64(threshold), np.uint64(32)
+    steps, stop = 0, got + want - 8
+    while got <= stop:
+        o0, o1, o2, o3 = _xsl_rr(h0, l0), _xsl_rr(h1, l1), _xsl_rr(h2, l2), _xsl_rr(h3, l3)
+        h0, l0 = _lcg_step(h0, l0, a_high, a_low, c_high, c_low)
+        h1, l1 = _lcg_step(h1, l1, a_high, a_low, c_high, c_low)
+        h2, l2 = _lcg_step(h2, l2, a_high, a_low, c_high, c_low)
+        h3, l3 = _lcg_step(h3, l3, a_high, a_low, c_high, c_low)
+        for o in (o0, o1, o2, o3):
+            m = (o & low) * scale
+            if (m & low) >= limit:
+                drawn[m >> half] += add
+                got += 1
+            m = (o >> half) * scale
+            if (m & low) >= limit:
+                drawn[m >> half] += add
+                got += 1
+        steps += 1
+    gen[0], gen[1], gen[2], gen[3], gen[4], gen[5], gen[6], gen[7] = h0, l0, h1, l1, h2, l2, h3, l3
+    return steps, got
+
+
+@_jit
+def _kept_resamples(gen, out, pos, ok, cursor, total, threshold, groups, r25, right_limit, drawn, slot,
+                    middle_values, kept_values, fine, zone_b, zone_c, pos_b, pos_c, left_value, right_value, ranks,
+                    t25, t75, iqms, done, starts):
+    """Every resample of ``groups`` (left, kept, right counts) in turn: its kept draws from the stream
+    (`_draw`, their first word's stream index in ``starts``), and where neither tail reaches a quartile, its IQM
+    (`_kept_draws_iqm`) in ``iqms`` and whether it could be read there in ``done``."""
+    for i in range(groups.shape[0]):
+        left, size, right = groups[i, 0], groups[i, 1], groups[i, 2]
+        starts[i] = cursor[2] + cursor[0]
+        if left <= r25 and right < right_limit:
+            _draw(gen, out, pos, ok, cursor, total, threshold, size, drawn, 1, drawn, 0)
+            iqms[i], done[i] = _kept_draws_iqm(drawn, size, slot, middle_values, kept_values, fine, zone_b, zone_c,
+                                               pos_b, pos_c, left, left_value, right, right_value, ranks, t25, t75)
+        else:
+            _draw(gen, out, pos, ok, cursor, total, threshold, size, drawn, 0, drawn, 2)
+            done[i] = False
 
 
 @_jit
