@@ -53,6 +53,7 @@ try:
 except Exception:  # noqa: BLE001 - without numba the vectorized path runs
     intrinsic = None
 
+LANES = 4  # resamples counted together by position, 4 bits each (`_kept_draws_iqms`)
 CHUNK_ELEMENTS = 1 << 15  # resamples per chunk: about this many counts (256 KB, below torch's parallel grain)
 TAIL_MARGIN = 4.0  # kept ranks reach TAIL_MARGIN sqrt(n) past the quartile ranks (about 9 standard deviations)
 BY_VALUE = 256, 8  # kept counts drawn value by value when at most max(256, kept samples / 8) kept values
@@ -264,7 +265,7 @@ def _sample_by_sample(rng: np.random.Generator, groups: np.ndarray, kept: np.nda
     h = [0.25 * (n - 1), 0.75 * (n - 1)]  # as `_quantile_rows`
     lo = [math.floor(x) for x in h]
     ranks = np.array([lo[0], min(lo[0] + 1, n - 1), lo[1], min(lo[1] + 1, n - 1)], dtype=np.int64)
-    fine, drawn = np.empty(zone_b + kept.size - zone_c, dtype=np.int64), np.zeros(int(ends[-1]), dtype=np.uint8)
+    fine, drawn = np.empty((LANES, zone_b + kept.size - zone_c), dtype=np.int64), np.zeros(int(ends[-1]), np.uint16)
     layout = (slot, middle_values, kept_values, fine, zone_b, zone_c, pos_b, pos_c)
     iqms, done = np.empty(len(groups)), np.zeros(len(groups), dtype=np.bool_)
     draws, redo = _KeptDraws(rng, int(ends[-1])), {}  # redo: the others' draws, by resample
@@ -277,8 +278,10 @@ def _sample_by_sample(rng: np.random.Generator, groups: np.ndarray, kept: np.nda
             positions = rng.integers(0, draws.total, size=size)
             if left <= r25 and right < n - r75:
                 _count_positions(positions, drawn)
-                iqms[i], done[i] = _kept_draws_iqm(drawn, size, *layout, left, left_value, right, right_value,
-                                                   ranks, h[0] - lo[0], h[1] - lo[1])
+                one, read = np.empty(LANES), np.zeros(LANES, dtype=np.bool_)
+                _kept_draws_iqms(drawn, np.array([size, 0, 0, 0]), *layout, np.array([left, 0, 0, 0]), left_value,
+                                 np.array([right, 0, 0, 0]), right_value, ranks, h[0] - lo[0], h[1] - lo[1], one, read)
+                iqms[i], done[i] = one[0], read[0]
             if not done[i]:
                 redo[i] = positions
     iqms, rest = torch.from_numpy(iqms), {}  # rest: the others' counts, by resample, in the order drawn
@@ -507,16 +510,28 @@ def _count8(gen, total, threshold, want, drawn, add, got):
 def _kept_resamples(gen, out, pos, ok, cursor, total, threshold, groups, r25, right_limit, drawn, slot,
                     middle_values, kept_values, fine, zone_b, zone_c, pos_b, pos_c, left_value, right_value, ranks,
                     t25, t75, iqms, done, starts):
-    """Every resample of ``groups`` (left, kept, right counts) in turn: its kept draws from the stream
-    (`_draw`, their first word's stream index in ``starts``), and where neither tail reaches a quartile, its IQM
-    (`_kept_draws_iqm`) in ``iqms`` and whether it could be read there in ``done``."""
-    for i in range(groups.shape[0]):
+    """Every resample of ``groups`` (left, kept, right counts) in turn: its kept draws from the stream (`_draw`,
+    their first word's stream index in ``starts``), and where neither tail reaches a quartile, its IQM in ``iqms``
+    and whether it could be read in ``done``, ``LANES`` resamples counted together (`_kept_draws_iqms`)."""
+    member, sizes = np.zeros(LANES, dtype=np.int64), np.zeros(LANES, dtype=np.int64)
+    lefts, rights = np.zeros(LANES, dtype=np.int64), np.zeros(LANES, dtype=np.int64)
+    lane_iqms, lane_done = np.empty(LANES), np.zeros(LANES, dtype=np.bool_)
+    lane = 0
+    for i in range(groups.shape[0] + 1):
+        if lane == LANES or (lane and i == groups.shape[0]):
+            _kept_draws_iqms(drawn, sizes, slot, middle_values, kept_values, fine, zone_b, zone_c, pos_b, pos_c, lefts,
+                             left_value, rights, right_value, ranks, t25, t75, lane_iqms, lane_done)
+            for r in range(lane):
+                iqms[member[r]], done[member[r]] = lane_iqms[r], lane_done[r]
+            sizes[:], lefts[:], rights[:], lane = 0, 0, 0, 0
+        if i == groups.shape[0]:
+            break
         left, size, right = groups[i, 0], groups[i, 1], groups[i, 2]
         starts[i] = cursor[2] + cursor[0]
         if left <= r25 and right < right_limit:
-            _draw(gen, out, pos, ok, cursor, total, threshold, size, drawn, 1, drawn, 0)
-            iqms[i], done[i] = _kept_draws_iqm(drawn, size, slot, middle_values, kept_values, fine, zone_b, zone_c,
-                                               pos_b, pos_c, left, left_value, right, right_value, ranks, t25, t75)
+            _draw(gen, out, pos, ok, cursor, total, threshold, size, drawn, 1 << 4 * lane, drawn, 0)
+            member[lane], sizes[lane], lefts[lane], rights[lane] = i, size, left, right
+            lane += 1
         else:
             _draw(gen, out, pos, ok, cursor, total, threshold, size, drawn, 0, drawn, 2)
             done[i] = False
@@ -529,41 +544,73 @@ def _count_positions(draws, drawn):
 
 
 @_jit
-def _kept_draws_iqm(drawn, size, slot, middle_values, kept_values, fine, zone_b, zone_c, pos_b, pos_c, left,
-                    left_value, right, right_value, ranks, t25, t75):
-    """``(IQM, True)`` of the resample made of ``left`` samples of ``left_value``, ``size`` kept samples counted
-    by position in ``drawn`` (uint8, zeroed here; a wrap past 255 shows in their total; ``slot``: each position's
-    kept value) and ``right`` of ``right_value``, as `_iqm_rows` reads it; ``(nan, False)`` when a quartile reads a
-    kept value between the zones (or the values between them are not all in [Q25, Q75]). One pass over the
-    positions: the zones' counts by value in ``fine``, the values between them summed (four running sums, so that
-    the additions do not all wait on each other)."""
-    shift, total_drawn = zone_c - zone_b, 0
-    fine[:] = 0
+def _kept_draws_iqms(drawn, sizes, slot, middle_values, kept_values, fine, zone_b, zone_c, pos_b, pos_c, lefts,
+                     left_value, rights, right_value, ranks, t25, t75, iqms, done):
+    """The IQMs of the (up to) ``LANES`` resamples counted together by position in ``drawn`` (uint16, resample r
+    in bits 4r to 4r + 3; zeroed here; ``slot``: each position's kept value), resample r made of ``lefts[r]``
+    samples of ``left_value``, ``sizes[r]`` kept samples and ``rights[r]`` of ``right_value``: ``iqms[r]`` as
+    `_iqm_rows` reads it, ``done[r]`` False when it cannot be read here (`_iqm_of_zones`). One pass over the
+    positions for all of them: the zones' counts by value in ``fine[r]``, the values between them summed (four
+    running sums each, so that the additions do not all wait on each other). A position drawn 16 times or more
+    by one resample (never, in practice) carries into the next one's bits: it shows in the lowest such
+    resample's total, and then none is done."""
+    shift, totals = zone_c - zone_b, np.zeros(LANES, dtype=np.int64)
+    fine[:, :] = 0
     for p in range(pos_b):
-        fine[slot[p]] += drawn[p]
-        total_drawn += drawn[p]
-        drawn[p] = 0
+        c = np.int64(drawn[p])
+        for r in range(LANES):
+            fine[r, slot[p]] += (c >> 4 * r) & 15
     for p in range(pos_c, drawn.size):
-        fine[slot[p] - shift] += drawn[p]
-        total_drawn += drawn[p]
-        drawn[p] = 0
-    s0 = s1 = s2 = s3 = 0.0
-    n_between, end = 0, pos_b + (pos_c - pos_b) // 4 * 4
+        c = np.int64(drawn[p])
+        for r in range(LANES):
+            fine[r, slot[p] - shift] += (c >> 4 * r) & 15
+    for r in range(LANES):
+        totals[r] = fine[r].sum()
+    # sums: s[r][q] of resample r over the positions q mod 4 from pos_b on, in order (as `_iqm_rows`... added)
+    s00 = s01 = s02 = s03 = s10 = s11 = s12 = s13 = s20 = s21 = s22 = s23 = s30 = s31 = s32 = s33 = 0.0
+    n0 = n1 = n2 = n3 = 0
+    end = pos_b + (pos_c - pos_b) // 4 * 4
     for p in range(pos_b, end, 4):
-        c0, c1, c2, c3 = drawn[p], drawn[p + 1], drawn[p + 2], drawn[p + 3]
-        s0 += c0 * middle_values[p - pos_b]
-        s1 += c1 * middle_values[p + 1 - pos_b]
-        s2 += c2 * middle_values[p + 2 - pos_b]
-        s3 += c3 * middle_values[p + 3 - pos_b]
-        n_between += (c0 + c1) + (c2 + c3)
-        drawn[p] = drawn[p + 1] = drawn[p + 2] = drawn[p + 3] = 0
-    for p in range(end, pos_c):
-        s0 += drawn[p] * middle_values[p - pos_b]
-        n_between += drawn[p]
-        drawn[p] = 0
-    if total_drawn + n_between != size:  # a position drawn 256 times or more (never, in practice)
-        return np.nan, False
-    between = (s0 + s1) + (s2 + s3)
+        c0, c1, c2, c3 = np.int64(drawn[p]), np.int64(drawn[p + 1]), np.int64(drawn[p + 2]), np.int64(drawn[p + 3])
+        v0, v1 = middle_values[p - pos_b], middle_values[p + 1 - pos_b]
+        v2, v3 = middle_values[p + 2 - pos_b], middle_values[p + 3 - pos_b]
+        x0, x1, x2, x3 = c0 & 15, c1 & 15, c2 & 15, c3 & 15
+        s00, s01, s02, s03 = s00 + x0 * v0, s01 + x1 * v1, s02 + x2 * v2, s03 + x3 * v3
+        n0 += (x0 + x1) + (x2 + x3)
+        x0, x1, x2, x3 = (c0 >> 4) & 15, (c1 >> 4) & 15, (c2 >> 4) & 15, (c3 >> 4) & 15
+        s10, s11, s12, s13 = s10 + x0 * v0, s11 + x1 * v1, s12 + x2 * v2, s13 + x3 * v3
+        n1 += (x0 + x1) + (x2 + x3)
+        x0, x1, x2, x3 = (c0 >> 8) & 15, (c1 >> 8) & 15, (c2 >> 8) & 15, (c3 >> 8) & 15
+        s20, s21, s22, s23 = s20 + x0 * v0, s21 + x1 * v1, s22 + x2 * v2, s23 + x3 * v3
+        n2 += (x0 + x1) + (x2 + x3)
+        x0, x1, x2, x3 = c0 >> 12, c1 >> 12, c2 >> 12, c3 >> 12
+        s30, s31, s32, s33 = s30 + x0 * v0, s31 + x1 * v1, s32 + x2 * v2, s33 + x3 * v3
+        n3 += (x0 + x1) + (x2 + x3)
+    for p in range(end, pos_c):  # added to the first sums, as `_iqm_rows`' ... the last positions
+        c, v = np.int64(drawn[p]), middle_values[p - pos_b]
+        s00, s10, s20, s30 = s00 + (c & 15) * v, s10 + ((c >> 4) & 15) * v, s20 + ((c >> 8) & 15) * v, s30 + (c >> 12) * v
+        n0, n1, n2, n3 = n0 + (c & 15), n1 + ((c >> 4) & 15), n2 + ((c >> 8) & 15), n3 + (c >> 12)
+    between = ((s00 + s01) + (s02 + s03), (s10 + s11) + (s12 + s13), (s20 + s21) + (s22 + s23),
+               (s30 + s31) + (s32 + s33))
+    n_between = (n0, n1, n2, n3)
+    drawn[:] = 0
+    carried = False
+    for r in range(LANES):
+        carried |= totals[r] + n_between[r] != sizes[r]
+    for r in range(LANES):
+        iqms[r], done[r] = np.nan, False
+        if not carried:
+            iqms[r], done[r] = _iqm_of_zones(fine[r], n_between[r], between[r], lefts[r], left_value, rights[r],
+                                             right_value, kept_values, zone_b, zone_c, ranks, t25, t75)
+
+
+@_jit
+def _iqm_of_zones(fine, n_between, between, left, left_value, right, right_value, kept_values, zone_b, zone_c,
+                  ranks, t25, t75):
+    """``(IQM, True)`` of a resample read from its zones' counts by value ``fine`` and the number and sum of its
+    kept samples between the zones (`_kept_draws_iqms`), as `_iqm_rows` reads it; ``(nan, False)`` when a quartile
+    reads a kept value between the zones (or the values between them are not all in [Q25, Q75])."""
+    shift = zone_c - zone_b
     at = np.empty(4)  # the order statistics of ranks r25, r25 + 1, r75, r75 + 1 (`_quantile_rows`)
     k, cum = 0, left
     while k < 4 and ranks[k] < cum:
