@@ -481,10 +481,12 @@ def _draw(gen, out, pos, ok, cursor, total, threshold, size, drawn, add, into, h
 @_jit
 def _count8(gen, total, threshold, want, drawn, add, got):
     """``(steps, got)``: the generator's next 4 outputs, 8 words, at a time, each kept word's draw counted in
-    ``drawn`` (``add``), while at least 8 of ``want`` draws remain."""
+    ``drawn`` (``add``), while at least 8 of ``want`` draws remain (the 8 words' products made before any is
+    counted, and tested for a skip at once: skips are rare)."""
     h0, l0, h1, l1, h2, l2, h3, l3 = gen[0], gen[1], gen[2], gen[3], gen[4], gen[5], gen[6], gen[7]
     a_high, a_low, c_high, c_low = gen[8], gen[9], gen[10], gen[11]
-    scale, low, limit, half = np.uint64(total), np.uint64(0xFFFFFFFF), np.uint64(threshold), np.uint64(32)
+    low, half = np.uint64(0xFFFFFFFF), np.uint64(32)
+    scale, limit = np.uint64(total) & low, np.uint64(threshold)
     steps, stop = 0, got + want - 8
     while got <= stop:
         o0, o1, o2, o3 = _xsl_rr(h0, l0), _xsl_rr(h1, l1), _xsl_rr(h2, l2), _xsl_rr(h3, l3)
@@ -492,15 +494,25 @@ def _count8(gen, total, threshold, want, drawn, add, got):
         h1, l1 = _lcg_step(h1, l1, a_high, a_low, c_high, c_low)
         h2, l2 = _lcg_step(h2, l2, a_high, a_low, c_high, c_low)
         h3, l3 = _lcg_step(h3, l3, a_high, a_low, c_high, c_low)
-        for o in (o0, o1, o2, o3):
-            m = (o & low) * scale
-            if (m & low) >= limit:
-                drawn[m >> half] += add
-                got += 1
-            m = (o >> half) * scale
-            if (m & low) >= limit:
-                drawn[m >> half] += add
-                got += 1
+        m0, m1, m2, m3 = (o0 & low) * scale, (o0 >> half) * scale, (o1 & low) * scale, (o1 >> half) * scale
+        m4, m5, m6, m7 = (o2 & low) * scale, (o2 >> half) * scale, (o3 & low) * scale, (o3 >> half) * scale
+        least = min(min(min(m0 & low, m1 & low), min(m2 & low, m3 & low)),
+                    min(min(m4 & low, m5 & low), min(m6 & low, m7 & low)))
+        if least >= limit:
+            drawn[m0 >> half] += add
+            drawn[m1 >> half] += add
+            drawn[m2 >> half] += add
+            drawn[m3 >> half] += add
+            drawn[m4 >> half] += add
+            drawn[m5 >> half] += add
+            drawn[m6 >> half] += add
+            drawn[m7 >> half] += add
+            got += 8
+        else:
+            for m in (m0, m1, m2, m3, m4, m5, m6, m7):
+                if (m & low) >= limit:
+                    drawn[m >> half] += add
+                    got += 1
         steps += 1
     gen[0], gen[1], gen[2], gen[3], gen[4], gen[5], gen[6], gen[7] = h0, l0, h1, l1, h2, l2, h3, l3
     return steps, got
