@@ -25,7 +25,8 @@ Exact (float64, equal to numpy on the same values):
   multinomial, so each resample is exactly one of resampling with replacement; without a split its IQM reads
   kept values only. The result is a function of the values and the seed: the same on any device and number of
   ranks. Cost after the sort: O(B x min(kept values, kept samples)), the kept values being those within w ranks
-  of the IQR; sample by sample, one compiled pass per resample (`_sample_by_sample`).
+  of the IQR; sample by sample, one compiled loop makes numpy's stream itself and reads 4 resamples' counts
+  per pass (`_sample_by_sample`), the same numbers as numpy's generator.
 
 Sketch (DDSketch-style, signed): a value x lands in bucket ``ceil(log_gamma |x|)`` on its sign's side,
 ``gamma = (1 + alpha) / (1 - alpha)``, and is read back as ``2 gamma^i / (gamma + 1)``: every order
@@ -325,13 +326,14 @@ class _KeptDraws:
     def __init__(self, rng: np.random.Generator, total: int, own: Optional[bool] = None):
         self.rng, self.total, self.threshold = rng, total, (2**32 - total) % total
         if own is None:
-            own = total < 2**32 and type(rng.bit_generator) is np.random.PCG64 and _lemire_is_numpys()
+            own = (intrinsic is not None and total < 2**32 and type(rng.bit_generator) is np.random.PCG64
+                   and _lemire_is_numpys())
         self.own = own
         if not self.own:
             return
         self.origin = rng.bit_generator.state
         state, inc = self.origin["state"]["state"], self.origin["state"]["inc"]
-        mask, lanes, jump, shift = (1 << 128) - 1, [], [1, 0], 0
+        mask, lanes, jump = (1 << 128) - 1, [], [1, 0]
         for _ in range(PCG_LANES):  # lane i holds the state after i + 1 steps; each then steps PCG_LANES at once
             state = (state * PCG64_MULTIPLIER + inc) & mask
             jump = [jump[0] * PCG64_MULTIPLIER & mask, (jump[1] * PCG64_MULTIPLIER + inc) & mask]
@@ -578,7 +580,7 @@ def _kept_draws_iqms(drawn, sizes, slot, middle_values, kept_values, fine, zone_
             fine[r, slot[p] - shift] += (c >> 4 * r) & 15
     for r in range(LANES):
         totals[r] = fine[r].sum()
-    # sums: s[r][q] of resample r over the positions q mod 4 from pos_b on, in order (as `_iqm_rows`... added)
+    # s<r><q>: resample r's draws times their values over the positions q mod 4 from pos_b on, in order
     s00 = s01 = s02 = s03 = s10 = s11 = s12 = s13 = s20 = s21 = s22 = s23 = s30 = s31 = s32 = s33 = 0.0
     n0 = n1 = n2 = n3 = 0
     end = pos_b + (pos_c - pos_b) // 4 * 4
@@ -598,7 +600,7 @@ def _kept_draws_iqms(drawn, sizes, slot, middle_values, kept_values, fine, zone_
         x0, x1, x2, x3 = c0 >> 12, c1 >> 12, c2 >> 12, c3 >> 12
         s30, s31, s32, s33 = s30 + x0 * v0, s31 + x1 * v1, s32 + x2 * v2, s33 + x3 * v3
         n3 += (x0 + x1) + (x2 + x3)
-    for p in range(end, pos_c):  # added to the first sums, as `_iqm_rows`' ... the last positions
+    for p in range(end, pos_c):  # the last positions: to the first sums
         c, v = np.int64(drawn[p]), middle_values[p - pos_b]
         s00, s10, s20, s30 = s00 + (c & 15) * v, s10 + ((c >> 4) & 15) * v, s20 + ((c >> 8) & 15) * v, s30 + (c >> 12) * v
         n0, n1, n2, n3 = n0 + (c & 15), n1 + ((c >> 4) & 15), n2 + ((c >> 8) & 15), n3 + (c >> 12)
