@@ -408,9 +408,28 @@ if intrinsic is not None:
             product = builder.mul(builder.zext(args[0], wide), builder.zext(args[1], wide))
             return builder.trunc(builder.lshr(product, ir.Constant(wide, 64)), ir.IntType(64))
         return types.uint64(types.uint64, types.uint64), codegen
-else:
-    def _mul_high(a, b):
-        return np.uint64(int(a) * int(b) >> 64)
+
+    @intrinsic
+    def _add_lane4(typingctx, sums, counts, k, drawn, p, values, i):
+        """``x = (drawn[p:p + 4] >> k) & 15`` (uint16 counts, 4 bits a resample); ``sums[k:k + 4] += x
+        values[i:i + 4]`` (a multiply, then an add: no fused rounding) and ``counts[k:k + 4] += x``, as one step of
+        4-wide vectors (numba leaves the scalar loop unvectorized)."""
+        def codegen(context, builder, signature, args):
+            arrays = [context.make_array(signature.args[j])(context, builder, args[j]).data for j in (0, 1, 3, 5)]
+            f64, i64, i16 = ir.DoubleType(), ir.IntType(64), ir.IntType(16)
+            wide, words, doubles = ir.VectorType(i64, 4), ir.VectorType(i16, 4), ir.VectorType(f64, 4)
+            at = [builder.bitcast(builder.gep(a, [j]), t.as_pointer())
+                  for a, j, t in zip(arrays, (args[2], args[2], args[4], args[6]), (doubles, wide, words, doubles))]
+            shift = ir.Constant(wide, ir.Undefined)
+            for j in range(4):
+                shift = builder.insert_element(shift, args[2], ir.Constant(ir.IntType(32), j))
+            x = builder.and_(builder.lshr(builder.zext(builder.load(at[2], align=2), wide), shift),
+                             ir.Constant(wide, [15] * 4))
+            product = builder.fmul(builder.uitofp(x, doubles), builder.load(at[3], align=8))
+            builder.store(builder.fadd(builder.load(at[0], align=8), product), at[0], align=8)
+            builder.store(builder.add(builder.load(at[1], align=8), x), at[1], align=8)
+            return context.get_dummy_value()
+        return types.void(sums, counts, k, drawn, p, values, i), codegen
 
 
 @_jit
@@ -580,36 +599,23 @@ def _kept_draws_iqms(drawn, sizes, slot, middle_values, kept_values, fine, zone_
             fine[r, slot[p] - shift] += (c >> 4 * r) & 15
     for r in range(LANES):
         totals[r] = fine[r].sum()
-    # s<r><q>: resample r's draws times their values over the positions q mod 4 from pos_b on, in order
-    s00 = s01 = s02 = s03 = s10 = s11 = s12 = s13 = s20 = s21 = s22 = s23 = s30 = s31 = s32 = s33 = 0.0
-    n0 = n1 = n2 = n3 = 0
+    # sums[4 r + q], counts[4 r + q]: resample r's draws times their values, its draws, over the positions q mod 4
+    # from pos_b on, in order (4 of them at a time: `_add_lane4`)
+    sums, counts = np.zeros(4 * LANES), np.zeros(4 * LANES, dtype=np.int64)
     end = pos_b + (pos_c - pos_b) // 4 * 4
     for p in range(pos_b, end, 4):
-        c0, c1, c2, c3 = np.int64(drawn[p]), np.int64(drawn[p + 1]), np.int64(drawn[p + 2]), np.int64(drawn[p + 3])
-        v0, v1 = middle_values[p - pos_b], middle_values[p + 1 - pos_b]
-        v2, v3 = middle_values[p + 2 - pos_b], middle_values[p + 3 - pos_b]
-        x0, x1, x2, x3 = c0 & 15, c1 & 15, c2 & 15, c3 & 15
-        s00, s01, s02, s03 = s00 + x0 * v0, s01 + x1 * v1, s02 + x2 * v2, s03 + x3 * v3
-        n0 += (x0 + x1) + (x2 + x3)
-        x0, x1, x2, x3 = (c0 >> 4) & 15, (c1 >> 4) & 15, (c2 >> 4) & 15, (c3 >> 4) & 15
-        s10, s11, s12, s13 = s10 + x0 * v0, s11 + x1 * v1, s12 + x2 * v2, s13 + x3 * v3
-        n1 += (x0 + x1) + (x2 + x3)
-        x0, x1, x2, x3 = (c0 >> 8) & 15, (c1 >> 8) & 15, (c2 >> 8) & 15, (c3 >> 8) & 15
-        s20, s21, s22, s23 = s20 + x0 * v0, s21 + x1 * v1, s22 + x2 * v2, s23 + x3 * v3
-        n2 += (x0 + x1) + (x2 + x3)
-        x0, x1, x2, x3 = c0 >> 12, c1 >> 12, c2 >> 12, c3 >> 12
-        s30, s31, s32, s33 = s30 + x0 * v0, s31 + x1 * v1, s32 + x2 * v2, s33 + x3 * v3
-        n3 += (x0 + x1) + (x2 + x3)
+        for r in range(LANES):
+            _add_lane4(sums, counts, 4 * r, drawn, p, middle_values, p - pos_b)
     for p in range(end, pos_c):  # the last positions: to the first sums
         c, v = np.int64(drawn[p]), middle_values[p - pos_b]
-        s00, s10, s20, s30 = s00 + (c & 15) * v, s10 + ((c >> 4) & 15) * v, s20 + ((c >> 8) & 15) * v, s30 + (c >> 12) * v
-        n0, n1, n2, n3 = n0 + (c & 15), n1 + ((c >> 4) & 15), n2 + ((c >> 8) & 15), n3 + (c >> 12)
-    between = ((s00 + s01) + (s02 + s03), (s10 + s11) + (s12 + s13), (s20 + s21) + (s22 + s23),
-               (s30 + s31) + (s32 + s33))
-    n_between = (n0, n1, n2, n3)
+        for r in range(LANES):
+            sums[4 * r] += ((c >> 4 * r) & 15) * v
+            counts[4 * r] += (c >> 4 * r) & 15
     drawn[:] = 0
-    carried = False
+    between, n_between, carried = np.empty(LANES), np.empty(LANES, dtype=np.int64), False
     for r in range(LANES):
+        between[r] = (sums[4 * r] + sums[4 * r + 1]) + (sums[4 * r + 2] + sums[4 * r + 3])
+        n_between[r] = counts[4 * r:4 * r + 4].sum()
         carried |= totals[r] + n_between[r] != sizes[r]
     for r in range(LANES):
         iqms[r], done[r] = np.nan, False
