@@ -208,7 +208,7 @@ def test_sketch_on_heavy_tailed_signed_data(capsys):
 @pytest.mark.parametrize("tail_margin", [4.0, 0.5])
 def test_bootstrap_by_sample_compiled_equals_the_vectorized_path(monkeypatch, tail_margin):
     """Nearly all distinct values (sample by sample): the compiled pass (`_KeptDraws` from the generator's words,
-    `_kept_draws_iqm` over the quartiles' zones) gives the resamples' IQMs of the vectorized path (numba off), to
+    `_kept_draws_iqms` over the quartiles' zones) gives the resamples' IQMs of the vectorized path (numba off), to
     1e-12; so does it when numpy's ``integers`` draws (its method not matched). The draws are numpy's."""
     from owa_metrics.functional import stats
 

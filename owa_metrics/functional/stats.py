@@ -246,7 +246,7 @@ def _sample_by_sample(rng: np.random.Generator, groups: np.ndarray, kept: np.nda
                       group_values: np.ndarray, n: int, left_total: int, width: int, resample_iqms) -> torch.Tensor:
     """`_resample_iqms` drawing the kept counts sample by sample (exact values, all finite; ``group_values`` as
     there), equal to the vectorized path: each resample's draws ``rng.integers(0, kept total, size=T)``
-    (`_KeptDraws`), counted by position, are read by one compiled pass (`_kept_draws_iqm`) that counts them value
+    (`_KeptDraws`), counted by position, are read by one compiled pass (`_kept_draws_iqms`) that counts them value
     by value only in the two zones of kept values whose ranks are within ``width`` of a quartile's, and sums the
     draws between the zones (all inside [Q25, Q75] while each quartile is in its zone): O(T + 4 width) per
     resample, not O(T + kept values). With numpy's method matched, one compiled loop makes every resample's draws
