@@ -354,7 +354,7 @@ class _KeptDraws:
         if not self.own:
             return self.rng.integers(0, self.total, size=size)
         into = np.empty(size, dtype=np.int64)
-        _draw(*self._args(), size, into, 0, into, 1)
+        _draw(*self._args(), size, np.empty(0, dtype=np.uint16), 0, into, 1)  # the types `_kept_resamples` uses
         return into
 
     def resamples(self, groups, r25, right_limit, drawn, layout, left_value, right_value, ranks, t25, t75, iqms,
@@ -548,7 +548,7 @@ def _kept_resamples(gen, out, pos, ok, cursor, total, threshold, groups, r25, ri
     and whether it could be read in ``done``, ``LANES`` resamples counted together (`_kept_draws_iqms`)."""
     member, sizes = np.zeros(LANES, dtype=np.int64), np.zeros(LANES, dtype=np.int64)
     lefts, rights = np.zeros(LANES, dtype=np.int64), np.zeros(LANES, dtype=np.int64)
-    lane_iqms, lane_done = np.empty(LANES), np.zeros(LANES, dtype=np.bool_)
+    lane_iqms, lane_done, nowhere = np.empty(LANES), np.zeros(LANES, dtype=np.bool_), np.empty(0, dtype=np.int64)
     lane = 0
     for i in range(groups.shape[0] + 1):
         if lane == LANES or (lane and i == groups.shape[0]):
@@ -562,11 +562,11 @@ def _kept_resamples(gen, out, pos, ok, cursor, total, threshold, groups, r25, ri
         left, size, right = groups[i, 0], groups[i, 1], groups[i, 2]
         starts[i] = cursor[2] + cursor[0]
         if left <= r25 and right < right_limit:
-            _draw(gen, out, pos, ok, cursor, total, threshold, size, drawn, 1 << 4 * lane, drawn, 0)
+            _draw(gen, out, pos, ok, cursor, total, threshold, size, drawn, 1 << 4 * lane, nowhere, 0)
             member[lane], sizes[lane], lefts[lane], rights[lane] = i, size, left, right
             lane += 1
         else:
-            _draw(gen, out, pos, ok, cursor, total, threshold, size, drawn, 0, drawn, 2)
+            _draw(gen, out, pos, ok, cursor, total, threshold, size, drawn, 0, nowhere, 2)
             done[i] = False
 
 
