@@ -208,7 +208,7 @@ def test_sketch_on_heavy_tailed_signed_data(capsys):
 @pytest.mark.parametrize("tail_margin", [4.0, 0.5])
 def test_bootstrap_by_sample_compiled_equals_the_vectorized_path(monkeypatch, tail_margin):
     """Nearly all distinct values (sample by sample): the compiled pass (`_KeptDraws` from the generator's words,
-    `_kept_draws_iqm` over the quartiles' zones) gives the resamples' IQMs of the vectorized path (numba off), to
+    `_kept_draws_iqms` over the quartiles' zones) gives the resamples' IQMs of the vectorized path (numba off), to
     1e-12; so does it when numpy's ``integers`` draws (its method not matched). The draws are numpy's."""
     from owa_metrics.functional import stats
 
@@ -229,3 +229,118 @@ def test_bootstrap_by_sample_compiled_equals_the_vectorized_path(monkeypatch, ta
     assert draws.own
     for size in (5, 1000, 77):
         assert np.array_equal(draws.take(size), rng.integers(0, total, size=size))
+
+
+def _numpys_draws_after(total: int, skip: int, seed: int = 11):
+    """A default_rng that has drawn ``skip`` values in [0, total) (one word: one left over), and its twin."""
+    rngs = [np.random.default_rng(seed) for _ in range(2)]
+    for rng in rngs:
+        rng.integers(0, total, size=skip)
+    return rngs
+
+
+@pytest.mark.parametrize("skip", [0, 1])
+def test_the_compiled_stream_counts_numpys_draws(skip):
+    """Issue 34: the kept draws counted by the compiled generator (8 words at a time, skips tested at once; the
+    queue word by word for the rest) are numpy's ``integers``, resample after resample: sizes below, at and past 8,
+    a word left over in the generator or not, and enough draws that Lemire's method skips some words."""
+    from owa_metrics.functional import stats
+
+    total = 1_000_003  # (2^32 mod total) / 2^32: about 1 word in 10^4 skipped
+    rng, twin = _numpys_draws_after(total, skip)
+    draws = stats._KeptDraws(twin, total)
+    assert draws.own
+    drawn, words, made = np.zeros(total, dtype=np.uint16), int(draws.cursor[2] + draws.cursor[0]), 0
+    for size, lane in ((0, 0), (3, 1), (8, 2), (9, 3), (120_001, 0), (7, 1), (80_000, 2), (16, 3)):
+        want = np.bincount(rng.integers(0, total, size=size), minlength=total)
+        stats._draw(*draws._args(), size, drawn, 1 << 4 * lane, drawn, 0)
+        assert np.array_equal((drawn.astype(np.int64) >> 4 * lane) & 15, want), (size, lane)
+        drawn[:] = 0
+        made += size
+    assert int(draws.cursor[2] + draws.cursor[0]) - words > made  # some words were skipped
+    assert np.array_equal(draws.take(1000), rng.integers(0, total, size=1000))
+
+
+def test_a_resample_drawn_again_by_numpy_equals_its_draws():
+    """`_KeptDraws.replay`: numpy's generator advanced to a resample's first word draws what the compiled stream
+    drew there (the resamples read from their counts instead: tails split, a quartile out of its zone)."""
+    from owa_metrics.functional import stats
+
+    for skip in (0, 1):
+        total = 508_001
+        draws = stats._KeptDraws(_numpys_draws_after(total, skip)[0], total)
+        taken = []
+        for size in (1, 5, 8, 1000, 3, 20_000):
+            start = int(draws.cursor[2] + draws.cursor[0])
+            taken.append((start, size, draws.take(size)))
+        for start, size, got in taken:
+            assert np.array_equal(draws.replay(start, size), got), (skip, start, size)
+
+
+def _compiled_layout(x: np.ndarray, resamples: int = 8):
+    """The arguments `_kept_resamples` gets for the sample of ``x`` (its layout of zones and values)."""
+    from owa_metrics.functional import stats
+
+    seen = {}
+    real = stats._kept_resamples
+
+    def spy(*args):
+        seen["args"] = args
+        return real(*args)
+
+    stats._kept_resamples = spy
+    try:
+        bootstrap_iqm_ci(torch.from_numpy(x), num_resamples=resamples)
+    finally:
+        stats._kept_resamples = real
+    return seen["args"]
+
+
+def test_four_resamples_counted_together_give_each_ones_iqm():
+    """`_kept_draws_iqms`: up to 4 resamples' counts in 4 bits each of one uint16 per position give each one's IQM
+    (numpy's, of its values written out, to 1e-12), an unused resample changing nothing; a position drawn 16 times
+    by one resample (a carry into the next one's bits) leaves all 4 not done, never a wrong IQM."""
+    from owa_metrics.functional import stats
+
+    x = _data("float", 20_000, seed=3)
+    x = np.concatenate([x, np.full(400, np.round(np.percentile(x, 75), 1))])  # ties at Q75
+    (*_, groups, r25, right_limit, drawn, slot, middle, kept_values, fine, zone_b, zone_c, pos_b, pos_c, left_value,
+     right_value, ranks, t25, t75, _, _, _) = _compiled_layout(x)
+    rng, total = np.random.default_rng(4), drawn.size
+    for lanes in (4, 3, 1):
+        rows = groups[:lanes]
+        counts = [np.bincount(rng.integers(0, total, size=size), minlength=total) for size in rows[:, 1]]
+        packed = sum(c.astype(np.int64) << 4 * r for r, c in enumerate(counts))
+        for carry in (False, True):
+            drawn[:] = packed + (16 if carry else 0) * (np.arange(total) == total // 2)
+            sizes, lefts, rights = (np.zeros(4, dtype=np.int64) for _ in range(3))
+            sizes[:lanes], lefts[:lanes], rights[:lanes] = rows[:, 1], rows[:, 0], rows[:, 2]
+            iqms, done = np.empty(4), np.zeros(4, dtype=np.bool_)
+            stats._kept_draws_iqms(drawn, sizes, slot, middle, kept_values, fine, zone_b, zone_c, pos_b, pos_c, lefts,
+                                   left_value, rights, right_value, ranks, t25, t75, iqms, done)
+            assert not drawn.any()
+            if carry:
+                assert not done.any()
+                continue
+            assert done[:lanes].all()
+            for r in range(lanes):
+                resample = np.concatenate([np.full(rows[r, 0], left_value), np.repeat(kept_values[slot], counts[r]),
+                                           np.full(rows[r, 2], right_value)])
+                assert close(iqms[r], np_iqm(resample), 1e-12), (lanes, r)
+
+
+@pytest.mark.parametrize("kind, n, tail_margin", [("float", 1, 4.0), ("equal", 500, 4.0), ("float", 300, 4.0),
+                                                  ("ties", 3000, 4.0), ("quartile ties", 30_000, 4.0),
+                                                  ("float", 30_000, 0.5)])
+def test_bootstrap_sample_by_sample_equals_the_oracle(kind, n, tail_margin):
+    """The compiled bootstrap (sample by sample: most values distinct) against the readable oracle, the same
+    stream: one value, all equal (counts by value), just past the sample-by-sample threshold, ties, and many
+    values with ties at both quartiles and the median; at tail_margin 0.5 some resamples' tails reach a
+    quartile (13 of 64 here): those are read from their counts, drawn again by numpy."""
+    x = _data("float", n, seed=n) if kind in ("float", "quartile ties") else _data("ties", n) if kind == "ties" \
+        else np.full(n, 2.5)
+    if kind == "quartile ties":
+        x = np.concatenate([x, np.repeat(np.round(np.percentile(x, [25, 50, 75]), 1), 600)])
+    got = bootstrap_iqm_ci(torch.from_numpy(x), num_resamples=64, tail_margin=tail_margin).numpy()
+    want = np_bootstrap_ci(x, resamples=64, tail_margin=tail_margin)
+    assert close(got[0], want[0], 1e-12) and close(got[1], want[1], 1e-12), (got, want)

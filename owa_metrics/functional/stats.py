@@ -25,7 +25,8 @@ Exact (float64, equal to numpy on the same values):
   multinomial, so each resample is exactly one of resampling with replacement; without a split its IQM reads
   kept values only. The result is a function of the values and the seed: the same on any device and number of
   ranks. Cost after the sort: O(B x min(kept values, kept samples)), the kept values being those within w ranks
-  of the IQR; sample by sample, one compiled pass per resample (`_sample_by_sample`).
+  of the IQR; sample by sample, one compiled loop makes numpy's stream itself and reads 4 resamples' counts
+  per pass (`_sample_by_sample`), the same numbers as numpy's generator.
 
 Sketch (DDSketch-style, signed): a value x lands in bucket ``ceil(log_gamma |x|)`` on its sign's side,
 ``gamma = (1 + alpha) / (1 - alpha)``, and is read back as ``2 gamma^i / (gamma + 1)``: every order
@@ -46,6 +47,14 @@ import torch
 
 from ..decode.kernel import _jit, available as kernel_available
 
+try:
+    from llvmlite import ir
+    from numba import types
+    from numba.extending import intrinsic
+except Exception:  # noqa: BLE001 - without numba the vectorized path runs
+    intrinsic = None
+
+LANES = 4  # resamples counted together by position, 4 bits each (`_kept_draws_iqms`)
 CHUNK_ELEMENTS = 1 << 15  # resamples per chunk: about this many counts (256 KB, below torch's parallel grain)
 TAIL_MARGIN = 4.0  # kept ranks reach TAIL_MARGIN sqrt(n) past the quartile ranks (about 9 standard deviations)
 BY_VALUE = 256, 8  # kept counts drawn value by value when at most max(256, kept samples / 8) kept values
@@ -237,12 +246,12 @@ def _sample_by_sample(rng: np.random.Generator, groups: np.ndarray, kept: np.nda
                       group_values: np.ndarray, n: int, left_total: int, width: int, resample_iqms) -> torch.Tensor:
     """`_resample_iqms` drawing the kept counts sample by sample (exact values, all finite; ``group_values`` as
     there), equal to the vectorized path: each resample's draws ``rng.integers(0, kept total, size=T)``
-    (`_KeptDraws`), counted by position, are read by one compiled pass (`_kept_draws_iqm`) that counts them value
-    by value only in the two zones of kept values
-    whose ranks are within ``width`` of a quartile's, and sums the draws between the zones (all inside [Q25, Q75]
-    while each quartile is in its zone): O(T + 4 width) per resample, not O(T + kept values). A resample whose
-    tails must be split, or whose quartile leaves its zone (about never at tail_margin 4), is read from its counts
-    by ``resample_iqms``."""
+    (`_KeptDraws`), counted by position, are read by one compiled pass (`_kept_draws_iqms`) that counts them value
+    by value only in the two zones of kept values whose ranks are within ``width`` of a quartile's, and sums the
+    draws between the zones (all inside [Q25, Q75] while each quartile is in its zone): O(T + 4 width) per
+    resample, not O(T + kept values). With numpy's method matched, one compiled loop makes every resample's draws
+    and IQM (`_kept_resamples`). A resample whose tails must be split, or whose quartile leaves its zone (about
+    never at tail_margin 4), is read from its counts by ``resample_iqms``, its draws made again by numpy."""
     has_left = int(left_total > 0)
     kept_values = group_values[has_left:has_left + kept.size]
     left_value, right_value = group_values[0], group_values[-1]  # read only when that tail has samples
@@ -257,26 +266,34 @@ def _sample_by_sample(rng: np.random.Generator, groups: np.ndarray, kept: np.nda
     h = [0.25 * (n - 1), 0.75 * (n - 1)]  # as `_quantile_rows`
     lo = [math.floor(x) for x in h]
     ranks = np.array([lo[0], min(lo[0] + 1, n - 1), lo[1], min(lo[1] + 1, n - 1)], dtype=np.int64)
-    fine, drawn = np.empty(zone_b + kept.size - zone_c, dtype=np.int64), np.zeros(int(ends[-1]), dtype=np.uint8)
-    iqms, rest = torch.empty(len(groups), dtype=torch.float64), {}  # rest: the others' counts, by resample
+    fine, drawn = np.empty((LANES, zone_b + kept.size - zone_c), dtype=np.int64), np.zeros(int(ends[-1]), np.uint16)
+    layout = (slot, middle_values, kept_values, fine, zone_b, zone_c, pos_b, pos_c)
+    iqms, done = np.empty(len(groups)), np.zeros(len(groups), dtype=np.bool_)
+    draws, redo = _KeptDraws(rng, int(ends[-1])), {}  # redo: the others' draws, by resample
+    if draws.own:
+        starts = draws.resamples(groups, r25, n - r75, drawn, layout, left_value, right_value, ranks,
+                                 h[0] - lo[0], h[1] - lo[1], iqms, done)
+        redo = {i: (starts[i], int(groups[i, 1])) for i in np.flatnonzero(~done).tolist()}
+    else:
+        for i, (left, size, right) in enumerate(groups.tolist()):
+            positions = rng.integers(0, draws.total, size=size)
+            if left <= r25 and right < n - r75:
+                _count_positions(positions, drawn)
+                one, read = np.empty(LANES), np.zeros(LANES, dtype=np.bool_)
+                _kept_draws_iqms(drawn, np.array([size, 0, 0, 0]), *layout, np.array([left, 0, 0, 0]), left_value,
+                                 np.array([right, 0, 0, 0]), right_value, ranks, h[0] - lo[0], h[1] - lo[1], one, read)
+                iqms[i], done[i] = one[0], read[0]
+            if not done[i]:
+                redo[i] = positions
+    iqms, rest = torch.from_numpy(iqms), {}  # rest: the others' counts, by resample, in the order drawn
 
     def flush(rest: dict) -> None:  # in the order drawn (so are the tails' splits)
         if rest:
             iqms[list(rest)] = resample_iqms(groups[list(rest)], np.stack(list(rest.values())))
             rest.clear()
 
-    draws = _KeptDraws(rng, int(ends[-1]))
-    for i, (left, size, right) in enumerate(groups.tolist()):
-        if left <= r25 and right < n - r75:
-            draws.count(size, drawn)
-            iqms[i], ok = _kept_draws_iqm(drawn, size, slot, middle_values, kept_values, fine, zone_b, zone_c, pos_b,
-                                          pos_c, left, left_value, right, right_value, ranks, h[0] - lo[0],
-                                          h[1] - lo[1])
-            if ok:
-                continue
-            positions = draws.again()
-        else:
-            positions = draws.take(size)
+    for i, positions in redo.items():
+        positions = draws.replay(*positions) if draws.own else positions
         rest[i] = np.bincount(slot[positions], minlength=kept.size)
         if len(rest) * (kept.size + 2) >= CHUNK_ELEMENTS:
             flush(rest)
@@ -291,104 +308,266 @@ def _lerp_scalar(a: float, b: float, t: float) -> float:
     return b - diff * (1 - t) if t >= 0.5 else a + diff * t
 
 
+PCG64_MULTIPLIER = (2549297995355413924 << 64) + 4865540595714422341  # numpy's PCG64: state = state * M + inc
+PCG_LANES = 4  # interleaved generator states (`_pcg_refill`, `_count8`: 4 outputs a step)
+
+
 class _KeptDraws:
     """The kept draws of successive resamples, ``rng.integers(0, total, size=T)`` each, made by numpy's own method
-    from the generator's 32-bit words (its PCG64's 64-bit outputs, low half first; Lemire's: a word w gives
-    ``(w total) >> 32`` unless ``(w total) mod 2^32 < (2^32 - total) mod total``, then it is skipped), read in
-    bulk (``random_raw``) and counted by position in one compiled loop, without the draws' array. Checked against
-    ``rng.integers`` once per process (`_lemire_is_numpys`); where it differs (another numpy, another generator, a
-    total past 2^32 - 1) ``rng.integers`` draws and they are counted."""
+    from the generator's stream, compiled: its PCG64 (128-bit LCG ``s <- s M + inc``, output XSL-RR of the new
+    state) made as ``PCG_LANES`` interleaved states each stepping ``PCG_LANES`` at a time (the same outputs, in
+    the same order, without each step waiting on the last), each 64-bit output read as two 32-bit words, low half
+    first (a word left over in the generator comes first); Lemire's method: a word w gives ``(w total) >> 32``
+    unless ``(w total) mod 2^32 < (2^32 - total) mod total``, then it is skipped. Checked against ``rng.integers``
+    once per process (`_lemire_is_numpys`); where it differs (another numpy, another generator, a total past
+    2^32 - 1) ``own`` is False and the caller draws with ``rng.integers``. `replay` draws a resample again with
+    numpy's generator, advanced to where that resample began."""
 
-    def __init__(self, rng: np.random.Generator, total: int):
+    def __init__(self, rng: np.random.Generator, total: int, own: Optional[bool] = None):
         self.rng, self.total, self.threshold = rng, total, (2**32 - total) % total
-        self.own = total < 2**32 and type(rng.bit_generator) is np.random.PCG64 and _lemire_is_numpys()
-        if self.own:
-            state = rng.bit_generator.state  # a word left over from a 64-bit output comes first
-            self.words = np.array([state["uinteger"]] if state["has_uint32"] else [], dtype=np.uint32)
-        self.start = self.end = 0
-
-    def _have(self, size: int, extra: int = 0) -> None:
-        """Words from ``start`` enough for ``size`` draws (and their skipped words, ~never more than this bound)."""
-        need = size + 2 * size * self.threshold // 2**32 + 1024 + extra
-        if self.words.size - self.start < need:
-            more = self.rng.bit_generator.random_raw(max(need, 1 << 17) // 2 + 1).view(np.uint32)
-            self.words = np.concatenate([self.words[self.start:], more])
-            self.start = 0
-
-    def count(self, size: int, drawn: np.ndarray) -> None:
-        """Add the next resample's ``size`` draws to their positions' counts ``drawn``."""
+        if own is None:
+            own = (intrinsic is not None and total < 2**32 and type(rng.bit_generator) is np.random.PCG64
+                   and _lemire_is_numpys())
+        self.own = own
         if not self.own:
-            self.last = self.rng.integers(0, self.total, size=size)
-            _count_positions(self.last, drawn)
             return
-        self.start, extra = self.end, 0
-        while True:
-            self._have(size, extra)
-            got, end = _lemire_count(self.words, self.start, size, self.total, self.threshold, drawn)
-            if got == size:
-                self.size, self.end = size, end
-                return
-            drawn[:] = 0  # out of words (never in practice): again, with more
-            extra += size
+        self.origin = rng.bit_generator.state
+        state, inc = self.origin["state"]["state"], self.origin["state"]["inc"]
+        mask, lanes, jump = (1 << 128) - 1, [], [1, 0]
+        for _ in range(PCG_LANES):  # lane i holds the state after i + 1 steps; each then steps PCG_LANES at once
+            state = (state * PCG64_MULTIPLIER + inc) & mask
+            jump = [jump[0] * PCG64_MULTIPLIER & mask, (jump[1] * PCG64_MULTIPLIER + inc) & mask]
+            lanes += [state >> 64, state & (2**64 - 1)]
+        self.gen = np.array(lanes + [x >> shift & (2**64 - 1) for x in jump for shift in (64, 0)], dtype=np.uint64)
+        self.out, self.pos = np.empty(PCG_LANES, dtype=np.uint64), np.empty(2 * PCG_LANES, dtype=np.int64)
+        self.ok = np.zeros(2 * PCG_LANES, dtype=np.bool_)
+        self.cursor = np.zeros(3, dtype=np.int64)  # next word in the queue, words in it, the stream index of its first
+        if self.origin["has_uint32"]:  # the queue starts with the word left over
+            m = self.origin["uinteger"] * total
+            self.pos[0], self.ok[0], self.cursor[1] = m >> 32, m % 2**32 >= self.threshold, 1
 
-    def again(self) -> np.ndarray:
-        """The last resample's draws (positions), as ``rng.integers`` gave them."""
-        if not self.own:
-            return self.last
-        return _lemire_draws(self.words, self.start, self.size, self.total, self.threshold)[0]
+    def _args(self):
+        return self.gen, self.out, self.pos, self.ok, self.cursor, self.total, self.threshold
 
     def take(self, size: int) -> np.ndarray:
         """The next resample's ``size`` draws (positions)."""
         if not self.own:
             return self.rng.integers(0, self.total, size=size)
-        self.start = self.end
-        self._have(size, size)
-        out, self.end = _lemire_draws(self.words, self.start, size, self.total, self.threshold)
-        self.size = size
-        return out
+        into = np.empty(size, dtype=np.int64)
+        _draw(*self._args(), size, np.empty(0, dtype=np.uint16), 0, into, 1)  # the types `_kept_resamples` uses
+        return into
+
+    def resamples(self, groups, r25, right_limit, drawn, layout, left_value, right_value, ranks, t25, t75, iqms,
+                  done) -> np.ndarray:
+        """`_kept_resamples` from here; the stream index of each resample's first word."""
+        starts = np.empty(len(groups), dtype=np.int64)
+        _kept_resamples(*self._args(), groups, r25, right_limit, drawn, *layout, left_value, right_value, ranks,
+                        t25, t75, iqms, done, starts)
+        return starts
+
+    def replay(self, start: int, size: int) -> np.ndarray:
+        """``size`` draws from the stream's word ``start`` on, made by numpy: ``rng.integers`` of its generator
+        advanced there."""
+        bit_generator, pre, start = np.random.PCG64(), self.origin["has_uint32"], int(start)
+        if pre and start == 0:
+            bit_generator.state = self.origin
+        else:
+            bit_generator.state = {**self.origin, "has_uint32": 0, "uinteger": 0}
+            bit_generator.advance((start - pre) // 2)
+            if (start - pre) % 2:  # from the high half of an output
+                high = int(bit_generator.random_raw()) >> 32
+                bit_generator.state = {**bit_generator.state, "has_uint32": 1, "uinteger": high}
+        return np.random.Generator(bit_generator).integers(0, self.total, size=size)
 
 
 @functools.lru_cache(maxsize=1)
 def _lemire_is_numpys() -> bool:
-    """Whether `_lemire_draws` on default_rng's raw words gives what its ``integers`` gives (two calls in a row)."""
+    """Whether `_KeptDraws` gives what default_rng's ``integers`` gives (calls in a row, a word left over or not,
+    past several refills), and `_KeptDraws.replay` what it drew."""
     for total in (3, 508_001, 2**31 + 5):
-        numpys = np.random.default_rng(total)
-        want = np.concatenate([numpys.integers(0, total, size=size) for size in (7, 100)])
-        words = np.random.default_rng(total).bit_generator.random_raw(400).view(np.uint32)
-        got, end = _lemire_draws(words, 0, want.size, total, (2**32 - total) % total)
-        if end > words.size or not np.array_equal(got, want):
-            return False
+        for skip in (0, 1):
+            numpys = np.random.default_rng(total)
+            numpys.integers(0, total, size=skip)  # one word: one left over
+            draws, sizes = _KeptDraws(numpys, total, own=True), (7, 100, 5003, 50)
+            got, start = [draws.take(size) for size in sizes[:-1]], int(draws.cursor[2] + draws.cursor[0])
+            got.append(draws.take(sizes[-1]))
+            want = [numpys.integers(0, total, size=size) for size in sizes]
+            if not all(np.array_equal(g, w) for g, w in zip(got, want)):
+                return False
+            if not np.array_equal(draws.replay(start, sizes[-1]), want[-1]):
+                return False
     return True
 
 
-@_jit
-def _lemire_draws(words, start, size, total, threshold):
-    """``(draws, end)``: ``size`` draws in [0, total) from ``words[start:end]`` (`_KeptDraws`); end past the words
-    when they run out."""
-    out = np.empty(size, dtype=np.int64)
-    scale, low, limit = np.uint64(total), np.uint64(0xFFFFFFFF), np.uint64(threshold)
-    got, i = 0, start
-    while got < size and i < words.size:
-        m = np.uint64(words[i]) * scale
-        i += 1
-        if (m & low) >= limit:
-            out[got] = np.int64(m >> np.uint64(32))
-            got += 1
-    return out, (i if got == size else words.size + 1)
+if intrinsic is not None:
+    @intrinsic
+    def _mul_high(typingctx, a, b):
+        """The high 64 bits of the 128-bit product of two uint64 (one instruction)."""
+        def codegen(context, builder, signature, args):
+            wide = ir.IntType(128)
+            product = builder.mul(builder.zext(args[0], wide), builder.zext(args[1], wide))
+            return builder.trunc(builder.lshr(product, ir.Constant(wide, 64)), ir.IntType(64))
+        return types.uint64(types.uint64, types.uint64), codegen
+
+    @intrinsic
+    def _add_lane4(typingctx, sums, counts, k, drawn, p, values, i):
+        """``x = (drawn[p:p + 4] >> k) & 15`` (uint16 counts, 4 bits a resample); ``sums[k:k + 4] += x
+        values[i:i + 4]`` (a multiply, then an add: no fused rounding) and ``counts[k:k + 4] += x``, as one step of
+        4-wide vectors (numba leaves the scalar loop unvectorized)."""
+        def codegen(context, builder, signature, args):
+            arrays = [context.make_array(signature.args[j])(context, builder, args[j]).data for j in (0, 1, 3, 5)]
+            f64, i64, i16 = ir.DoubleType(), ir.IntType(64), ir.IntType(16)
+            wide, words, doubles = ir.VectorType(i64, 4), ir.VectorType(i16, 4), ir.VectorType(f64, 4)
+            at = [builder.bitcast(builder.gep(a, [j]), t.as_pointer())
+                  for a, j, t in zip(arrays, (args[2], args[2], args[4], args[6]), (doubles, wide, words, doubles))]
+            shift = ir.Constant(wide, ir.Undefined)
+            for j in range(4):
+                shift = builder.insert_element(shift, args[2], ir.Constant(ir.IntType(32), j))
+            x = builder.and_(builder.lshr(builder.zext(builder.load(at[2], align=2), wide), shift),
+                             ir.Constant(wide, [15] * 4))
+            product = builder.fmul(builder.uitofp(x, doubles), builder.load(at[3], align=8))
+            builder.store(builder.fadd(builder.load(at[0], align=8), product), at[0], align=8)
+            builder.store(builder.add(builder.load(at[1], align=8), x), at[1], align=8)
+            return context.get_dummy_value()
+        return types.void(sums, counts, k, drawn, p, values, i), codegen
 
 
 @_jit
-def _lemire_count(words, start, size, total, threshold, drawn):
-    """`_lemire_draws` counted by position in ``drawn``: ``(draws made, end)``."""
+def _pcg_refill(gen, out, pos, ok, total, threshold):
+    """The next ``out.size`` (a multiple of 4) PCG64 outputs from the 4 interleaved states ``gen[:8]`` (high, low
+    each; ``gen[8:]``: the jump ``s <- s A + C`` of 4 steps), and each of their words' draw ``pos`` and whether it
+    is kept ``ok`` (Lemire's, `_KeptDraws`)."""
+    h0, l0, h1, l1, h2, l2, h3, l3 = gen[0], gen[1], gen[2], gen[3], gen[4], gen[5], gen[6], gen[7]
+    a_high, a_low, c_high, c_low = gen[8], gen[9], gen[10], gen[11]
+    for i in range(0, out.size, 4):
+        out[i], out[i + 1], out[i + 2], out[i + 3] = (_xsl_rr(h0, l0), _xsl_rr(h1, l1), _xsl_rr(h2, l2),
+                                                      _xsl_rr(h3, l3))
+        h0, l0 = _lcg_step(h0, l0, a_high, a_low, c_high, c_low)
+        h1, l1 = _lcg_step(h1, l1, a_high, a_low, c_high, c_low)
+        h2, l2 = _lcg_step(h2, l2, a_high, a_low, c_high, c_low)
+        h3, l3 = _lcg_step(h3, l3, a_high, a_low, c_high, c_low)
+    gen[0], gen[1], gen[2], gen[3], gen[4], gen[5], gen[6], gen[7] = h0, l0, h1, l1, h2, l2, h3, l3
+    words = out.view(np.uint32)  # low half first (little-endian; `_lemire_is_numpys` checks)
     scale, low, limit = np.uint64(total), np.uint64(0xFFFFFFFF), np.uint64(threshold)
-    got, i = 0, start
-    while got < size and i < words.size:
-        m = np.uint64(words[i]) * scale
-        i += 1
-        if (m & low) >= limit:
-            drawn[np.int64(m >> np.uint64(32))] += 1
+    for j in range(words.size):
+        m = np.uint64(words[j]) * scale
+        pos[j] = np.int64(m >> np.uint64(32))
+        ok[j] = (m & low) >= limit
+
+
+@_jit
+def _lcg_step(high, low, a_high, a_low, c_high, c_low):
+    """``s A + C mod 2^128`` of s = (high, low)."""
+    new_low = low * a_low + c_low
+    carry = np.uint64(1) if new_low < c_low else np.uint64(0)
+    return _mul_high(low, a_low) + low * a_high + high * a_low + c_high + carry, new_low
+
+
+@_jit
+def _xsl_rr(high, low):
+    """PCG64's output of a state: ``(high ^ low)`` rotated right by the state's top 6 bits."""
+    x, r = high ^ low, high >> np.uint64(58)
+    return (x >> r) | (x << ((np.uint64(64) - r) & np.uint64(63)))
+
+
+@_jit
+def _draw(gen, out, pos, ok, cursor, total, threshold, size, drawn, add, into, how):
+    """The next ``size`` draws of the stream (`_KeptDraws`): counted by position in ``drawn`` (``how`` 0: ``add``
+    each), written to ``into`` (1) or passed over (2). ``cursor``: the queue's next word ``pos[j]``, its words,
+    the stream index of its first. Counting, the words come straight from the generator 8 at a time (`_count8`)
+    once the queue is empty, while at least 8 draws are wanted; the queue (refilled 4 outputs at a time) gives
+    the others, word by word."""
+    j, have, got = cursor[0], cursor[1], 0
+    while got < size:
+        if j == have and how == 0 and size - got >= 8:
+            cursor[2] += have
+            steps, got = _count8(gen, total, threshold, size - got, drawn, add, got)
+            cursor[2] += 8 * steps
+            j = have = 0
+            continue
+        if j == have:
+            _pcg_refill(gen, out, pos, ok, total, threshold)
+            cursor[2] += have
+            j, have = 0, pos.size
+        if ok[j]:
+            if how == 0:
+                drawn[pos[j]] += add
+            elif how == 1:
+                into[got] = pos[j]
             got += 1
-    return got, i
+        j += 1
+    cursor[0], cursor[1] = j, have
+
+
+@_jit
+def _count8(gen, total, threshold, want, drawn, add, got):
+    """``(steps, got)``: the generator's next 4 outputs, 8 words, at a time, each kept word's draw counted in
+    ``drawn`` (``add``), while at least 8 of ``want`` draws remain (the 8 words' products made before any is
+    counted, and tested for a skip at once: skips are rare)."""
+    h0, l0, h1, l1, h2, l2, h3, l3 = gen[0], gen[1], gen[2], gen[3], gen[4], gen[5], gen[6], gen[7]
+    a_high, a_low, c_high, c_low = gen[8], gen[9], gen[10], gen[11]
+    low, half = np.uint64(0xFFFFFFFF), np.uint64(32)
+    scale, limit = np.uint64(total) & low, np.uint64(threshold)
+    steps, stop = 0, got + want - 8
+    while got <= stop:
+        o0, o1, o2, o3 = _xsl_rr(h0, l0), _xsl_rr(h1, l1), _xsl_rr(h2, l2), _xsl_rr(h3, l3)
+        h0, l0 = _lcg_step(h0, l0, a_high, a_low, c_high, c_low)
+        h1, l1 = _lcg_step(h1, l1, a_high, a_low, c_high, c_low)
+        h2, l2 = _lcg_step(h2, l2, a_high, a_low, c_high, c_low)
+        h3, l3 = _lcg_step(h3, l3, a_high, a_low, c_high, c_low)
+        m0, m1, m2, m3 = (o0 & low) * scale, (o0 >> half) * scale, (o1 & low) * scale, (o1 >> half) * scale
+        m4, m5, m6, m7 = (o2 & low) * scale, (o2 >> half) * scale, (o3 & low) * scale, (o3 >> half) * scale
+        least = min(min(min(m0 & low, m1 & low), min(m2 & low, m3 & low)),
+                    min(min(m4 & low, m5 & low), min(m6 & low, m7 & low)))
+        if least >= limit:
+            drawn[m0 >> half] += add
+            drawn[m1 >> half] += add
+            drawn[m2 >> half] += add
+            drawn[m3 >> half] += add
+            drawn[m4 >> half] += add
+            drawn[m5 >> half] += add
+            drawn[m6 >> half] += add
+            drawn[m7 >> half] += add
+            got += 8
+        else:
+            for m in (m0, m1, m2, m3, m4, m5, m6, m7):
+                if (m & low) >= limit:
+                    drawn[m >> half] += add
+                    got += 1
+        steps += 1
+    gen[0], gen[1], gen[2], gen[3], gen[4], gen[5], gen[6], gen[7] = h0, l0, h1, l1, h2, l2, h3, l3
+    return steps, got
+
+
+@_jit
+def _kept_resamples(gen, out, pos, ok, cursor, total, threshold, groups, r25, right_limit, drawn, slot,
+                    middle_values, kept_values, fine, zone_b, zone_c, pos_b, pos_c, left_value, right_value, ranks,
+                    t25, t75, iqms, done, starts):
+    """Every resample of ``groups`` (left, kept, right counts) in turn: its kept draws from the stream (`_draw`,
+    their first word's stream index in ``starts``), and where neither tail reaches a quartile, its IQM in ``iqms``
+    and whether it could be read in ``done``, ``LANES`` resamples counted together (`_kept_draws_iqms`)."""
+    member, sizes = np.zeros(LANES, dtype=np.int64), np.zeros(LANES, dtype=np.int64)
+    lefts, rights = np.zeros(LANES, dtype=np.int64), np.zeros(LANES, dtype=np.int64)
+    lane_iqms, lane_done, nowhere = np.empty(LANES), np.zeros(LANES, dtype=np.bool_), np.empty(0, dtype=np.int64)
+    lane = 0
+    for i in range(groups.shape[0] + 1):
+        if lane == LANES or (lane and i == groups.shape[0]):
+            _kept_draws_iqms(drawn, sizes, slot, middle_values, kept_values, fine, zone_b, zone_c, pos_b, pos_c, lefts,
+                             left_value, rights, right_value, ranks, t25, t75, lane_iqms, lane_done)
+            for r in range(lane):
+                iqms[member[r]], done[member[r]] = lane_iqms[r], lane_done[r]
+            sizes[:], lefts[:], rights[:], lane = 0, 0, 0, 0
+        if i == groups.shape[0]:
+            break
+        left, size, right = groups[i, 0], groups[i, 1], groups[i, 2]
+        starts[i] = cursor[2] + cursor[0]
+        if left <= r25 and right < right_limit:
+            _draw(gen, out, pos, ok, cursor, total, threshold, size, drawn, 1 << 4 * lane, nowhere, 0)
+            member[lane], sizes[lane], lefts[lane], rights[lane] = i, size, left, right
+            lane += 1
+        else:
+            _draw(gen, out, pos, ok, cursor, total, threshold, size, drawn, 0, nowhere, 2)
+            done[i] = False
 
 
 @_jit
@@ -398,41 +577,60 @@ def _count_positions(draws, drawn):
 
 
 @_jit
-def _kept_draws_iqm(drawn, size, slot, middle_values, kept_values, fine, zone_b, zone_c, pos_b, pos_c, left,
-                    left_value, right, right_value, ranks, t25, t75):
-    """``(IQM, True)`` of the resample made of ``left`` samples of ``left_value``, ``size`` kept samples counted
-    by position in ``drawn`` (uint8, zeroed here; a wrap past 255 shows in their total; ``slot``: each position's
-    kept value) and ``right`` of ``right_value``, as `_iqm_rows` reads it; ``(nan, False)`` when a quartile reads a
-    kept value between the zones (or the values between them are not all in [Q25, Q75]). One pass over the
-    positions: the zones' counts by value in ``fine``, the values between them summed (four running sums, so that
-    the additions do not all wait on each other)."""
-    shift, total_drawn = zone_c - zone_b, 0
-    fine[:] = 0
+def _kept_draws_iqms(drawn, sizes, slot, middle_values, kept_values, fine, zone_b, zone_c, pos_b, pos_c, lefts,
+                     left_value, rights, right_value, ranks, t25, t75, iqms, done):
+    """The IQMs of the (up to) ``LANES`` resamples counted together by position in ``drawn`` (uint16, resample r
+    in bits 4r to 4r + 3; zeroed here; ``slot``: each position's kept value), resample r made of ``lefts[r]``
+    samples of ``left_value``, ``sizes[r]`` kept samples and ``rights[r]`` of ``right_value``: ``iqms[r]`` as
+    `_iqm_rows` reads it, ``done[r]`` False when it cannot be read here (`_iqm_of_zones`). One pass over the
+    positions for all of them: the zones' counts by value in ``fine[r]``, the values between them summed (four
+    running sums each, so that the additions do not all wait on each other). A position drawn 16 times or more
+    by one resample (never, in practice) carries into the next one's bits: it shows in the lowest such
+    resample's total, and then none is done."""
+    shift, totals = zone_c - zone_b, np.zeros(LANES, dtype=np.int64)
+    fine[:, :] = 0
     for p in range(pos_b):
-        fine[slot[p]] += drawn[p]
-        total_drawn += drawn[p]
-        drawn[p] = 0
+        c = np.int64(drawn[p])
+        for r in range(LANES):
+            fine[r, slot[p]] += (c >> 4 * r) & 15
     for p in range(pos_c, drawn.size):
-        fine[slot[p] - shift] += drawn[p]
-        total_drawn += drawn[p]
-        drawn[p] = 0
-    s0 = s1 = s2 = s3 = 0.0
-    n_between, end = 0, pos_b + (pos_c - pos_b) // 4 * 4
+        c = np.int64(drawn[p])
+        for r in range(LANES):
+            fine[r, slot[p] - shift] += (c >> 4 * r) & 15
+    for r in range(LANES):
+        totals[r] = fine[r].sum()
+    # sums[4 r + q], counts[4 r + q]: resample r's draws times their values, its draws, over the positions q mod 4
+    # from pos_b on, in order (4 of them at a time: `_add_lane4`)
+    sums, counts = np.zeros(4 * LANES), np.zeros(4 * LANES, dtype=np.int64)
+    end = pos_b + (pos_c - pos_b) // 4 * 4
     for p in range(pos_b, end, 4):
-        c0, c1, c2, c3 = drawn[p], drawn[p + 1], drawn[p + 2], drawn[p + 3]
-        s0 += c0 * middle_values[p - pos_b]
-        s1 += c1 * middle_values[p + 1 - pos_b]
-        s2 += c2 * middle_values[p + 2 - pos_b]
-        s3 += c3 * middle_values[p + 3 - pos_b]
-        n_between += (c0 + c1) + (c2 + c3)
-        drawn[p] = drawn[p + 1] = drawn[p + 2] = drawn[p + 3] = 0
-    for p in range(end, pos_c):
-        s0 += drawn[p] * middle_values[p - pos_b]
-        n_between += drawn[p]
-        drawn[p] = 0
-    if total_drawn + n_between != size:  # a position drawn 256 times or more (never, in practice)
-        return np.nan, False
-    between = (s0 + s1) + (s2 + s3)
+        for r in range(LANES):
+            _add_lane4(sums, counts, 4 * r, drawn, p, middle_values, p - pos_b)
+    for p in range(end, pos_c):  # the last positions: to the first sums
+        c, v = np.int64(drawn[p]), middle_values[p - pos_b]
+        for r in range(LANES):
+            sums[4 * r] += ((c >> 4 * r) & 15) * v
+            counts[4 * r] += (c >> 4 * r) & 15
+    drawn[:] = 0
+    between, n_between, carried = np.empty(LANES), np.empty(LANES, dtype=np.int64), False
+    for r in range(LANES):
+        between[r] = (sums[4 * r] + sums[4 * r + 1]) + (sums[4 * r + 2] + sums[4 * r + 3])
+        n_between[r] = counts[4 * r:4 * r + 4].sum()
+        carried |= totals[r] + n_between[r] != sizes[r]
+    for r in range(LANES):
+        iqms[r], done[r] = np.nan, False
+        if not carried:
+            iqms[r], done[r] = _iqm_of_zones(fine[r], n_between[r], between[r], lefts[r], left_value, rights[r],
+                                             right_value, kept_values, zone_b, zone_c, ranks, t25, t75)
+
+
+@_jit
+def _iqm_of_zones(fine, n_between, between, left, left_value, right, right_value, kept_values, zone_b, zone_c,
+                  ranks, t25, t75):
+    """``(IQM, True)`` of a resample read from its zones' counts by value ``fine`` and the number and sum of its
+    kept samples between the zones (`_kept_draws_iqms`), as `_iqm_rows` reads it; ``(nan, False)`` when a quartile
+    reads a kept value between the zones (or the values between them are not all in [Q25, Q75])."""
+    shift = zone_c - zone_b
     at = np.empty(4)  # the order statistics of ranks r25, r25 + 1, r75, r75 + 1 (`_quantile_rows`)
     k, cum = 0, left
     while k < 4 and ranks[k] < cum:
