@@ -108,6 +108,9 @@ class EventBatch:
     ``target_count`` / ``pred_count`` [num_sequences] count events per sequence (equal under teacher forcing).
     ``time_matching``: what generation by time found (`TimeMatching`), else None. ``generated`` /
     ``generated_seq`` (generation): every generated event span decoded on its own, in (row, position) order, and its row.
+    ``keyboard_bound`` (generation, the torch decoder): the most keyboard type tokens in one row of the target and of
+    the generated ids, a bound on a row's keyboard events of each side (host ints, read with the numbers of events);
+    None when not known.
     """
 
     seq_idx: torch.Tensor
@@ -121,6 +124,7 @@ class EventBatch:
     time_matching: Optional[TimeMatching] = None  # pairing="time": detection counts, errors, extra events
     generated: Optional[EventFields] = None
     generated_seq: Optional[torch.Tensor] = None
+    keyboard_bound: Optional[tuple[int, int]] = None
 
     def __len__(self) -> int:
         return int(self.seq_idx.numel())

@@ -299,39 +299,52 @@ class OWAEventMetrics(Float64Metric):
         extras = {"tokens": tokens}
         given = [piece for name in plan.given for piece in plan.states[name].fn(batch, extras)]
         torch._foreach_add_(states + self._given_views(plan, tag), increments + given)
-        if self.mode == "exact" and plan.samples:
-            self._append_rows(plan, samples, sampled, counts, tag)
-        self._add_given_samples(plan, batch, extras, tag)
+        rows = self.mode == "exact" and plan.samples
+        given, kept, sizes = self._given_samples(plan, batch, extras, counts if rows else None, len(samples))
+        if rows:
+            self._append_rows(plan, samples, sampled, sizes[:len(plan.samples)], tag)
+        self._add_given_samples(plan, given, kept, sizes[len(plan.samples) if rows else 0:], tag)
 
-    def _append_rows(self, plan: Plan, samples: torch.Tensor, sampled: torch.Tensor, counts: torch.Tensor,
+    def _append_rows(self, plan: Plan, samples: torch.Tensor, sampled: torch.Tensor, sizes: list[int],
                      tag: Optional[int] = None) -> None:
-        """Each `Samples` state's rows: the rows of its group (their numbers read in one host sync: packed, see
-        `Plan.sample_counts`), its values."""
-        if plan.packed:
-            if len(samples) >= SAMPLE_SHIFT:  # the packed count would no longer be exact
-                raise ValueError(f"{len(samples)} target events in one update: exact mode reads at most "
-                                 f"{SAMPLE_SHIFT - 1} per update; split the batch")
-            packed = int(counts)
-            sizes = [packed // SAMPLE_SHIFT ** k % SAMPLE_SHIFT for k in range(len(plan.samples))]
-        else:
-            sizes = [int(n) for n in counts.tolist()]
+        """Each `Samples` state's rows: the rows of its group (``sizes``: their numbers, `_given_samples`), its values."""
         rows = torch.nonzero_static(sampled.T, size=sum(sizes))[:, 1].split(sizes)
         for name, chosen, values in zip(plan.samples, rows, samples.split(plan.sample_widths, 1)):
             append_samples(getattr(self, self.kept(name, tag)), values.index_select(0, chosen).reshape(-1))
 
-    def _add_given_samples(self, plan: Plan, batch: EventBatch, extras: dict, tag: Optional[int] = None) -> None:
-        """The `GivenSamples` states' values (NaN: no sample): counted in the sketch, or kept (their numbers read in
-        one host sync)."""
-        values = [plan.states[name].fn(batch, extras).to(self.device).double() for name in plan.given_samples]
-        if self.mode == "sketch":
-            for name, x in zip(plan.given_samples, values):
-                getattr(self, self.kept(name, tag)).add_(sketch_counts(x, self.spec))
-            return
+    def _given_samples(self, plan: Plan, batch: EventBatch, extras: dict, counts: Optional[torch.Tensor] = None,
+                       n_rows: int = 0) -> tuple[list[torch.Tensor], list[torch.Tensor], list[int]]:
+        """``(values, kept, sizes)``: the `GivenSamples` states' values (NaN: no sample) and, in exact mode, which are
+        kept (not NaN) and, in one host sync, the numbers of sampled rows of each `Samples` state (``counts``, packed:
+        see `Plan.sample_counts`; ``n_rows`` rows) when given, then of each given state's kept values."""
+        values = [plan.states[name].fn(batch, extras).to(self.device, torch.float64) for name in plan.given_samples]
+        if self.mode == "sketch" or (counts is None and not values):
+            return values, [], []
+        if counts is not None and plan.packed and n_rows >= SAMPLE_SHIFT:  # the packed count would not be exact
+            raise ValueError(f"{n_rows} target events in one update: exact mode reads at most {SAMPLE_SHIFT - 1} per "
+                             "update; split the batch")
         kept = [~torch.isnan(x) for x in values]
-        sizes = torch.stack([k.sum() for k in kept]).tolist() if kept else []
-        for name, x, k, n in zip(plan.given_samples, values, kept, sizes):
-            append_samples(getattr(self, self.kept(name, tag)),
-                           x.index_select(0, torch.nonzero_static(k, size=n)[:, 0]))
+        parts = ([] if counts is None else [counts.view(-1) if counts.dim() != 1 else counts]) + [k.sum(0, keepdim=True, dtype=torch.float64)
+                                                                 for k in kept]
+        read = (parts[0] if len(parts) == 1 else torch.cat(parts)).tolist()
+        given = [int(n) for n in read[len(read) - len(values):]]
+        if counts is None:
+            return values, kept, given
+        rows = [int(n) for n in read[:len(read) - len(values)]]
+        if plan.packed:
+            rows = [rows[0] // SAMPLE_SHIFT ** k % SAMPLE_SHIFT for k in range(len(plan.samples))]
+        return values, kept, rows + given
+
+    def _add_given_samples(self, plan: Plan, values: list[torch.Tensor], kept: list[torch.Tensor], sizes: list[int],
+                           tag: Optional[int] = None) -> None:
+        """The `GivenSamples` states' ``values`` (`_given_samples`): counted in the sketch, or their ``kept`` ones
+        (``sizes`` of them) kept."""
+        for k, (name, x) in enumerate(zip(plan.given_samples, values)):
+            state = getattr(self, self.kept(name, tag))
+            if self.mode == "sketch":
+                state.add_(sketch_counts(x, self.spec))
+            else:
+                append_samples(state, x.index_select(0, torch.nonzero_static(kept[k], size=sizes[k])[:, 0]))
 
     def _flat_states(self, names: list[str]) -> list[torch.Tensor]:
         """Flat views of the named states: the additions of `_accumulate` go through them without a view op."""
@@ -389,7 +402,7 @@ class OWAEventMetrics(Float64Metric):
         if self.mode == "exact":
             for name, values in zip(plan.samples, samples):
                 append_samples(getattr(self, self.kept(name, tag)), values.reshape(-1))
-        self._add_given_samples(plan, batch, extras, tag)
+        self._add_given_samples(plan, *self._given_samples(plan, batch, extras), tag)
 
     # ----------------------------------------------------------------------------------------- compute
     def _wrap_compute(self, compute):
