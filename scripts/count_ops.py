@@ -14,6 +14,14 @@ the predicted tokens replaced), after one warm-up update.
   shape depends on the data (`nonzero`, `masked_select`, `unique*`, ``repeat_interleave`` without
   ``output_size``, indexing or ``index_put_`` with a boolean mask), `bincount` / `histc`, whose CUDA kernels
   read the input's range on the host, and the Tensor methods that read data on the host (`HOST_READS`). On the CPU nothing waits; these are the calls that would on a GPU.
+  Copies between the host and the device (``_to_copy`` / ``copy_`` from a CPU tensor to another device, or back,
+  outside a counted read): on a GPU run they are counted too (``to_device`` / ``to_host``: CUDA's sync debug mode
+  warns at them); on a CPU run every tensor is on the host and no such copy happens. What stands for them there,
+  with ``host_data=True`` (`count`, the cases below): a tensor made from Python data during the call
+  (``torch.tensor(list)``, a Python number set into a tensor: ``lift_fresh``) or from a numpy array
+  (``torch.from_numpy`` / ``torch.as_tensor``), which a GPU update would copy to the device from pageable memory.
+  Not seen on the CPU: a CPU tensor made by a factory without ``device=`` and moved with ``.to(device)``; the
+  module's code has none (it makes every tensor on its inputs' device).
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from __future__ import annotations
 import argparse
 from collections import Counter
 
+import numpy as np
 import torch
 from torch.profiler import ProfilerActivity, profile
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -33,40 +42,65 @@ DATA_SHAPED = {aten.nonzero.default, aten.masked_select.default, aten.unique_con
 MASK_INDEXED = {aten.index.Tensor, aten.index_put.default, aten.index_put_.default, aten._index_put_impl_.default}
 HOST_READS = ("tolist", "numpy")  # Tensor methods that read the data on the host (a copy to it, on a GPU)
 REPEATS = {aten.repeat_interleave.Tensor, aten.repeat_interleave.self_Tensor}
+TO_COPY = {aten._to_copy.default}
+COPIES = TO_COPY | {aten.copy_.default}  # between the host and a device: counted by the devices of their tensors
+HOST_DATA = ("from_numpy", "as_tensor")  # torch functions that make a tensor of a numpy array (``host_data``)
 VIEWS = {f"aten::{name}" for name in ("view", "select", "slice", "unbind", "squeeze", "unsqueeze", "expand", "permute",
                                       "numpy_T", "t", "transpose", "split", "split_with_sizes", "as_strided", "alias",
                                       "detach", "view_as", "diagonal")}
 
 
 class SyncCounter(TorchDispatchMode):
-    """Counts, by op name, the aten calls that would make the host wait for a GPU (see the module docstring)."""
+    """Counts, by op name, the aten calls that would make the host wait for a GPU (see the module docstring);
+    ``host_data``: also the tensors made from Python or numpy data, which a GPU update would copy to the device."""
 
-    def __init__(self):
+    def __init__(self, host_data: bool = False):
         super().__init__()
         self.calls: Counter = Counter()
+        self.host_data, self._reading = host_data, 0
 
     def __enter__(self):  # reading a tensor into Python or numpy dispatches no aten op on the CPU: counted here
-        self._saved = {name: getattr(torch.Tensor, name) for name in HOST_READS}
-        for name, method in self._saved.items():
-            setattr(torch.Tensor, name, self._counting(name, method))
+        self._saved = {(torch.Tensor, name): getattr(torch.Tensor, name) for name in HOST_READS}
+        if self.host_data:
+            self._saved.update({(torch, name): getattr(torch, name) for name in HOST_DATA})
+        for (owner, name), method in self._saved.items():
+            setattr(owner, name, self._counting(name, method) if owner is torch.Tensor else self._made(name, method))
         return super().__enter__()
 
     def __exit__(self, *exc):
-        for name, method in self._saved.items():
-            setattr(torch.Tensor, name, method)
+        for (owner, name), method in self._saved.items():
+            setattr(owner, name, method)
         return super().__exit__(*exc)
 
     def _counting(self, name, method):
         def read(tensor, *args, **kwargs):
             self.calls[name] += 1
-            return method(tensor, *args, **kwargs)
+            self._reading += 1  # its own copy to the host (on a GPU) is this read
+            try:
+                return method(tensor, *args, **kwargs)
+            finally:
+                self._reading -= 1
         return read
+
+    def _made(self, name, function):
+        def made(data, *args, **kwargs):
+            if isinstance(data, np.ndarray):
+                self.calls[name] += 1
+            return function(data, *args, **kwargs)
+        return made
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func in READS or func in DATA_SHAPED or self._masked(func, args) or (
                 func in REPEATS and kwargs.get("output_size") is None):
             self.calls[str(func.overloadpacket.__name__)] += 1
+        elif func in COPIES and not self._reading:
+            source, target = (args[0].device, kwargs.get("device") or args[0].device) if func in TO_COPY else (
+                args[1].device, args[0].device)
+            if (source.type == "cpu") != (torch.device(target).type == "cpu"):
+                self.calls["to_device" if source.type == "cpu" else "to_host"] += 1
+        elif func == aten.lift_fresh.default and self.host_data:
+            self.calls["lift_fresh"] += 1
         return func(*args, **kwargs)
 
     @staticmethod
@@ -99,29 +133,46 @@ def top_level_ops(fn) -> Counter:
 def count(fn) -> tuple[Counter, Counter]:
     """``(top-level ops, syncs)`` of one call of ``fn`` each (two calls)."""
     ops = top_level_ops(fn)
-    with SyncCounter() as syncs:
+    with SyncCounter(host_data=True) as syncs:
         fn()
     return ops, syncs.calls
 
 
-def cases(batch: int, seq_len: int):
-    """``{name: update call}`` of the four torch-path cases on one simulated batch (each warmed up once)."""
+# every alignment and pairing, mode, loss input and the D2E protocol: {name: (OWAEventMetrics options, update input)}
+SETUPS = {"teacher forcing, exact": ({}, "ids"),
+          "teacher forcing, sketch": ({"mode": "sketch"}, "ids"),
+          "teacher forcing, logits": ({}, "logits"),
+          "teacher forcing, sketch, logits": ({"mode": "sketch"}, "logits"),
+          "teacher forcing, token_loss": ({}, "token_loss"),
+          "teacher forcing, sketch, token_loss": ({"mode": "sketch"}, "token_loss"),
+          "teacher forcing, d2e": ({"bin_ms": 50}, "ids"),
+          "teacher forcing, sketch, d2e": ({"mode": "sketch", "bin_ms": 50}, "ids"),
+          "generation (index)": ({"alignment": "generation"}, "ids"),
+          "generation (index), sketch": ({"alignment": "generation", "mode": "sketch"}, "ids"),
+          "generation (index), d2e": ({"alignment": "generation", "bin_ms": 50}, "ids"),
+          "generation (time)": ({"alignment": "generation", "pairing": "time"}, "ids"),
+          "generation (time), sketch": ({"alignment": "generation", "pairing": "time", "mode": "sketch"}, "ids"),
+          "generation (time), d2e": ({"alignment": "generation", "pairing": "time", "bin_ms": 50}, "ids")}
+
+
+def cases(batch: int, seq_len: int, names=None):
+    """``{name: update call}`` of the torch-path cases (`SETUPS`, or those ``names``) on one simulated batch (each
+    warmed up once)."""
     from owa_metrics import OWAEventMetrics, build_tokenizer
 
     from bench_decode import make_batch  # scripts/ is on sys.path when run as a script
 
     tokenizer = build_tokenizer()
     preds, target = make_batch(OWAEventMetrics(tokenizer).vocab, batch, seq_len)
-    logits = torch.randn(*target.shape, len(tokenizer), generator=torch.Generator().manual_seed(0))
-    setups = {"teacher forcing, exact": ({}, (preds, target)),
-              "teacher forcing, sketch": ({"mode": "sketch"}, (preds, target)),
-              "teacher forcing, logits": ({}, (preds, target, logits)),
-              "generation (index)": ({"alignment": "generation"}, (preds, target))}
+    g = torch.Generator().manual_seed(0)
+    inputs = {"ids": {}, "logits": {"logits": torch.randn(*target.shape, len(tokenizer), generator=g)},
+              "token_loss": {"token_loss": torch.rand(target.shape, generator=g) * 5}}
     out = {}
-    for name, (options, args) in setups.items():
+    for name in names or SETUPS:
+        options, given = SETUPS[name]
         metric = OWAEventMetrics(tokenizer, backend="torch", **options)
-        metric.update(*args)
-        out[name] = lambda metric=metric, args=args: metric.update(*args)
+        metric.update(preds, target, **inputs[given])
+        out[name] = lambda metric=metric, given=inputs[given]: metric.update(preds, target, **given)
     return out
 
 
@@ -133,12 +184,12 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     print(f"torch {torch.__version__}, batch {args.batch} x {args.seq_len}, backend='torch' on CPU")
-    print(f"{'case':<26} {'top-level ops':>13} {'views':>6} {'syncs':>6}  sync ops")
+    print(f"{'case':<36} {'top-level ops':>13} {'views':>6} {'syncs':>6}  sync ops")
     for name, fn in cases(args.batch, args.seq_len).items():
         ops, syncs = count(fn)
         listed = ", ".join(f"{k} {v}" for k, v in sorted(syncs.items())) or "-"
         views = sum(v for k, v in ops.items() if k in VIEWS)
-        print(f"{name:<26} {sum(ops.values()):>13} {views:>6} {sum(syncs.values()):>6}  {listed}")
+        print(f"{name:<36} {sum(ops.values()):>13} {views:>6} {sum(syncs.values()):>6}  {listed}")
         if args.detail:
             print("    " + ", ".join(f"{k[6:]} {v}" for k, v in ops.most_common()))
 

@@ -182,7 +182,7 @@ def _levenshtein_rows(codes, rows, num_sequences: int, widths=None) -> tuple[tor
     A, G = A[:, 1:w_a + 1], G[:, :w_g + 1]
     step = torch.where((A >= 0)[:, :, None], torch.where(A[:, :, None] == G[:, None, :], -2, -1), _FAR)
     H = torch.zeros((B, w_g + 2), dtype=torch.long, device=A.device)
-    H[:, 0] = _FAR
+    H[:, 0].fill_(_FAR)  # a fill, not a copy from the host
     here, before = H[:, 1:], H[:, :-1]  # views: H[j], H[j - 1]
     index = torch.empty_like(here)
     for step_i in step.unbind(1):
