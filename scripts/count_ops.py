@@ -2,9 +2,10 @@
 
     python scripts/count_ops.py [--batch 32 --seq-len 2048]
 
-Cases: teacher forcing in exact mode, in sketch mode, with logits [B, T, V] (exact mode), and generation
-(``pairing="index"``, exact mode), on the batch `bench_decode.make_batch` builds (a simulated session, 5 % of
-the predicted tokens replaced), after one warm-up update.
+Cases (`SETUPS`): teacher forcing and generation paired by index and by time, in exact and sketch mode, with
+logits [B, T, V] or a token loss [B, T], with the D2E protocol (``bin_ms=50``), on the batch
+`bench_decode.make_batch` builds (a simulated session, 5 % of the predicted tokens replaced), after one warm-up
+update.
 
 - ops: `torch.profiler` events of the update whose name starts with ``aten::`` and that have no ``aten::``
   ancestor (an op called by another op is not counted; an op the Python code calls is, however small). Of them,

@@ -9,6 +9,7 @@ bounded loop over deferred-acceptance rounds elsewhere (`greedy_match`).
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from dataclasses import replace
@@ -46,15 +47,15 @@ def tolerance_ns(tolerance_ms: Union[float, tuple], window_ns: int) -> Union[int
 
 
 def unwrap_ns(seq: torch.Tensor, timestamp_ns: torch.Tensor, valid: torch.Tensor, origin_ns: torch.Tensor,
-              window_ns: int) -> torch.Tensor:
+              window_ns: int, at: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Absolute times [n] of events in (row, position) order (0 where not ``valid``; invalid events are skipped).
 
     With W = ``window_ns`` and o = ``origin_ns[row]``: a_0 = o + signed(t_0 - o), signed() into [-W/2, W/2);
     then d = (t_k - t_{k-1}) mod W and a_k = a_{k-1} + d, or a_{k-1} + d - W when d > W - 1 s (a step back).
-    One segmented cumulative sum.
+    One segmented cumulative sum; ``at``: the indices of the valid events when known (else read: a host sync).
     """
     out = torch.zeros_like(timestamp_ns)
-    at = valid.nonzero().squeeze(1)
+    at = valid.nonzero().squeeze(1) if at is None else at
     if at.numel() == 0:
         return out
     row, t = seq.index_select(0, at), timestamp_ns.index_select(0, at)
@@ -94,14 +95,14 @@ def greedy_match(target_key: torch.Tensor, target_ns: torch.Tensor, pred_key: to
     if n_t == 0 or n_p == 0:
         return match
     # candidates sorted by (key, time); each target's window [a_t - tol, a_t + tol] within its key is a slice
-    group = torch.unique(torch.cat([target_key, pred_key]), return_inverse=True)[1]
-    times, rank = torch.unique(torch.cat([pred_ns, target_ns - tolerance_ns, target_ns + tolerance_ns]),
-                               return_inverse=True)
-    sort_key = group[n_t:] * times.numel() + rank[:n_p]
+    group = _dense_rank(torch.cat([target_key, pred_key]))
+    rank = _dense_rank(torch.cat([pred_ns, target_ns - tolerance_ns, target_ns + tolerance_ns]))
+    times = n_p + 2 * n_t  # more than the distinct times: (group, time rank) as one ordered number
+    sort_key = group[n_t:] * times + rank[:n_p]
     order = torch.argsort(sort_key, stable=True)
     sorted_key = sort_key.index_select(0, order)
-    lo = torch.searchsorted(sorted_key, group[:n_t] * times.numel() + rank[n_p:n_p + n_t])
-    hi = torch.searchsorted(sorted_key, group[:n_t] * times.numel() + rank[n_p + n_t:], right=True)
+    lo = torch.searchsorted(sorted_key, group[:n_t] * times + rank[n_p:n_p + n_t])
+    hi = torch.searchsorted(sorted_key, group[:n_t] * times + rank[n_p + n_t:], right=True)
     count = hi - lo
     e_t = torch.repeat_interleave(torch.arange(n_t, device=count.device), count)
     n_e = e_t.numel()
@@ -122,6 +123,22 @@ def greedy_match(target_key: torch.Tensor, target_ns: torch.Tensor, pred_key: to
     if backend != "torch" and e_t.device.type == "cpu" and kernel.available():
         return torch.from_numpy(_first_free(e_t.numpy(), e_c.numpy(), n_t, n_p))
     return _deferred_acceptance(priority.index_select(0, e_t), e_c, by_priority, n_p)
+
+
+@functools.lru_cache(maxsize=16)
+def _on_device(values: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """``values`` as an int64 tensor on ``device``, made once (no copy from the host per update)."""
+    return torch.tensor(values, dtype=torch.long, device=device)
+
+
+def _dense_rank(x: torch.Tensor) -> torch.Tensor:
+    """Each entry's rank among the distinct values of ``x`` (``torch.unique(x, return_inverse=True)[1]``) from a
+    sort, without a host sync."""
+    order = torch.argsort(x)
+    ordered = x.index_select(0, order)
+    new = torch.ones_like(ordered, dtype=torch.long)
+    torch.ne(ordered[1:], ordered[:-1], out=new[1:])
+    return torch.empty_like(order).index_copy_(0, order, new.cumsum(0) - 1)
 
 
 def _deferred_acceptance(e_p: torch.Tensor, e_c: torch.Tensor, by_priority: torch.Tensor, n_p: int) -> torch.Tensor:
@@ -179,16 +196,16 @@ def match_by_time(target: EventFields, target_seq: torch.Tensor, pred: EventFiel
     sweep = tolerance_ns if isinstance(tolerance_ns, tuple) else ()
     device = target.status.device
     t_ok, p_ok = target.status == int(Status.VALID), pred.status == int(Status.VALID)
-    valid_at = t_ok.nonzero().squeeze(1)
+    valid_at, pi = _where(t_ok, p_ok)  # the valid events of each side
     first_valid = torch.full((num_sequences,), len(t_ok), dtype=torch.long, device=device)
     first_valid = first_valid.scatter_reduce(0, target_seq[valid_at].long(), valid_at, "amin")
     origin = torch.cat([target.timestamp_ns, target.timestamp_ns.new_zeros(1)]).index_select(0, first_valid)
     if origin_ns is not None:
         origin = torch.where(origin_ns >= 0, origin_ns, origin)
-    t_abs = unwrap_ns(target_seq, target.timestamp_ns, t_ok, origin, window_ns)
-    p_abs = unwrap_ns(pred_seq, pred.timestamp_ns, p_ok, origin, window_ns)
+    t_abs = unwrap_ns(target_seq, target.timestamp_ns, t_ok, origin, window_ns, valid_at)
+    p_abs = unwrap_ns(pred_seq, pred.timestamp_ns, p_ok, origin, window_ns, pi)
 
-    ti, pi = valid_at, p_ok.nonzero().squeeze(1)
+    ti = valid_at
     t_key, p_key = detection_key(target_seq, target)[ti], detection_key(pred_seq, pred)[pi]
     if sweep:
         every = _sweep_match(t_key, t_abs[ti], p_key, p_abs[pi], sweep, backend)
@@ -200,16 +217,18 @@ def match_by_time(target: EventFields, target_seq: torch.Tensor, pred: EventFiel
         detection = torch.full_like(target_seq, -1, dtype=torch.long)
         detection[ti] = _or_none(pi)[found]
     used = _marked(detection, len(p_ok))
-    t_rest, p_rest = ti[found < 0], pi[~used[pi]]
+    t_left, p_left = found < 0, ~used.index_select(0, pi)
+    left_t, left_p, found_t = _where(t_left, p_left, ~t_left)  # the rest of each side, the detected targets
+    t_rest, p_rest, detected = ti.index_select(0, left_t), pi.index_select(0, left_p), ti.index_select(0, found_t)
     kind_key = lambda seq, side: seq * _ROW_SHIFT + side.kind  # noqa: E731
     by_kind = greedy_match(kind_key(target_seq, target)[t_rest], t_abs[t_rest], kind_key(pred_seq, pred)[p_rest],
                            p_abs[p_rest], tolerance_ns, backend)
     paired = detection.clone()
     paired[t_rest] = _or_none(p_rest)[by_kind]
 
-    matched = detection >= 0
     swept = _detection_counts(target, pred, t_ok, detections if sweep else detection[None])
-    error_ms = (p_abs[detection[matched]] - t_abs[matched]).abs().double() / 1e6
+    error_ms = (p_abs.index_select(0, detection.index_select(0, detected)) - t_abs.index_select(0, detected)
+                ).abs().double() / 1e6
     in_pair = _marked(paired, len(p_ok))
     return TimeMatching(detection=detection, paired=paired, detection_counts=swept[0], detection_error_ms=error_ms,
                         extra_events=(p_ok & ~in_pair).sum(), invalid_pred_events=(~p_ok).sum(), target_ns=t_abs,
@@ -224,8 +243,8 @@ def _sweep_match(t_key: torch.Tensor, t_ns: torch.Tensor, p_key: torch.Tensor, p
     match at its tolerance alone. Candidate indices of the original side (-1: none)."""
     S, n_t, n_p = len(sweep), len(t_key), len(p_key)
     copy = torch.arange(S, device=t_key.device)[:, None]
-    group = torch.unique(torch.cat([t_key, p_key]), return_inverse=True)[1] * S
-    tolerance = torch.tensor(sweep, device=t_key.device)[:, None].expand(S, n_t).reshape(-1)
+    group = _dense_rank(torch.cat([t_key, p_key])) * S
+    tolerance = _on_device(sweep, t_key.device)[:, None].expand(S, n_t).reshape(-1)
     found = greedy_match((group[:n_t] + copy).view(-1), t_ns.repeat(S), (group[n_t:] + copy).view(-1),
                          p_ns.repeat(S), tolerance, backend).view(S, n_t)
     return torch.where(found >= 0, found - copy * n_p, -1)
@@ -248,13 +267,15 @@ def _detection_counts(target: EventFields, pred: EventFields, t_ok: torch.Tensor
 
 def pair_by_time(true_batch: EventBatch, gen_batch: EventBatch, window_ns: int, tolerance_ns: Union[int, tuple],
                  origin_ns: Union[None, int, torch.Tensor] = None, backend: Backend = "auto") -> EventBatch:
-    """``pairing="time"``: the true and the generated events, each side decoded on its own (the target side of
-    ``decode_batch(ids, ids, vocab)``), -> an `EventBatch` (one row per target event, paired by `match_by_time`,
-    its `TimeMatching` attached)."""
+    """``pairing="time"``: the true and the generated events, each side's every event span decoded on its own
+    (the target sides: ``true_batch.target``, ``gen_batch.target``), -> an `EventBatch` (one row per target event,
+    paired by `match_by_time`, its `TimeMatching` attached)."""
     B = true_batch.num_sequences
     true, gen = true_batch.target, gen_batch.target
-    if origin_ns is not None:
-        origin_ns = torch.as_tensor(origin_ns, dtype=torch.long, device=true_batch.seq_idx.device)
+    if origin_ns is not None:  # one number: a fill on the device (no copy from the host)
+        device = true_batch.seq_idx.device
+        origin_ns = torch.full((1,), origin_ns, dtype=torch.long, device=device) if isinstance(origin_ns, int) else \
+            torch.as_tensor(origin_ns, dtype=torch.long, device=device)
         if origin_ns.dim() > 1 or origin_ns.numel() not in (1, B):
             raise ValueError(f"origin_ns must be one timestamp (ns) or one per sequence [{B}], got shape "
                              f"{tuple(origin_ns.shape)}")
@@ -267,7 +288,14 @@ def pair_by_time(true_batch: EventBatch, gen_batch: EventBatch, window_ns: int, 
                                      int(Status.TYPE_MISMATCH), pred.status))
     return EventBatch(seq_idx=true_batch.seq_idx, status=status, target=true, pred=pred,
                       target_count=true_batch.target_count, pred_count=gen_batch.target_count, num_sequences=B,
-                      alignment="generation", time_matching=found, generated=gen, generated_seq=gen_batch.seq_idx)
+                      alignment="generation", time_matching=found, generated=gen, generated_seq=gen_batch.seq_idx,
+                      keyboard_bound=true_batch.keyboard_bound)
+
+
+def _where(*masks: torch.Tensor) -> list[torch.Tensor]:
+    """The indices of the True entries of each 1-d mask, their numbers read in one host sync."""
+    sizes = torch.stack([m.sum() for m in masks]).tolist()
+    return [torch.nonzero_static(m, size=n)[:, 0] for m, n in zip(masks, sizes)]
 
 
 def _marked(match: torch.Tensor, n: int) -> torch.Tensor:
