@@ -18,9 +18,9 @@ update.
   Copies between the host and the device (``_to_copy`` / ``copy_`` from a CPU tensor to another device, or back,
   outside a counted read): on a GPU run they are counted too (``to_device`` / ``to_host``: CUDA's sync debug mode
   warns at them); on a CPU run every tensor is on the host and no such copy happens. What stands for them there,
-  with ``host_data=True`` (`count`, the cases below): a tensor made from Python data during the call
-  (``torch.tensor(list)``, a Python number set into a tensor: ``lift_fresh``) or from a numpy array
-  (``torch.from_numpy`` / ``torch.as_tensor``), which a GPU update would copy to the device from pageable memory.
+  with ``host_data=True`` (`count`, the cases below): a tensor made of Python or numpy data during the call
+  (``torch.tensor(list)``, ``torch.from_numpy`` / ``torch.as_tensor`` of an array, a Python number set into a
+  tensor: each dispatches ``lift_fresh``), which a GPU update would copy to the device from pageable memory.
   Not seen on the CPU: a CPU tensor made by a factory without ``device=`` and moved with ``.to(device)``; the
   module's code has none (it makes every tensor on its inputs' device).
 """
@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 from collections import Counter
 
-import numpy as np
 import torch
 from torch.profiler import ProfilerActivity, profile
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -45,7 +44,6 @@ HOST_READS = ("tolist", "numpy")  # Tensor methods that read the data on the hos
 REPEATS = {aten.repeat_interleave.Tensor, aten.repeat_interleave.self_Tensor}
 TO_COPY = {aten._to_copy.default}
 COPIES = TO_COPY | {aten.copy_.default}  # between the host and a device: counted by the devices of their tensors
-HOST_DATA = ("from_numpy", "as_tensor")  # torch functions that make a tensor of a numpy array (``host_data``)
 VIEWS = {f"aten::{name}" for name in ("view", "select", "slice", "unbind", "squeeze", "unsqueeze", "expand", "permute",
                                       "numpy_T", "t", "transpose", "split", "split_with_sizes", "as_strided", "alias",
                                       "detach", "view_as", "diagonal")}
@@ -53,7 +51,8 @@ VIEWS = {f"aten::{name}" for name in ("view", "select", "slice", "unbind", "sque
 
 class SyncCounter(TorchDispatchMode):
     """Counts, by op name, the aten calls that would make the host wait for a GPU (see the module docstring);
-    ``host_data``: also the tensors made from Python or numpy data, which a GPU update would copy to the device."""
+    ``host_data``: also the tensors made of Python or numpy data (``lift_fresh``), which a GPU update would copy to
+    the device."""
 
     def __init__(self, host_data: bool = False):
         super().__init__()
@@ -61,16 +60,14 @@ class SyncCounter(TorchDispatchMode):
         self.host_data, self._reading = host_data, 0
 
     def __enter__(self):  # reading a tensor into Python or numpy dispatches no aten op on the CPU: counted here
-        self._saved = {(torch.Tensor, name): getattr(torch.Tensor, name) for name in HOST_READS}
-        if self.host_data:
-            self._saved.update({(torch, name): getattr(torch, name) for name in HOST_DATA})
-        for (owner, name), method in self._saved.items():
-            setattr(owner, name, self._counting(name, method) if owner is torch.Tensor else self._made(name, method))
+        self._saved = {name: getattr(torch.Tensor, name) for name in HOST_READS}
+        for name, method in self._saved.items():
+            setattr(torch.Tensor, name, self._counting(name, method))
         return super().__enter__()
 
     def __exit__(self, *exc):
-        for (owner, name), method in self._saved.items():
-            setattr(owner, name, method)
+        for name, method in self._saved.items():
+            setattr(torch.Tensor, name, method)
         return super().__exit__(*exc)
 
     def _counting(self, name, method):
@@ -82,13 +79,6 @@ class SyncCounter(TorchDispatchMode):
             finally:
                 self._reading -= 1
         return read
-
-    def _made(self, name, function):
-        def made(data, *args, **kwargs):
-            if isinstance(data, np.ndarray):
-                self.calls[name] += 1
-            return function(data, *args, **kwargs)
-        return made
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}

@@ -98,3 +98,16 @@ def test_the_counter_sees_what_makes_a_gpu_wait():
         torch.nonzero_static(mask, size=3), torch.zeros(3).index_add_(0, torch.tensor([0, 2]), torch.ones(2))
     assert syncs.total == 8, dict(syncs.calls)
     assert none.total == 0, dict(none.calls)
+
+
+def test_the_counter_sees_host_data_that_a_gpu_update_would_copy():
+    """With ``host_data``: a tensor made of a Python list, a Python number set into a tensor, and a numpy array made a
+    tensor (a copy from pageable memory on a GPU) count; tensors made on the device (fills, factories) do not."""
+    x = torch.zeros(4)
+    with SyncCounter(host_data=True) as syncs:
+        torch.tensor([1, 2, 3]), torch.from_numpy(np.arange(3)), torch.as_tensor(np.ones(2))
+        x[1] = 5.0
+    with SyncCounter(host_data=True) as none:
+        x[1:].fill_(2.0), torch.full((3,), 7), torch.arange(5), torch.as_tensor(x), x.clamp(min=1)
+    assert syncs.total == 4, dict(syncs.calls)
+    assert none.total == 0, dict(none.calls)
