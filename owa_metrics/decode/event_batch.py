@@ -25,7 +25,8 @@ class TimeMatching:
     ``detection`` / ``paired`` [n_target_events]: index of the matched generated event (in (row, position)
     order over every generated event span), -1 for none; ``paired`` holds the detection matches plus the
     kind matches. ``detection_counts`` [3, N_CAT + 1] (float64): TP, FP, FN per category, the last column the
-    invalid generated events (FP of no category). ``detection_error_ms`` [detection matches]: |a_p - a_t|.
+    invalid generated events (FP of no category). ``detection_error_ms`` [n_target_events]: |a_p - a_t| (ms) of
+    each detection match, NaN where none.
     ``extra_events``: valid generated events paired with nothing; ``invalid_pred_events``: generated event
     spans that do not decode. ``target_ns`` [n_target_events] / ``generated_ns`` [every generated event span]:
     the absolute times (`unwrap_ns`; 0 where the event does not decode). ``tolerance_ns``: the tolerance the

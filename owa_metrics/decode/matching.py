@@ -47,29 +47,32 @@ def tolerance_ns(tolerance_ms: Union[float, tuple], window_ns: int) -> Union[int
 
 
 def unwrap_ns(seq: torch.Tensor, timestamp_ns: torch.Tensor, valid: torch.Tensor, origin_ns: torch.Tensor,
-              window_ns: int, at: Optional[torch.Tensor] = None) -> torch.Tensor:
+              window_ns: int) -> torch.Tensor:
     """Absolute times [n] of events in (row, position) order (0 where not ``valid``; invalid events are skipped).
 
     With W = ``window_ns`` and o = ``origin_ns[row]``: a_0 = o + signed(t_0 - o), signed() into [-W/2, W/2);
     then d = (t_k - t_{k-1}) mod W and a_k = a_{k-1} + d, or a_{k-1} + d - W when d > W - 1 s (a step back).
-    One segmented cumulative sum; ``at``: the indices of the valid events when known (else read: a host sync).
+    One segmented cumulative sum over every event (an invalid one steps 0; each valid one steps from the last valid
+    one before it), fixed shapes: no host sync.
     """
-    out = torch.zeros_like(timestamp_ns)
-    at = valid.nonzero().squeeze(1) if at is None else at
-    if at.numel() == 0:
-        return out
-    row, t = seq.index_select(0, at), timestamp_ns.index_select(0, at)
-    first = torch.ones_like(row, dtype=torch.bool)
-    first[1:] = row[1:] != row[:-1]
-    step = torch.remainder(t - torch.roll(t, 1), window_ns)
+    n = len(timestamp_ns)
+    if n == 0:
+        return torch.zeros_like(timestamp_ns)
+    seq = seq if seq.dtype == torch.long else seq.long()
+    index = torch.arange(n, device=seq.device)
+    before = torch.nn.functional.pad(torch.where(valid, index, -1).cummax(0).values[:-1], (1, 0), value=-1)
+    at = before.clamp(min=0)  # the last valid event before each one (-1: none)
+    first = valid & ((before < 0) | (seq.index_select(0, at) != seq))  # its row's first valid event
+    t = timestamp_ns
+    step = torch.remainder(t - t.index_select(0, at), window_ns)
     step = torch.where(step > window_ns - STEP_BACK_NS, step - window_ns, step)
-    o = origin_ns.index_select(0, row)
+    o = origin_ns.index_select(0, seq)
     half = window_ns // 2
-    step = torch.where(first, o + torch.remainder(t - o + half, window_ns) - half, step)
+    step = torch.where(first, o + torch.remainder(t - o + half, window_ns) - half, torch.where(valid, step, 0))
     total = torch.cumsum(step, 0)
-    row_start = torch.cummax(torch.where(first, torch.arange(at.numel(), device=at.device), 0), 0).values
-    out[at] = total - (total - step).index_select(0, row_start)  # the cumulative sum restarted at each row
-    return out
+    row_start = torch.cummax(torch.where(first, index, 0), 0).values
+    # the cumulative sum restarted at each row
+    return torch.where(valid, total - (total - step).index_select(0, row_start), 0)
 
 
 def greedy_match(target_key: torch.Tensor, target_ns: torch.Tensor, pred_key: torch.Tensor, pred_ns: torch.Tensor,
@@ -196,39 +199,36 @@ def match_by_time(target: EventFields, target_seq: torch.Tensor, pred: EventFiel
     sweep = tolerance_ns if isinstance(tolerance_ns, tuple) else ()
     device = target.status.device
     t_ok, p_ok = target.status == int(Status.VALID), pred.status == int(Status.VALID)
-    valid_at, pi = _where(t_ok, p_ok)  # the valid events of each side
-    first_valid = torch.full((num_sequences,), len(t_ok), dtype=torch.long, device=device)
-    first_valid = first_valid.scatter_reduce(0, target_seq[valid_at].long(), valid_at, "amin")
+    target_seq, pred_seq = (x if x.dtype == torch.long else x.long() for x in (target_seq, pred_seq))
+    N, M = len(t_ok), len(p_ok)
+    first_valid = torch.full((num_sequences,), N, dtype=torch.long, device=device).scatter_reduce(
+        0, target_seq, torch.where(t_ok, torch.arange(N, device=device), N), "amin")
     origin = torch.cat([target.timestamp_ns, target.timestamp_ns.new_zeros(1)]).index_select(0, first_valid)
     if origin_ns is not None:
         origin = torch.where(origin_ns >= 0, origin_ns, origin)
-    t_abs = unwrap_ns(target_seq, target.timestamp_ns, t_ok, origin, window_ns, valid_at)
-    p_abs = unwrap_ns(pred_seq, pred.timestamp_ns, p_ok, origin, window_ns, pi)
+    t_abs = unwrap_ns(target_seq, target.timestamp_ns, t_ok, origin, window_ns)
+    p_abs = unwrap_ns(pred_seq, pred.timestamp_ns, p_ok, origin, window_ns)
 
-    ti = valid_at
-    t_key, p_key = detection_key(target_seq, target)[ti], detection_key(pred_seq, pred)[pi]
+    # every event of both sides, fixed shapes (no host read): an event that takes no part (invalid; for the pairing
+    # by kind, detected or used) gets a key of its own (negative, distinct), which meets nothing
+    own = torch.arange(N + M, device=device).neg_().sub_(1)
+    t_key = torch.where(t_ok, detection_key(target_seq, target), own[:N])
+    p_key = torch.where(p_ok, detection_key(pred_seq, pred), own[N:])
     if sweep:
-        every = _sweep_match(t_key, t_abs[ti], p_key, p_abs[pi], sweep, backend)
-        detections = torch.full((len(sweep), len(target_seq)), -1, dtype=torch.long, device=device)
-        detections[:, ti] = _or_none(pi)[every]
-        found, detection, tolerance_ns = every[0], detections[0].clone(), sweep[0]
+        detections = _sweep_match(t_key, t_abs, p_key, p_abs, sweep, backend)
+        found, tolerance_ns = detections[0], sweep[0]
     else:
-        found = greedy_match(t_key, t_abs[ti], p_key, p_abs[pi], tolerance_ns, backend)
-        detection = torch.full_like(target_seq, -1, dtype=torch.long)
-        detection[ti] = _or_none(pi)[found]
-    used = _marked(detection, len(p_ok))
-    t_left, p_left = found < 0, ~used.index_select(0, pi)
-    left_t, left_p, found_t = _where(t_left, p_left, ~t_left)  # the rest of each side, the detected targets
-    t_rest, p_rest, detected = ti.index_select(0, left_t), pi.index_select(0, left_p), ti.index_select(0, found_t)
+        found = greedy_match(t_key, t_abs, p_key, p_abs, tolerance_ns, backend)
+    detection = detections[0].clone() if sweep else found
+    used = _marked(detection, M)
     kind_key = lambda seq, side: seq * _ROW_SHIFT + side.kind  # noqa: E731
-    by_kind = greedy_match(kind_key(target_seq, target)[t_rest], t_abs[t_rest], kind_key(pred_seq, pred)[p_rest],
-                           p_abs[p_rest], tolerance_ns, backend)
-    paired = detection.clone()
-    paired[t_rest] = _or_none(p_rest)[by_kind]
+    by_kind = greedy_match(torch.where(t_ok & (found < 0), kind_key(target_seq, target), own[:N]), t_abs,
+                           torch.where(p_ok & ~used, kind_key(pred_seq, pred), own[N:]), p_abs, tolerance_ns, backend)
+    paired = torch.where(by_kind >= 0, by_kind, detection)
 
     swept = _detection_counts(target, pred, t_ok, detections if sweep else detection[None])
-    error_ms = (p_abs.index_select(0, detection.index_select(0, detected)) - t_abs.index_select(0, detected)
-                ).abs().double() / 1e6
+    error_ms = torch.where(detection >= 0, (p_abs.index_select(0, detection.clamp(min=0)) - t_abs).abs().double() / 1e6,
+                           float("nan"))
     in_pair = _marked(paired, len(p_ok))
     return TimeMatching(detection=detection, paired=paired, detection_counts=swept[0], detection_error_ms=error_ms,
                         extra_events=(p_ok & ~in_pair).sum(), invalid_pred_events=(~p_ok).sum(), target_ns=t_abs,
@@ -290,12 +290,6 @@ def pair_by_time(true_batch: EventBatch, gen_batch: EventBatch, window_ns: int, 
                       target_count=true_batch.target_count, pred_count=gen_batch.target_count, num_sequences=B,
                       alignment="generation", time_matching=found, generated=gen, generated_seq=gen_batch.seq_idx,
                       keyboard_bound=true_batch.keyboard_bound)
-
-
-def _where(*masks: torch.Tensor) -> list[torch.Tensor]:
-    """The indices of the True entries of each 1-d mask, their numbers read in one host sync."""
-    sizes = torch.stack([m.sum() for m in masks]).tolist()
-    return [torch.nonzero_static(m, size=n)[:, 0] for m, n in zip(masks, sizes)]
 
 
 def _marked(match: torch.Tensor, n: int) -> torch.Tensor:
