@@ -298,11 +298,6 @@ def _marked(match: torch.Tensor, n: int) -> torch.Tensor:
     return slots.index_fill_(0, torch.where(match >= 0, match, n), True)[:n]
 
 
-def _or_none(index: torch.Tensor) -> torch.Tensor:
-    """``index`` with -1 appended: indexing it with a match (-1: none) gives the matched index or -1."""
-    return torch.cat([index, index.new_full((1,), -1)])
-
-
 def _with_blank_row(side: EventFields) -> EventFields:
     """``side`` plus one last row of a missing event (status MISSING, category INVALID, digits -1, span -1)."""
     values = torch.cat([side.values, side.values.new_zeros((1, side.values.shape[1]))])

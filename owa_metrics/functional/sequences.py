@@ -49,7 +49,7 @@ def cursor_offsets(batch: EventBatch, extras: dict) -> tuple[torch.Tensor, torch
     if "cursor_offsets" in extras:
         return extras["cursor_offsets"]
     target, (generated, g_row) = batch.target, _generated(batch)
-    B, t_row, N, M = batch.num_sequences, _long(batch.seq_idx), len(batch.target.status), len(g_row)
+    B, t_row, N = batch.num_sequences, _long(batch.seq_idx), len(batch.target.status)
     t_ok, g_ok = target.status == int(Status.VALID), generated.status == int(Status.VALID)
     mouse = [_mouse(f) for f in (target, generated)]
     moves = [f.values[:, DX:DX + 2] * m[:, None] for f, m in zip((target, generated), mouse)]  # 0 unless mouse
