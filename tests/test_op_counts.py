@@ -39,12 +39,12 @@ LIMITS = {
     # not yet at 2 (issue 34): generation by time reads, besides the decode's and the samples' reads, per greedy
     # matching (detection, kinds) its number of edges and its rounds (log2); before issue 34: 18 (27 at 32 x 2048).
     # The D2E bins read their numbers (per sequence and key): ~30
-    "generation (time)": (941, 6),
-    "generation (time), sketch": (1000, 5),
+    "generation (time)": (922, 5),
+    "generation (time), sketch": (981, 4),
     "teacher forcing, d2e": (644, 29),
     "teacher forcing, sketch, d2e": (659, 28),
     "generation (index), d2e": (886, 29),
-    "generation (time), d2e": (1264, 33),
+    "generation (time), d2e": (1245, 32),
 }
 
 

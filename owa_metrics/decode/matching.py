@@ -146,14 +146,15 @@ def _dense_rank(x: torch.Tensor) -> torch.Tensor:
 
 def _deferred_acceptance(e_p: torch.Tensor, e_c: torch.Tensor, by_priority: torch.Tensor, n_p: int) -> torch.Tensor:
     """`greedy_match`'s rounds on edges (target priority, candidate) sorted by (priority, preference), in
-    fixed-shape ops: a round after the last change changes nothing, so the rounds run in runs of 1, 2, 4, ...
-    and only the end of a run reads whether an edge was open (log2(rounds) host syncs, not several a round)."""
+    fixed-shape ops: a round after the last change changes nothing, so the rounds run in runs of 2, 4, 8, ...
+    and only the end of a run reads whether an edge was open (log2(rounds) host syncs, not several a round; one for
+    the one or two rounds of sparse events, at the cost of at most one round that changes nothing)."""
     n_t, n_e = by_priority.numel(), e_p.numel()
     device = e_p.device
     edge, targets, candidates = (torch.arange(n, device=device) for n in (n_e, n_t, n_p))
     holder = torch.full((n_p + 1,), n_t, dtype=torch.long, device=device)  # priority of the holder; n_p: no one's
     matched = torch.full((n_t + 1,), -1, dtype=torch.long, device=device)  # by priority; n_t: no one's
-    run = 1
+    run = 2
     while True:
         for _ in range(run):
             # an edge is open if its target holds nothing and its candidate is free or held by a later target
