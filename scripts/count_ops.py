@@ -2,9 +2,10 @@
 
     python scripts/count_ops.py [--batch 32 --seq-len 2048]
 
-Cases: teacher forcing in exact mode, in sketch mode, with logits [B, T, V] (exact mode), and generation
-(``pairing="index"``, exact mode), on the batch `bench_decode.make_batch` builds (a simulated session, 5 % of
-the predicted tokens replaced), after one warm-up update.
+Cases (`SETUPS`): teacher forcing and generation paired by index and by time, in exact and sketch mode, with
+logits [B, T, V] or a token loss [B, T], with the D2E protocol (``bin_ms=50``), on the batch
+`bench_decode.make_batch` builds (a simulated session, 5 % of the predicted tokens replaced), after one warm-up
+update.
 
 - ops: `torch.profiler` events of the update whose name starts with ``aten::`` and that have no ``aten::``
   ancestor (an op called by another op is not counted; an op the Python code calls is, however small). Of them,
@@ -14,6 +15,14 @@ the predicted tokens replaced), after one warm-up update.
   shape depends on the data (`nonzero`, `masked_select`, `unique*`, ``repeat_interleave`` without
   ``output_size``, indexing or ``index_put_`` with a boolean mask), `bincount` / `histc`, whose CUDA kernels
   read the input's range on the host, and the Tensor methods that read data on the host (`HOST_READS`). On the CPU nothing waits; these are the calls that would on a GPU.
+  Copies between the host and the device (``_to_copy`` / ``copy_`` from a CPU tensor to another device, or back,
+  outside a counted read): on a GPU run they are counted too (``to_device`` / ``to_host``: CUDA's sync debug mode
+  warns at them); on a CPU run every tensor is on the host and no such copy happens. What stands for them there,
+  with ``host_data=True`` (`count`, the cases below): a tensor made of Python or numpy data during the call
+  (``torch.tensor(list)``, ``torch.from_numpy`` / ``torch.as_tensor`` of an array, a Python number set into a
+  tensor: each dispatches ``lift_fresh``), which a GPU update would copy to the device from pageable memory.
+  Not seen on the CPU: a CPU tensor made by a factory without ``device=`` and moved with ``.to(device)``; the
+  module's code has none (it makes every tensor on its inputs' device).
 """
 
 from __future__ import annotations
@@ -33,17 +42,22 @@ DATA_SHAPED = {aten.nonzero.default, aten.masked_select.default, aten.unique_con
 MASK_INDEXED = {aten.index.Tensor, aten.index_put.default, aten.index_put_.default, aten._index_put_impl_.default}
 HOST_READS = ("tolist", "numpy")  # Tensor methods that read the data on the host (a copy to it, on a GPU)
 REPEATS = {aten.repeat_interleave.Tensor, aten.repeat_interleave.self_Tensor}
+TO_COPY = {aten._to_copy.default}
+COPIES = TO_COPY | {aten.copy_.default}  # between the host and a device: counted by the devices of their tensors
 VIEWS = {f"aten::{name}" for name in ("view", "select", "slice", "unbind", "squeeze", "unsqueeze", "expand", "permute",
                                       "numpy_T", "t", "transpose", "split", "split_with_sizes", "as_strided", "alias",
                                       "detach", "view_as", "diagonal")}
 
 
 class SyncCounter(TorchDispatchMode):
-    """Counts, by op name, the aten calls that would make the host wait for a GPU (see the module docstring)."""
+    """Counts, by op name, the aten calls that would make the host wait for a GPU (see the module docstring);
+    ``host_data``: also the tensors made of Python or numpy data (``lift_fresh``), which a GPU update would copy to
+    the device."""
 
-    def __init__(self):
+    def __init__(self, host_data: bool = False):
         super().__init__()
         self.calls: Counter = Counter()
+        self.host_data, self._reading = host_data, 0
 
     def __enter__(self):  # reading a tensor into Python or numpy dispatches no aten op on the CPU: counted here
         self._saved = {name: getattr(torch.Tensor, name) for name in HOST_READS}
@@ -59,7 +73,11 @@ class SyncCounter(TorchDispatchMode):
     def _counting(self, name, method):
         def read(tensor, *args, **kwargs):
             self.calls[name] += 1
-            return method(tensor, *args, **kwargs)
+            self._reading += 1  # its own copy to the host (on a GPU) is this read
+            try:
+                return method(tensor, *args, **kwargs)
+            finally:
+                self._reading -= 1
         return read
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -67,6 +85,13 @@ class SyncCounter(TorchDispatchMode):
         if func in READS or func in DATA_SHAPED or self._masked(func, args) or (
                 func in REPEATS and kwargs.get("output_size") is None):
             self.calls[str(func.overloadpacket.__name__)] += 1
+        elif func in COPIES and not self._reading:
+            source, target = (args[0].device, kwargs.get("device") or args[0].device) if func in TO_COPY else (
+                args[1].device, args[0].device)
+            if (source.type == "cpu") != (torch.device(target).type == "cpu"):
+                self.calls["to_device" if source.type == "cpu" else "to_host"] += 1
+        elif func == aten.lift_fresh.default and self.host_data:
+            self.calls["lift_fresh"] += 1
         return func(*args, **kwargs)
 
     @staticmethod
@@ -99,29 +124,46 @@ def top_level_ops(fn) -> Counter:
 def count(fn) -> tuple[Counter, Counter]:
     """``(top-level ops, syncs)`` of one call of ``fn`` each (two calls)."""
     ops = top_level_ops(fn)
-    with SyncCounter() as syncs:
+    with SyncCounter(host_data=True) as syncs:
         fn()
     return ops, syncs.calls
 
 
-def cases(batch: int, seq_len: int):
-    """``{name: update call}`` of the four torch-path cases on one simulated batch (each warmed up once)."""
+# every alignment and pairing, mode, loss input and the D2E protocol: {name: (OWAEventMetrics options, update input)}
+SETUPS = {"teacher forcing, exact": ({}, "ids"),
+          "teacher forcing, sketch": ({"mode": "sketch"}, "ids"),
+          "teacher forcing, logits": ({}, "logits"),
+          "teacher forcing, sketch, logits": ({"mode": "sketch"}, "logits"),
+          "teacher forcing, token_loss": ({}, "token_loss"),
+          "teacher forcing, sketch, token_loss": ({"mode": "sketch"}, "token_loss"),
+          "teacher forcing, d2e": ({"bin_ms": 50}, "ids"),
+          "teacher forcing, sketch, d2e": ({"mode": "sketch", "bin_ms": 50}, "ids"),
+          "generation (index)": ({"alignment": "generation"}, "ids"),
+          "generation (index), sketch": ({"alignment": "generation", "mode": "sketch"}, "ids"),
+          "generation (index), d2e": ({"alignment": "generation", "bin_ms": 50}, "ids"),
+          "generation (time)": ({"alignment": "generation", "pairing": "time"}, "ids"),
+          "generation (time), sketch": ({"alignment": "generation", "pairing": "time", "mode": "sketch"}, "ids"),
+          "generation (time), d2e": ({"alignment": "generation", "pairing": "time", "bin_ms": 50}, "ids")}
+
+
+def cases(batch: int, seq_len: int, names=None):
+    """``{name: update call}`` of the torch-path cases (`SETUPS`, or those ``names``) on one simulated batch (each
+    warmed up once)."""
     from owa_metrics import OWAEventMetrics, build_tokenizer
 
     from bench_decode import make_batch  # scripts/ is on sys.path when run as a script
 
     tokenizer = build_tokenizer()
     preds, target = make_batch(OWAEventMetrics(tokenizer).vocab, batch, seq_len)
-    logits = torch.randn(*target.shape, len(tokenizer), generator=torch.Generator().manual_seed(0))
-    setups = {"teacher forcing, exact": ({}, (preds, target)),
-              "teacher forcing, sketch": ({"mode": "sketch"}, (preds, target)),
-              "teacher forcing, logits": ({}, (preds, target, logits)),
-              "generation (index)": ({"alignment": "generation"}, (preds, target))}
+    g = torch.Generator().manual_seed(0)
+    inputs = {"ids": {}, "logits": {"logits": torch.randn(*target.shape, len(tokenizer), generator=g)},
+              "token_loss": {"token_loss": torch.rand(target.shape, generator=g) * 5}}
     out = {}
-    for name, (options, args) in setups.items():
+    for name in names or SETUPS:
+        options, given = SETUPS[name]
         metric = OWAEventMetrics(tokenizer, backend="torch", **options)
-        metric.update(*args)
-        out[name] = lambda metric=metric, args=args: metric.update(*args)
+        metric.update(preds, target, **inputs[given])
+        out[name] = lambda metric=metric, given=inputs[given]: metric.update(preds, target, **given)
     return out
 
 
@@ -133,12 +175,12 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     print(f"torch {torch.__version__}, batch {args.batch} x {args.seq_len}, backend='torch' on CPU")
-    print(f"{'case':<26} {'top-level ops':>13} {'views':>6} {'syncs':>6}  sync ops")
+    print(f"{'case':<36} {'top-level ops':>13} {'views':>6} {'syncs':>6}  sync ops")
     for name, fn in cases(args.batch, args.seq_len).items():
         ops, syncs = count(fn)
         listed = ", ".join(f"{k} {v}" for k, v in sorted(syncs.items())) or "-"
         views = sum(v for k, v in ops.items() if k in VIEWS)
-        print(f"{name:<26} {sum(ops.values()):>13} {views:>6} {sum(syncs.values()):>6}  {listed}")
+        print(f"{name:<36} {sum(ops.values()):>13} {views:>6} {sum(syncs.values()):>6}  {listed}")
         if args.detail:
             print("    " + ", ".join(f"{k[6:]} {v}" for k, v in ops.most_common()))
 

@@ -120,6 +120,67 @@ def test_levenshtein_bit_parallel_and_torch_equal_the_textbook_recurrence():
     assert levenshtein_torch(*sides, B).tolist() == want
 
 
+def test_levenshtein_on_the_device_reads_nothing_with_bounds_and_equals_the_recurrence():
+    """`levenshtein_torch` given bounds on the rows' numbers of entries (tight, loose, either side the larger; one
+    side empty in some rows, no rows at all) makes no host sync (`SyncCounter`) and equals the textbook recurrence."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    from count_ops import SyncCounter
+
+    rng = np.random.default_rng(34)
+    B = 30
+    sides = []
+    for top in (9, 14):
+        lengths = rng.integers(0, top + 1, size=B)
+        lengths[B // 2:B // 2 + 3] = 0  # rows with nothing on this side
+        rows = np.repeat(np.arange(B), lengths)
+        codes = np.where(rng.random(len(rows)) < 0.2, -1, rng.integers(0, 5, size=len(rows)))
+        sides += [torch.from_numpy(codes), torch.from_numpy(rows)]
+    lists = [x.tolist() for x in sides]
+    rows_of = lambda k, b: [c for c, r in zip(lists[k], lists[k + 1]) if r == b and c >= 0]  # noqa: E731
+    want = [oracle_levenshtein(rows_of(0, b), rows_of(2, b)) for b in range(B)]
+    a_max, b_max = (max(len(rows_of(k, b)) for b in range(B)) for k in (0, 2))
+    assert max(want) > 5 and min(want) == 0 and a_max != b_max
+    for widths in ((a_max, b_max), (a_max + 3, b_max), (a_max, b_max + 7), (b_max + 5, b_max)):
+        with SyncCounter() as syncs:
+            got = levenshtein_torch(*sides, B, widths)
+        assert syncs.total == 0, dict(syncs.calls)
+        assert got.tolist() == want, widths
+    empty = torch.zeros(0, dtype=torch.long)
+    assert levenshtein_torch(empty, empty, empty, empty, 0, (0, 0)).tolist() == []
+    assert levenshtein_torch(*sides[:2], empty, empty, B, (a_max, 0)).tolist() == [
+        len(rows_of(0, b)) for b in range(B)]
+
+
+def test_the_decoders_keyboard_bound_holds_every_rows_keys(format_vocab):
+    """Generation on the torch decoder: ``keyboard_bound`` (read with the numbers of events) is at least each row's
+    number of valid keyboard events of each side, and the least number of keyboard type tokens of a row; the compiled
+    decoder gives none."""
+    from owa_metrics.schema import Category, Kind, Status
+
+    rng = np.random.default_rng(3)
+    keys = [("keyboard", 10 * i, dict(vk=65 + i, action=("press", "release")[i % 2])) for i in range(6)]
+    moves = [("mouse", 10 * i + 5, dict(dx=i, dy=-i)) for i in range(4)]
+    rows = [format_vocab.encode(_events(sorted(keys[:k] + moves[:m], key=lambda e: e[1])))
+            for k, m in ((6, 4), (2, 0), (0, 3), (5, 1))]
+    target = pad(rows)
+    preds = target.clone()
+    preds[1, 3:9] = int(rng.integers(0, format_vocab.size))  # a corrupted generated row
+    preds = torch.cat([preds, torch.full((len(rows), 5), -100)], 1)
+    batch = decode_batch(preds, target, format_vocab, "generation", backend="torch")
+    for side, fields, row in (("target", batch.target, batch.seq_idx), ("generated", batch.generated,
+                                                                        batch.generated_seq)):
+        valid = (fields.status == int(Status.VALID)) & (fields.category == int(Category.KEYBOARD))
+        per_row = torch.bincount(row[valid], minlength=len(rows))
+        typed = torch.bincount(row[fields.kind == int(Kind.KEYBOARD)], minlength=len(rows))
+        bound = batch.keyboard_bound[0 if side == "target" else 1]
+        assert bound >= int(per_row.max()) and bound >= int(typed.max()), (side, bound, per_row, typed)
+    assert batch.keyboard_bound[0] == 6
+    assert decode_batch(preds, target, format_vocab, "generation", backend="kernel").keyboard_bound is None
+
+
 def test_a_batch_without_its_generated_side_is_refused(tokenizer):
     metric = OWAEventMetrics(tokenizer, alignment="generation")
     ids = pad([metric.vocab.encode(_events([("mouse", 100, dict(dx=1, dy=0))]))])

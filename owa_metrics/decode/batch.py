@@ -77,7 +77,14 @@ def decode_batch(preds: torch.Tensor, target: torch.Tensor, vocab: VocabMap,
     if pairing == "time":  # each side decoded on its own (its target side against itself), then matched
         window_ns = vocab.config.timestamp_window_ns
         tolerance = tolerance_ns(DEFAULT_TOLERANCE_MS if tolerance_ms is None else tolerance_ms, window_ns)
-        true, generated = (decode_batch(ids, ids, vocab, "teacher_forcing", backend) for ids in (target, preds))
+        if backend == "kernel" or (backend == "auto" and target.device.type == "cpu" and kernel.available()):
+            true, generated = (decode_batch(ids, ids, vocab, "teacher_forcing", backend) for ids in (target, preds))
+        else:  # the torch ops: both sides in one decode (one host read), its target side and every generated event
+            true = _decode_with_torch(preds, target, vocab, "generation", _Tables.get(vocab.config, target.device),
+                                      pair=False)
+            generated = EventBatch(seq_idx=true.generated_seq, status=true.generated.status, target=true.generated,
+                                   pred=true.generated, target_count=true.pred_count, pred_count=true.pred_count,
+                                   num_sequences=true.num_sequences, alignment="teacher_forcing")
         return pair_by_time(true, generated, window_ns, tolerance, origin_ns, backend)
     layouts = _Tables.get(vocab.config, target.device)
     if backend == "kernel" or (backend == "auto" and target.device.type == "cpu" and kernel.available()):
@@ -150,10 +157,12 @@ def _check_inputs(preds, target, alignment):
     return pad(preds), pad(target)
 
 
-def _decode_with_torch(preds, target, vocab: VocabMap, alignment: Alignment, L: "_Tables") -> EventBatch:
+def _decode_with_torch(preds, target, vocab: VocabMap, alignment: Alignment, L: "_Tables", pair: bool = True
+                       ) -> EventBatch:
     """The torch ops: both sides' token planes (`_token_planes`) in one [P, 2B W] lookup, the spans from dense scans,
     then every row of both sides checked and read at once (`_decode_rows`). One host sync: the number of target
-    events (``nonzero``; in generation the numbers of events of both sides, every generated event being decoded)."""
+    events (``nonzero``; in generation the numbers of events of both sides, every generated event being decoded).
+    Generation without ``pair`` (time pairing matches the sides itself): ``pred`` is the target side again."""
     B, T = target.shape
     generation = alignment == "generation"
     if generation:  # the generated rows under the target rows, padded to one width with ignored labels
@@ -169,18 +178,24 @@ def _decode_with_torch(preds, target, vocab: VocabMap, alignment: Alignment, L: 
     target_count, pred_count = scans.marks.sum(1).split([B, B])  # events per row of each side (B = 0 too)
     if generation:  # every span of both sides (the one host sync), the k-th true event of a row paired with its
         # k-th generated event: the generated side decoded whole, the pairs read from it
-        n, n_g = torch.stack([target_count.sum(), pred_count.sum()]).tolist()
+        # with, per side, the most keyboard type tokens in a row: a bound on its keyboard events (`EventBatch`)
+        keys = (planes[_ROLE].view(2, B, W) == int(Role.KEYBOARD)).sum(2)
+        n, n_g, *keyboard_bound = torch.cat([torch.stack([target_count.sum(), pred_count.sum()]),
+                                             keys.amax(1) if B else keys.new_zeros(2)]).tolist()
         seq, col = torch.nonzero_static(scans.marks, size=n + n_g).unbind(1)
         first, last, cut, slot0 = scans.spans(torch.add(col, seq, alpha=W))
         status, kind, code, values, digits = _decode_rows(planes, scans.counts, slot0, last, cut, L)
         rows = torch.cat([torch.stack([status, kind, first % W, last % W, code, cut.long()]), L.missing], 1)
         values, digits = torch.cat([values, L.blank], 1), torch.nn.functional.pad(digits, (0, 1), value=-1)
         seq, g_seq = seq[:n], seq[n:] - B
-        rank = torch.arange(n, device=seq.device) - (target_count.cumsum(0) - target_count).index_select(0, seq)
-        # a target event without its k-th generated one: MISSING, no span (the blank last column)
-        paired = torch.where(rank < pred_count.index_select(0, seq),
-                             n + (pred_count.cumsum(0) - pred_count).index_select(0, seq) + rank, n + n_g)
-        pick = torch.cat([torch.arange(n, device=seq.device), paired])
+        if pair:
+            rank = torch.arange(n, device=seq.device) - (target_count.cumsum(0) - target_count).index_select(0, seq)
+            # a target event without its k-th generated one: MISSING, no span (the blank last column)
+            paired = torch.where(rank < pred_count.index_select(0, seq),
+                                 n + (pred_count.cumsum(0) - pred_count).index_select(0, seq) + rank, n + n_g)
+            pick = torch.cat([torch.arange(n, device=seq.device), paired])
+        else:
+            pick = torch.arange(n, device=seq.device).repeat(2)
         (status_t, status_p), (kind_t, kind_p), (start_t, start_p), (end_t, end_p), (code_t, code_p), cuts = (
             x.split([n, n]) for x in rows.index_select(1, pick))
         cuts = tuple(c.bool() for c in cuts)
@@ -191,7 +206,7 @@ def _decode_with_torch(preds, target, vocab: VocabMap, alignment: Alignment, L: 
     else:  # the prediction is read at the target's spans, one side down
         seq, col = scans.marks[:B].nonzero().unbind(1)  # the target spans: the one host sync
         at, n, BW = torch.add(col, seq, alpha=W), seq.numel(), B * W
-        generated = g_seq = None
+        generated = g_seq = keyboard_bound = None
         pred_count = target_count
         first, last, cut, slot0 = scans.spans(at)
         status, kind, code, values, digits = _decode_rows(planes, scans.counts, torch.cat([slot0, slot0 + BW]),
@@ -208,7 +223,7 @@ def _decode_with_torch(preds, target, vocab: VocabMap, alignment: Alignment, L: 
     status = L.pair_status[generation].index_select(0, torch.add(code_p, code_t, alpha=L.n_codes))
     return EventBatch(seq_idx=seq, status=status, target=tgt, pred=pred, target_count=target_count,
                       pred_count=pred_count, num_sequences=B, alignment=alignment, generated=generated,
-                      generated_seq=g_seq)
+                      generated_seq=g_seq, keyboard_bound=None if keyboard_bound is None else tuple(keyboard_bound))
 
 
 class _Scans:

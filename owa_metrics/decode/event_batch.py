@@ -25,7 +25,8 @@ class TimeMatching:
     ``detection`` / ``paired`` [n_target_events]: index of the matched generated event (in (row, position)
     order over every generated event span), -1 for none; ``paired`` holds the detection matches plus the
     kind matches. ``detection_counts`` [3, N_CAT + 1] (float64): TP, FP, FN per category, the last column the
-    invalid generated events (FP of no category). ``detection_error_ms`` [detection matches]: |a_p - a_t|.
+    invalid generated events (FP of no category). ``detection_error_ms`` [n_target_events]: |a_p - a_t| (ms) of
+    each detection match, NaN where none.
     ``extra_events``: valid generated events paired with nothing; ``invalid_pred_events``: generated event
     spans that do not decode. ``target_ns`` [n_target_events] / ``generated_ns`` [every generated event span]:
     the absolute times (`unwrap_ns`; 0 where the event does not decode). ``tolerance_ns``: the tolerance the
@@ -110,6 +111,9 @@ class EventBatch:
     ``target_count`` / ``pred_count`` [num_sequences] count events per sequence (equal under teacher forcing).
     ``time_matching``: what generation by time found (`TimeMatching`), else None. ``generated`` /
     ``generated_seq`` (generation): every generated event span decoded on its own, in (row, position) order, and its row.
+    ``keyboard_bound`` (generation, the torch decoder): the most keyboard type tokens in one row of the target and of
+    the generated ids, a bound on a row's keyboard events of each side (host ints, read with the numbers of events);
+    None when not known.
     """
 
     seq_idx: torch.Tensor
@@ -123,6 +127,7 @@ class EventBatch:
     time_matching: Optional[TimeMatching] = None  # pairing="time": detection counts, errors, extra events
     generated: Optional[EventFields] = None
     generated_seq: Optional[torch.Tensor] = None
+    keyboard_bound: Optional[tuple[int, int]] = None
 
     def __len__(self) -> int:
         return int(self.seq_idx.numel())

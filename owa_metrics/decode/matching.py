@@ -9,6 +9,7 @@ bounded loop over deferred-acceptance rounds elsewhere (`greedy_match`).
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from dataclasses import replace
@@ -51,24 +52,27 @@ def unwrap_ns(seq: torch.Tensor, timestamp_ns: torch.Tensor, valid: torch.Tensor
 
     With W = ``window_ns`` and o = ``origin_ns[row]``: a_0 = o + signed(t_0 - o), signed() into [-W/2, W/2);
     then d = (t_k - t_{k-1}) mod W and a_k = a_{k-1} + d, or a_{k-1} + d - W when d > W - 1 s (a step back).
-    One segmented cumulative sum.
+    One segmented cumulative sum over every event (an invalid one steps 0; each valid one steps from the last valid
+    one before it), fixed shapes: no host sync.
     """
-    out = torch.zeros_like(timestamp_ns)
-    at = valid.nonzero().squeeze(1)
-    if at.numel() == 0:
-        return out
-    row, t = seq.index_select(0, at), timestamp_ns.index_select(0, at)
-    first = torch.ones_like(row, dtype=torch.bool)
-    first[1:] = row[1:] != row[:-1]
-    step = torch.remainder(t - torch.roll(t, 1), window_ns)
+    n = len(timestamp_ns)
+    if n == 0:
+        return torch.zeros_like(timestamp_ns)
+    seq = seq if seq.dtype == torch.long else seq.long()
+    index = torch.arange(n, device=seq.device)
+    before = torch.nn.functional.pad(torch.where(valid, index, -1).cummax(0).values[:-1], (1, 0), value=-1)
+    at = before.clamp(min=0)  # the last valid event before each one (-1: none)
+    first = valid & ((before < 0) | (seq.index_select(0, at) != seq))  # its row's first valid event
+    t = timestamp_ns
+    step = torch.remainder(t - t.index_select(0, at), window_ns)
     step = torch.where(step > window_ns - STEP_BACK_NS, step - window_ns, step)
-    o = origin_ns.index_select(0, row)
+    o = origin_ns.index_select(0, seq)
     half = window_ns // 2
-    step = torch.where(first, o + torch.remainder(t - o + half, window_ns) - half, step)
+    step = torch.where(first, o + torch.remainder(t - o + half, window_ns) - half, torch.where(valid, step, 0))
     total = torch.cumsum(step, 0)
-    row_start = torch.cummax(torch.where(first, torch.arange(at.numel(), device=at.device), 0), 0).values
-    out[at] = total - (total - step).index_select(0, row_start)  # the cumulative sum restarted at each row
-    return out
+    row_start = torch.cummax(torch.where(first, index, 0), 0).values
+    # the cumulative sum restarted at each row
+    return torch.where(valid, total - (total - step).index_select(0, row_start), 0)
 
 
 def greedy_match(target_key: torch.Tensor, target_ns: torch.Tensor, pred_key: torch.Tensor, pred_ns: torch.Tensor,
@@ -94,14 +98,14 @@ def greedy_match(target_key: torch.Tensor, target_ns: torch.Tensor, pred_key: to
     if n_t == 0 or n_p == 0:
         return match
     # candidates sorted by (key, time); each target's window [a_t - tol, a_t + tol] within its key is a slice
-    group = torch.unique(torch.cat([target_key, pred_key]), return_inverse=True)[1]
-    times, rank = torch.unique(torch.cat([pred_ns, target_ns - tolerance_ns, target_ns + tolerance_ns]),
-                               return_inverse=True)
-    sort_key = group[n_t:] * times.numel() + rank[:n_p]
+    group = _dense_rank(torch.cat([target_key, pred_key]))
+    rank = _dense_rank(torch.cat([pred_ns, target_ns - tolerance_ns, target_ns + tolerance_ns]))
+    times = n_p + 2 * n_t  # more than the distinct times: (group, time rank) as one ordered number
+    sort_key = group[n_t:] * times + rank[:n_p]
     order = torch.argsort(sort_key, stable=True)
     sorted_key = sort_key.index_select(0, order)
-    lo = torch.searchsorted(sorted_key, group[:n_t] * times.numel() + rank[n_p:n_p + n_t])
-    hi = torch.searchsorted(sorted_key, group[:n_t] * times.numel() + rank[n_p + n_t:], right=True)
+    lo = torch.searchsorted(sorted_key, group[:n_t] * times + rank[n_p:n_p + n_t])
+    hi = torch.searchsorted(sorted_key, group[:n_t] * times + rank[n_p + n_t:], right=True)
     count = hi - lo
     e_t = torch.repeat_interleave(torch.arange(n_t, device=count.device), count)
     n_e = e_t.numel()
@@ -124,16 +128,33 @@ def greedy_match(target_key: torch.Tensor, target_ns: torch.Tensor, pred_key: to
     return _deferred_acceptance(priority.index_select(0, e_t), e_c, by_priority, n_p)
 
 
+@functools.lru_cache(maxsize=16)
+def _on_device(values: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """``values`` as an int64 tensor on ``device``, made once (no copy from the host per update)."""
+    return torch.tensor(values, dtype=torch.long, device=device)
+
+
+def _dense_rank(x: torch.Tensor) -> torch.Tensor:
+    """Each entry's rank among the distinct values of ``x`` (``torch.unique(x, return_inverse=True)[1]``) from a
+    sort, without a host sync."""
+    order = torch.argsort(x)
+    ordered = x.index_select(0, order)
+    new = torch.ones_like(ordered, dtype=torch.long)
+    torch.ne(ordered[1:], ordered[:-1], out=new[1:])
+    return torch.empty_like(order).index_copy_(0, order, new.cumsum(0) - 1)
+
+
 def _deferred_acceptance(e_p: torch.Tensor, e_c: torch.Tensor, by_priority: torch.Tensor, n_p: int) -> torch.Tensor:
     """`greedy_match`'s rounds on edges (target priority, candidate) sorted by (priority, preference), in
-    fixed-shape ops: a round after the last change changes nothing, so the rounds run in runs of 1, 2, 4, ...
-    and only the end of a run reads whether an edge was open (log2(rounds) host syncs, not several a round)."""
+    fixed-shape ops: a round after the last change changes nothing, so the rounds run in runs of 2, 4, 8, ...
+    and only the end of a run reads whether an edge was open (log2(rounds) host syncs, not several a round; one for
+    the one or two rounds of sparse events, at the cost of at most one round that changes nothing)."""
     n_t, n_e = by_priority.numel(), e_p.numel()
     device = e_p.device
     edge, targets, candidates = (torch.arange(n, device=device) for n in (n_e, n_t, n_p))
     holder = torch.full((n_p + 1,), n_t, dtype=torch.long, device=device)  # priority of the holder; n_p: no one's
     matched = torch.full((n_t + 1,), -1, dtype=torch.long, device=device)  # by priority; n_t: no one's
-    run = 1
+    run = 2
     while True:
         for _ in range(run):
             # an edge is open if its target holds nothing and its candidate is free or held by a later target
@@ -179,37 +200,36 @@ def match_by_time(target: EventFields, target_seq: torch.Tensor, pred: EventFiel
     sweep = tolerance_ns if isinstance(tolerance_ns, tuple) else ()
     device = target.status.device
     t_ok, p_ok = target.status == int(Status.VALID), pred.status == int(Status.VALID)
-    valid_at = t_ok.nonzero().squeeze(1)
-    first_valid = torch.full((num_sequences,), len(t_ok), dtype=torch.long, device=device)
-    first_valid = first_valid.scatter_reduce(0, target_seq[valid_at].long(), valid_at, "amin")
+    target_seq, pred_seq = (x if x.dtype == torch.long else x.long() for x in (target_seq, pred_seq))
+    N, M = len(t_ok), len(p_ok)
+    first_valid = torch.full((num_sequences,), N, dtype=torch.long, device=device).scatter_reduce(
+        0, target_seq, torch.where(t_ok, torch.arange(N, device=device), N), "amin")
     origin = torch.cat([target.timestamp_ns, target.timestamp_ns.new_zeros(1)]).index_select(0, first_valid)
     if origin_ns is not None:
         origin = torch.where(origin_ns >= 0, origin_ns, origin)
     t_abs = unwrap_ns(target_seq, target.timestamp_ns, t_ok, origin, window_ns)
     p_abs = unwrap_ns(pred_seq, pred.timestamp_ns, p_ok, origin, window_ns)
 
-    ti, pi = valid_at, p_ok.nonzero().squeeze(1)
-    t_key, p_key = detection_key(target_seq, target)[ti], detection_key(pred_seq, pred)[pi]
+    # every event of both sides, fixed shapes (no host read): an event that takes no part (invalid; for the pairing
+    # by kind, detected or used) gets a key of its own (negative, distinct), which meets nothing
+    own = torch.arange(N + M, device=device).neg_().sub_(1)
+    t_key = torch.where(t_ok, detection_key(target_seq, target), own[:N])
+    p_key = torch.where(p_ok, detection_key(pred_seq, pred), own[N:])
     if sweep:
-        every = _sweep_match(t_key, t_abs[ti], p_key, p_abs[pi], sweep, backend)
-        detections = torch.full((len(sweep), len(target_seq)), -1, dtype=torch.long, device=device)
-        detections[:, ti] = _or_none(pi)[every]
-        found, detection, tolerance_ns = every[0], detections[0].clone(), sweep[0]
+        detections = _sweep_match(t_key, t_abs, p_key, p_abs, sweep, backend)
+        found, tolerance_ns = detections[0], sweep[0]
     else:
-        found = greedy_match(t_key, t_abs[ti], p_key, p_abs[pi], tolerance_ns, backend)
-        detection = torch.full_like(target_seq, -1, dtype=torch.long)
-        detection[ti] = _or_none(pi)[found]
-    used = _marked(detection, len(p_ok))
-    t_rest, p_rest = ti[found < 0], pi[~used[pi]]
+        found = greedy_match(t_key, t_abs, p_key, p_abs, tolerance_ns, backend)
+    detection = detections[0].clone() if sweep else found
+    used = _marked(detection, M)
     kind_key = lambda seq, side: seq * _ROW_SHIFT + side.kind  # noqa: E731
-    by_kind = greedy_match(kind_key(target_seq, target)[t_rest], t_abs[t_rest], kind_key(pred_seq, pred)[p_rest],
-                           p_abs[p_rest], tolerance_ns, backend)
-    paired = detection.clone()
-    paired[t_rest] = _or_none(p_rest)[by_kind]
+    by_kind = greedy_match(torch.where(t_ok & (found < 0), kind_key(target_seq, target), own[:N]), t_abs,
+                           torch.where(p_ok & ~used, kind_key(pred_seq, pred), own[N:]), p_abs, tolerance_ns, backend)
+    paired = torch.where(by_kind >= 0, by_kind, detection)
 
-    matched = detection >= 0
     swept = _detection_counts(target, pred, t_ok, detections if sweep else detection[None])
-    error_ms = (p_abs[detection[matched]] - t_abs[matched]).abs().double() / 1e6
+    error_ms = torch.where(detection >= 0, (p_abs.index_select(0, detection.clamp(min=0)) - t_abs).abs().double() / 1e6,
+                           float("nan"))
     in_pair = _marked(paired, len(p_ok))
     return TimeMatching(detection=detection, paired=paired, detection_counts=swept[0], detection_error_ms=error_ms,
                         extra_events=(p_ok & ~in_pair).sum(), invalid_pred_events=(~p_ok).sum(), target_ns=t_abs,
@@ -225,8 +245,8 @@ def _sweep_match(t_key: torch.Tensor, t_ns: torch.Tensor, p_key: torch.Tensor, p
     match at its tolerance alone. Candidate indices of the original side (-1: none)."""
     S, n_t, n_p = len(sweep), len(t_key), len(p_key)
     copy = torch.arange(S, device=t_key.device)[:, None]
-    group = torch.unique(torch.cat([t_key, p_key]), return_inverse=True)[1] * S
-    tolerance = torch.tensor(sweep, device=t_key.device)[:, None].expand(S, n_t).reshape(-1)
+    group = _dense_rank(torch.cat([t_key, p_key])) * S
+    tolerance = _on_device(sweep, t_key.device)[:, None].expand(S, n_t).reshape(-1)
     found = greedy_match((group[:n_t] + copy).view(-1), t_ns.repeat(S), (group[n_t:] + copy).view(-1),
                          p_ns.repeat(S), tolerance, backend).view(S, n_t)
     return torch.where(found >= 0, found - copy * n_p, -1)
@@ -255,13 +275,15 @@ def _detection_counts(target: EventFields, pred: EventFields, t_ok: torch.Tensor
 
 def pair_by_time(true_batch: EventBatch, gen_batch: EventBatch, window_ns: int, tolerance_ns: Union[int, tuple],
                  origin_ns: Union[None, int, torch.Tensor] = None, backend: Backend = "auto") -> EventBatch:
-    """``pairing="time"``: the true and the generated events, each side decoded on its own (the target side of
-    ``decode_batch(ids, ids, vocab)``), -> an `EventBatch` (one row per target event, paired by `match_by_time`,
-    its `TimeMatching` attached)."""
+    """``pairing="time"``: the true and the generated events, each side's every event span decoded on its own
+    (the target sides: ``true_batch.target``, ``gen_batch.target``), -> an `EventBatch` (one row per target event,
+    paired by `match_by_time`, its `TimeMatching` attached)."""
     B = true_batch.num_sequences
     true, gen = true_batch.target, gen_batch.target
-    if origin_ns is not None:
-        origin_ns = torch.as_tensor(origin_ns, dtype=torch.long, device=true_batch.seq_idx.device)
+    if origin_ns is not None:  # one number: a fill on the device (no copy from the host)
+        device = true_batch.seq_idx.device
+        origin_ns = torch.full((1,), origin_ns, dtype=torch.long, device=device) if isinstance(origin_ns, int) else \
+            torch.as_tensor(origin_ns, dtype=torch.long, device=device)
         if origin_ns.dim() > 1 or origin_ns.numel() not in (1, B):
             raise ValueError(f"origin_ns must be one timestamp (ns) or one per sequence [{B}], got shape "
                              f"{tuple(origin_ns.shape)}")
@@ -274,18 +296,14 @@ def pair_by_time(true_batch: EventBatch, gen_batch: EventBatch, window_ns: int, 
                                      int(Status.TYPE_MISMATCH), pred.status))
     return EventBatch(seq_idx=true_batch.seq_idx, status=status, target=true, pred=pred,
                       target_count=true_batch.target_count, pred_count=gen_batch.target_count, num_sequences=B,
-                      alignment="generation", time_matching=found, generated=gen, generated_seq=gen_batch.seq_idx)
+                      alignment="generation", time_matching=found, generated=gen, generated_seq=gen_batch.seq_idx,
+                      keyboard_bound=true_batch.keyboard_bound)
 
 
 def _marked(match: torch.Tensor, n: int) -> torch.Tensor:
     """[n] bool: the candidates some entry of ``match`` (-1: none) points at (fixed shapes: no host sync)."""
     slots = torch.zeros(n + 1, dtype=torch.bool, device=match.device)
     return slots.index_fill_(0, torch.where(match >= 0, match, n), True)[:n]
-
-
-def _or_none(index: torch.Tensor) -> torch.Tensor:
-    """``index`` with -1 appended: indexing it with a match (-1: none) gives the matched index or -1."""
-    return torch.cat([index, index.new_full((1,), -1)])
 
 
 def _with_blank_row(side: EventFields) -> EventFields:

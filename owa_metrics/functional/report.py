@@ -288,7 +288,7 @@ def _detection_states(s: Shape) -> dict:
     return {"detection": Given((3, N_CAT + 1), lambda batch, x: (
                 batch.time_matching.detection_counts if x.get("group") is None else _detection_by_group(batch, x)[:, 0],)),
             "detection_errors": GivenSamples(lambda batch, x: (batch.time_matching.detection_error_ms, None if x.get(
-                "group") is None else batch.seq_idx[batch.time_matching.detection >= 0]))}
+                "group") is None else batch.seq_idx))}  # one per target event, NaN: none detected
 
 
 def _detection_keys(r) -> dict:

@@ -27,12 +27,17 @@ def _generated(batch: EventBatch) -> tuple[EventFields, torch.Tensor]:
     if batch.generated is None:
         raise ValueError("this EventBatch has no generated side (EventBatch.generated): decode it with "
                          "decode_batch(preds, target, vocab, alignment='generation')")
-    return batch.generated, batch.generated_seq.long()
+    return batch.generated, _long(batch.generated_seq)
+
+
+def _long(x: torch.Tensor) -> torch.Tensor:
+    return x if x.dtype == torch.long else x.long()
 
 
 def _mouse(fields: EventFields) -> torch.Tensor:
     """Valid mouse events (an event that does not decode has category INVALID)."""
-    return (fields.category == int(Category.MOUSE_OP)) | (fields.category == int(Category.MOUSE_NOP))
+    category = fields.category
+    return (category == int(Category.MOUSE_OP)) | (category == int(Category.MOUSE_NOP))
 
 
 def _counts(rows: torch.Tensor, weights: torch.Tensor, num_sequences: int) -> torch.Tensor:
@@ -47,32 +52,53 @@ def cursor_offsets(batch: EventBatch, extras: dict) -> tuple[torch.Tensor, torch
     if "cursor_offsets" in extras:
         return extras["cursor_offsets"]
     target, (generated, g_row) = batch.target, _generated(batch)
-    B, t_row, N, M = batch.num_sequences, batch.seq_idx.long(), len(batch.target.status), len(g_row)
+    B, t_row, N = batch.num_sequences, _long(batch.seq_idx), len(batch.target.status)
     t_ok, g_ok = target.status == int(Status.VALID), generated.status == int(Status.VALID)
     mouse = [_mouse(f) for f in (target, generated)]
     moves = [f.values[:, DX:DX + 2] * m[:, None] for f, m in zip((target, generated), mouse)]  # 0 unless mouse
-    if batch.time_matching is None:  # the key: how many valid events of its side so far
-        t_key, g_key = (_row_cumsum(ok.long()[:, None], row, B)[:, 0] for ok, row in ((t_ok, t_row), (g_ok, g_row)))
+    if batch.time_matching is None:  # the generated path through the first min(k, n_gen) valid generated events
+        gen_path = _path_by_index(t_ok, t_row, g_ok, g_row, moves[1], B)
     else:
-        t_key, g_key = batch.time_matching.target_ns, batch.time_matching.generated_ns
-    # both sides by (row, key), generated first on ties: the running generated path at each true event holds the
-    # generated events of the rows before it and of its row with key <= its key (an invalid event adds 0)
-    row, key = torch.cat([g_row, t_row]), torch.cat([g_key, t_key]) * 2 + (torch.arange(M + N, device=t_row.device) >= M)
-    order = torch.argsort(key, stable=True)
-    order = order.index_select(0, torch.argsort(row.index_select(0, order), stable=True))
-    running = torch.cat([moves[1], moves[1].new_zeros(N, 2)]).index_select(0, order).cumsum(0)
-    at = torch.empty_like(order).index_copy_(0, order, torch.arange(M + N, device=order.device))[M:]
-    rows_before = _row_cumsum(moves[1], g_row, B, exclusive_totals=True).index_select(0, t_row)
-    gap = running.index_select(0, at) - rows_before - _row_cumsum(moves[0], t_row, B)
+        gen_path = _path_by_time(batch.time_matching, t_row, g_row, moves[1], B)
+    gap = gen_path - _row_cumsum(moves[0], t_row, B)
     d = gap.double().pow(2).sum(1).sqrt()
-    nan = torch.full_like(d, float("nan"))
-    clicks = torch.where(t_ok & ((target.button_flags & BUTTON_DOWN) != 0), d, nan)
+    clicks = torch.where(t_ok & ((target.button_flags & BUTTON_DOWN) != 0), d, float("nan"))
     last = torch.full((B,), -1, dtype=torch.long, device=d.device).scatter_reduce(
         0, t_row, torch.where(t_ok, torch.arange(N, device=d.device), -1), "amax")
     with_mouse = _counts(t_row, mouse[0], B) > 0
     ends = torch.where(with_mouse, torch.cat([d, d.new_zeros(1)]).index_select(0, last.clamp(min=0)), float("nan"))
     extras["cursor_offsets"] = clicks, ends
     return clicks, ends
+
+
+def _path_by_index(t_ok, t_row, g_ok, g_row, g_moves, num_sequences: int) -> torch.Tensor:
+    """[n_target_events, 2]: at the true event with k valid true events of its row so far, the sum of ``g_moves`` over
+    the generated events of its row with at most k valid generated events so far (a search: both sides sorted by row,
+    the counts non-decreasing along it; an invalid event moves 0)."""
+    B, N, M = num_sequences, len(t_row), len(g_row)
+    rows = torch.cat([t_row, g_row + B])
+    counts = _row_cumsum(torch.cat([t_ok, g_ok]).long()[:, None], rows, 2 * B)[:, 0]  # valid events so far
+    scale = N + M + 1  # (row, count) as one ordered number
+    codes = rows * scale + counts
+    g_codes = codes[N:] - B * scale
+    through = torch.searchsorted(g_codes, codes[:N], right=True)
+    path = torch.nn.functional.pad(g_moves.cumsum(0), (0, 0, 1, 0))  # [M + 1, 2]: the first m generated events' sum
+    return path.index_select(0, through) - path.index_select(0, torch.searchsorted(g_codes, rows[:N] * scale))
+
+
+def _path_by_time(found, t_row, g_row, g_moves, num_sequences: int) -> torch.Tensor:
+    """[n_target_events, 2]: at each true event, the sum of ``g_moves`` over the generated events of its row whose
+    absolute time is at most its own (`TimeMatching`'s times): both sides sorted by (row, time), generated first on
+    ties, the running sum read at each true event, less the rows before."""
+    N, M = len(t_row), len(g_row)
+    row = torch.cat([g_row, t_row])
+    key = torch.cat([found.generated_ns, found.target_ns]) * 2 + (torch.arange(M + N, device=t_row.device) >= M)
+    order = torch.argsort(key, stable=True)
+    order = order.index_select(0, torch.argsort(row.index_select(0, order), stable=True))
+    running = torch.cat([g_moves, g_moves.new_zeros(N, 2)]).index_select(0, order).cumsum(0)
+    at = torch.empty_like(order).index_copy_(0, order, torch.arange(M + N, device=order.device))[M:]
+    rows_before = _row_cumsum(g_moves, g_row, num_sequences, exclusive_totals=True).index_select(0, t_row)
+    return running.index_select(0, at) - rows_before
 
 
 def _row_cumsum(x: torch.Tensor, rows: torch.Tensor, num_sequences: int, exclusive_totals: bool = False) -> torch.Tensor:
@@ -86,26 +112,39 @@ def _row_cumsum(x: torch.Tensor, rows: torch.Tensor, num_sequences: int, exclusi
 def key_sequence_sums(batch: EventBatch, extras: Optional[dict] = None) -> torch.Tensor:
     """[4] float64: sum over rows of Levenshtein(generated keys, true keys), the true keys, rows whose keys are equal
     and rows with a true key; a key = (vk, press/release) of a valid keyboard event, in order ([groups, 4] by group of
-    sequences with ``extras["group"]``: `per_group`)."""
+    sequences with ``extras["group"]``: `per_group`). With the torch decoder's bound on a row's keyboard events
+    (`EventBatch.keyboard_bound`) the distance is `levenshtein_torch`'s (no host sync), else on CPU tensors
+    `levenshtein`'s (the compiled CPU path)."""
     (generated, g_row), B = _generated(batch), batch.num_sequences
-    codes = [torch.where((f.status == int(Status.VALID)) & (f.category == int(Category.KEYBOARD)), f.vk * 2 + f.action,
-                         -1) for f in (batch.target, generated)]
-    t_row = batch.seq_idx.long()
-    distance = levenshtein(codes[0], t_row, codes[1], g_row, B)
-    length = _counts(t_row, codes[0] >= 0, B)
+    t_row = _long(batch.seq_idx)
+    if batch.keyboard_bound is None and t_row.device.type == "cpu":
+        codes = [_key_codes(f.status, f.values) for f in (batch.target, generated)]
+        distance = levenshtein(codes[0], t_row, codes[1], g_row, B)
+        length = _counts(t_row, codes[0] >= 0, B)
+    else:  # both sides at once
+        codes = _key_codes(torch.cat([batch.target.status, generated.status]),
+                           torch.cat([batch.target.values, generated.values]))
+        distance, length = _levenshtein_rows(codes, torch.cat([t_row, g_row + B]), B, batch.keyboard_bound)
+    typed = length > 0
     if extras is None or extras.get("group") is None:
-        return torch.stack([distance.sum(), length.sum(), ((distance == 0) & (length > 0)).sum(),
-                            (length > 0).sum()]).double()
-    rows = torch.stack([distance, length, (distance == 0) & (length > 0), length > 0], 1).double()
+        return torch.stack([distance, length, (distance == 0) & typed, typed]).sum(1, dtype=torch.float64)
+    rows = torch.stack([distance, length, (distance == 0) & typed, typed], 1).double()
     return per_group(rows, torch.arange(B, device=rows.device), extras)
+
+
+def _key_codes(status: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """vk x 2 + action of the valid keyboard events, -1 for the others."""
+    vk, action = values[:, VALUE_COLUMNS.index("vk")], values[:, VALUE_COLUMNS.index("action")]
+    keys = (status == int(Status.VALID)) & (values[:, 0] == int(Category.KEYBOARD))
+    return torch.where(keys, vk * 2 + action, -1)
 
 
 def levenshtein(a: torch.Tensor, a_row: torch.Tensor, b: torch.Tensor, b_row: torch.Tensor,
                 num_sequences: int) -> torch.Tensor:
     """[num_sequences]: per row, the edit distance (insertions, deletions, substitutions, each 1) between its codes of
     ``a`` and of ``b`` (entries sorted by row; negative codes are no entries). Exact and bit-parallel (rapidfuzz's
-    Levenshtein over the rows' code lists: O(n m / 64), not a full table), on the CPU: tensors elsewhere are copied
-    there at once (one host sync). `levenshtein_torch` is the same in torch ops."""
+    Levenshtein over the rows' code lists: O(n m / 64), not a full table), on the CPU (tensors elsewhere are copied
+    there and back: host syncs; `levenshtein_torch` is the same in torch ops, on their device)."""
     from rapidfuzz.distance import Levenshtein
 
     a_np, b_np, a_rows, b_rows = np.split(torch.cat([a, b, a_row, b_row]).cpu().numpy(),
@@ -118,29 +157,59 @@ def levenshtein(a: torch.Tensor, a_row: torch.Tensor, b: torch.Tensor, b_row: to
     out = (a_size + b_size).tolist()  # the distance when one side is empty
     for r in np.flatnonzero((a_size > 0) & (b_size > 0)).tolist():  # a loop over sequences, not events
         out[r] = Levenshtein.distance(a_list[a_start[r]:a_start[r + 1]], b_list[b_start[r]:b_start[r + 1]])
-    return torch.tensor(out, dtype=torch.long, device=a.device)
+    return torch.tensor(out, dtype=torch.long).to(a.device)
 
 
-def levenshtein_torch(a, a_row, b, b_row, num_sequences: int) -> torch.Tensor:
-    """`levenshtein` in torch ops: each side's entries packed into [B, width] (one host read of the widths), then one
-    step of the dynamic programme per position of ``a`` over all rows at once: E[j] = min(D[j] + 1, D[j - 1] +
-    (a_i != b_j)), E[0] = i, and D'[j] = min over k <= j of E[k] + j - k (insertions: one ``cummin``)."""
-    packed = []
-    for codes, row in ((a, a_row), (b, b_row)):
-        keep = (codes >= 0).long()
-        pos = _row_cumsum(keep[:, None], row, num_sequences)[:, 0] - 1
-        packed.append((codes, row, pos, _counts(row, keep, num_sequences)))
-    widths = torch.stack([p[3].max() if num_sequences else p[3].new_zeros(()) for p in packed]).tolist()
-    (A, a_len), (G, g_len) = ((torch.full((num_sequences, w + 1), -1, dtype=torch.long, device=a.device).index_put_(
-        (row, torch.where(codes >= 0, pos, w)), codes.long())[:, :w], count)
-        for (codes, row, pos, count), w in zip(packed, widths))
-    j = torch.arange(G.shape[1] + 1, device=G.device)
-    D = j.expand(num_sequences, -1)
-    for i in range(1, A.shape[1] + 1):
-        E = torch.minimum(D[:, 1:] + 1, D[:, :-1] + (A[:, i - 1:i] != G))
-        E = torch.cat([torch.full_like(D[:, :1], i), E], 1)
-        D = torch.where((i <= a_len)[:, None], torch.cummin(E - j, 1).values + j, D)
-    return D.gather(1, g_len[:, None]).squeeze(1)
+_FAR = 1 << 40  # no path: far above any distance
+
+
+def levenshtein_torch(a, a_row, b, b_row, num_sequences: int, widths=None) -> torch.Tensor:
+    """`levenshtein` in torch ops on the tensors' device, exact (`_levenshtein_rows`). ``widths``: bounds on a row's
+    number of entries of ``a`` and of ``b`` (host ints: `EventBatch.keyboard_bound`); None reads the largest (one host
+    sync)."""
+    return _levenshtein_rows(torch.cat([a, b]), torch.cat([a_row, b_row + num_sequences]), num_sequences, widths)[0]
+
+
+def _levenshtein_rows(codes, rows, num_sequences: int, widths=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(distance, length of a)`` [B]: `levenshtein_torch` of the sides a (rows 0..B-1 of ``rows``) and b (rows
+    B..2B-1), entries sorted by row.
+
+    Both sides' entries are packed into rows (`_packed`): A [B, w_A], the side of the smaller bound, and G
+    [B, 1 + w_G] (column 0 no entry). Then one step of the dynamic programme per column i of A over every row at
+    once, kept as H[j] = D[j] - j - s (s: the row's entries of A so far; H[-1] a constant far above any value):
+    H'[j] = min over k <= j of min(H[k], H[k - 1] + step[i, k]), step = (A_i != G_k) - 2 at an entry of A, else far
+    (a padding column changes nothing: H is non-increasing). Three kernels a step, no host sync; the distance is
+    H[len G] + len A + len G."""
+    B = num_sequences
+    packed, lengths, bounds = _packed(codes, rows, B, widths)
+    sides = [(packed[:B], lengths[:B], bounds[0]), (packed[B:], lengths[B:], bounds[1])]
+    if bounds[0] > bounds[1]:  # the edit distance is symmetric: step along the shorter side
+        sides.reverse()
+    (A, a_len, w_a), (G, g_len, w_g) = sides
+    A, G = A[:, 1:w_a + 1], G[:, :w_g + 1]
+    step = torch.where((A >= 0)[:, :, None], torch.where(A[:, :, None] == G[:, None, :], -2, -1), _FAR)
+    H = torch.zeros((B, w_g + 2), dtype=torch.long, device=A.device)
+    H[:, 0].fill_(_FAR)  # a fill, not a copy from the host
+    here, before = H[:, 1:], H[:, :-1]  # views: H[j], H[j - 1]
+    index = torch.empty_like(here)
+    for step_i in step.unbind(1):
+        torch.cummin(torch.minimum(here, before + step_i), 1, out=(here, index))
+    return H.gather(1, g_len[:, None] + 1).squeeze(1) + a_len + g_len, lengths[:B]
+
+
+def _packed(codes, rows, num_sequences: int, widths) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """``(codes [2 B, 1 + w], count [2 B], (w_a, w_b))``: each row's entries (codes >= 0; rows B.. are side b's) in
+    order from column 1 (-1 elsewhere), ``count`` of them; ``widths``: bounds on ``count`` of each side (None: read,
+    one host sync)."""
+    B = num_sequences
+    keep = codes >= 0
+    count = torch.zeros(2 * B, dtype=torch.long, device=codes.device).index_add_(0, rows, keep.long())
+    if widths is None:
+        widths = count.view(2, B).amax(1).tolist() if B else [0, 0]
+    before = (count.cumsum(0) - count).index_select(0, rows)  # the entries of the rows before
+    pos = torch.where(keep, keep.cumsum(0) - before, 0)  # from 1 in its row; 0: no entry
+    out = torch.full((2 * B, max(widths) + 1), -1, dtype=torch.long, device=codes.device)
+    return out.index_put_((rows, pos), codes), count, [int(x) for x in widths]  # no entry: to column 0
 
 
 def movement_with_misses_sums(batch: EventBatch, extras: Optional[dict] = None) -> torch.Tensor:

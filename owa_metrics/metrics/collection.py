@@ -308,9 +308,12 @@ class OWAEventMetrics(Float64Metric):
         views = self._given_views(plan)
         self._check_by_tag(plan, given, views)
         torch._foreach_add_(states + views, increments + given)
-        if self.mode == "exact" and plan.samples:
-            self._append_rows(plan, samples, sampled, counts, row_group)
-        self._add_given_samples(plan, batch, extras)
+        rows = self.mode == "exact" and plan.samples
+        values, tags, kept, sizes = self._given_samples(
+            plan, batch, extras, (counts if row_group is None else counts.sum(0)) if rows else None, len(samples))
+        if rows:
+            self._append_rows(plan, samples, sampled, sizes[:len(plan.samples)], row_group)
+        self._add_given_samples(plan, values, tags, kept, sizes[len(plan.samples) if rows else 0:])
 
     def _sketch_by_tag(self, plan: Plan, samples: torch.Tensor, cell: torch.Tensor, n_rows: int,
                        row_group: torch.Tensor) -> None:
@@ -328,48 +331,62 @@ class OWAEventMetrics(Float64Metric):
                                        counted[:, column:column + width].reshape(-1))
             column, base = column + width, base + per_tag
 
-    def _append_rows(self, plan: Plan, samples: torch.Tensor, sampled: torch.Tensor, counts: torch.Tensor,
+    def _append_rows(self, plan: Plan, samples: torch.Tensor, sampled: torch.Tensor, sizes: list[int],
                      row_group: Optional[torch.Tensor] = None) -> None:
-        """Each `Samples` state's rows: the rows of its group (their numbers read in one host sync: packed, see
-        `Plan.sample_counts`), its values (then, with tags, the row's tag)."""
-        if plan.packed:
-            if len(samples) >= SAMPLE_SHIFT:  # the packed count would no longer be exact
-                raise ValueError(f"{len(samples)} target events in one update: exact mode reads at most "
-                                 f"{SAMPLE_SHIFT - 1} per update; split the batch")
-            packed = int(counts) if row_group is None else int(counts.sum())
-            sizes = [packed // SAMPLE_SHIFT ** k % SAMPLE_SHIFT for k in range(len(plan.samples))]
-        else:
-            sizes = [int(n) for n in (counts.tolist()[0] if row_group is None else counts.sum(0).tolist())]
+        """Each `Samples` state's rows: the rows of its group (``sizes``: their numbers, `_given_samples`), its values
+        (then, with tags, the row's tag)."""
         rows = torch.nonzero_static(sampled.T, size=sum(sizes))[:, 1].split(sizes)
         for name, chosen, values in zip(plan.samples, rows, samples.split(plan.sample_widths, 1)):
             if row_group is not None:
                 values = torch.cat([values, row_group[:, None].to(values.dtype)], 1)
             append_samples(getattr(self, self.kept(name)), values.index_select(0, chosen).reshape(-1))
 
-    def _add_given_samples(self, plan: Plan, batch: EventBatch, extras: dict) -> None:
-        """The `GivenSamples` states' values (NaN: no sample): counted in the sketch, or kept (their numbers read in
-        one host sync); with tags, by the tag of each one's sequence."""
+    def _given_samples(self, plan: Plan, batch: EventBatch, extras: dict, counts: Optional[torch.Tensor] = None,
+                       n_rows: int = 0) -> tuple[list, list, list[torch.Tensor], list[int]]:
+        """``(values, tags, kept, sizes)``: the `GivenSamples` states' values (NaN: no sample), with tags each value's
+        tag (else None), and, in exact mode, which are kept (not NaN) and, in one host sync, the numbers of sampled
+        rows of each `Samples` state (``counts``, packed: see `Plan.sample_counts`; ``n_rows`` rows) when given, then
+        of each given state's kept values."""
         given = [plan.states[name].fn(batch, extras) for name in plan.given_samples]
         given = [(g, None) if isinstance(g, torch.Tensor) else g for g in given]  # values alone: no tags
         if self.tags and any(seq is None for _, seq in given):
             raise ValueError(f"the GivenSamples states {[n for n, (_, q) in zip(plan.given_samples, given) if q is None]}"
                              " give their values without their sequences: with tags, return (values, seq) from the "
                              "state's fn (seq: the sequence of each value, in the batch)")
-        values = [x.to(self.device).double() for x, _ in given]
+        values = [x.to(self.device, torch.float64) for x, _ in given]
         group = extras.get("group")
         tags = [None if group is None else group.index_select(0, seq.long()) for _, seq in given]
-        if self.mode == "sketch":
-            for name, x, tag in zip(plan.given_samples, values, tags):
-                getattr(self, self.kept(name)).add_(sketch_counts(x, self.spec, tag, self._groups))
-            return
+        if self.mode == "sketch" or (counts is None and not values):
+            return values, tags, [], []
+        if counts is not None and plan.packed and n_rows >= SAMPLE_SHIFT:  # the packed count would not be exact
+            raise ValueError(f"{n_rows} target events in one update: exact mode reads at most {SAMPLE_SHIFT - 1} per "
+                             "update; split the batch")
         kept = [~torch.isnan(x) for x in values]
-        sizes = torch.stack([k.sum() for k in kept]).tolist() if kept else []
-        for name, x, k, n, tag in zip(plan.given_samples, values, kept, sizes, tags):
-            at = torch.nonzero_static(k, size=n)[:, 0]
+        parts = ([] if counts is None else [counts]) + [k.sum(0, keepdim=True, dtype=torch.float64) for k in kept]
+        read = np.ravel(parts[0].tolist() if len(parts) == 1 else
+                        torch.cat([p if p.dim() == 1 else p.view(-1) for p in parts]).tolist()).tolist()
+        sizes = [int(n) for n in read[len(read) - len(values):]]
+        if counts is None:
+            return values, tags, kept, sizes
+        rows = [int(n) for n in read[:len(read) - len(values)]]
+        if plan.packed:
+            rows = [rows[0] // SAMPLE_SHIFT ** k % SAMPLE_SHIFT for k in range(len(plan.samples))]
+        return values, tags, kept, rows + sizes
+
+    def _add_given_samples(self, plan: Plan, values: list[torch.Tensor], tags: list, kept: list[torch.Tensor],
+                           sizes: list[int]) -> None:
+        """The `GivenSamples` states' ``values`` (`_given_samples`): counted in the sketch, or their ``kept`` ones
+        (``sizes`` of them) kept; with tags, by the tag of each one's sequence (rows (value, tag))."""
+        for k, (name, x, tag) in enumerate(zip(plan.given_samples, values, tags)):
+            state = getattr(self, self.kept(name))
+            if self.mode == "sketch":
+                state.add_(sketch_counts(x, self.spec, tag, self._groups))
+                continue
+            at = torch.nonzero_static(kept[k], size=sizes[k])[:, 0]
             rows = x.index_select(0, at)
-            if tag is not None:  # rows (value, tag)
+            if tag is not None:
                 rows = torch.stack([rows, tag.index_select(0, at).to(x.dtype)], 1).view(-1)
-            append_samples(getattr(self, self.kept(name)), rows)
+            append_samples(state, rows)
 
     def _check_by_tag(self, plan: Plan, pieces: list, views: list) -> None:
         """With tags, raise unless every `Given` piece has the tag axis (a piece without it would be added to every
@@ -450,7 +467,7 @@ class OWAEventMetrics(Float64Metric):
                 if group is not None:  # each row's tag last
                     values = torch.cat([values, tag[:, None].to(values.dtype)], 1)
                 append_samples(getattr(self, self.kept(name)), values.reshape(-1))
-        self._add_given_samples(plan, batch, extras)
+        self._add_given_samples(plan, *self._given_samples(plan, batch, extras))
 
     # ----------------------------------------------------------------------------------------- compute
     def _wrap_compute(self, compute):
