@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from functools import partial
 import traceback
 import warnings
 from collections import Counter
@@ -157,7 +158,7 @@ def run_case(tokenizer, name, options, batch, seq_len, vocab_cols, dtype, repeat
         g = torch.Generator(device=CUDA).manual_seed(0)
         args_gpu += (torch.randn(*target.shape, vocab_cols, device=CUDA, dtype=dtype, generator=g),)
     metric = OWAEventMetrics(tokenizer, backend="torch", **options).to(CUDA)
-    update = lambda: metric.update(*args_gpu)  # noqa: E731
+    update = partial(metric.update, *args_gpu)
     try:
         update()
         gpu_s = gpu_timed(update, repeats)
@@ -165,7 +166,7 @@ def run_case(tokenizer, name, options, batch, seq_len, vocab_cols, dtype, repeat
                                                         peak_mb(update))
         with SyncCounter() as counter:
             update()
-        del metric
+        del metric, update  # the states freed before the next case
         verdict = "-" if quick else check(tokenizer, options, args_gpu, batch if vocab_cols < 1000 else 2)
     except torch.OutOfMemoryError as error:
         print(f"{batch}x{seq_len:<5} {name:<34} out of memory: {str(error).splitlines()[0][:90]}")
