@@ -333,21 +333,18 @@ def evaluate_text(pred_path, target_path, mode: str = "exact", progress: Optiona
     """`owa_metrics.evaluate.evaluate` for two text / JSONL files, streamed and sharded (see the module)."""
     pred_path, target_path = Path(pred_path), Path(target_path)
     rank, world = rank_world()
-    error, indexes, tags = None, None, (set(), set())
+    indexes, tags = streaming.line_indexes((pred_path, target_path))  # each rank scans a share of the blocks
+    error = None
     try:
-        indexes = [streaming.line_index(path) for path in (pred_path, target_path)]
         if indexes[0].lines != indexes[1].lines:  # what is wrong with either file first, as when they pair
             for path, index in zip((pred_path, target_path), indexes):
                 streaming.check_whole(path, index)
             raise ValueError(f"{pred_path} has {indexes[0].lines} sequences but {target_path} has {indexes[1].lines}")
         first, last = streaming.shard(indexes[1], rank, world)
         offsets = [index.offset_of(first) for index in indexes]
-        tags = tuple(streaming.tags_in(path, offset, last - first) for path, offset in zip((pred_path, target_path), offsets))
     except (InputError, ValueError) as err:
         error = err
     raise_first(error)
-    tags = tuple({name: first + line for name, line in found.items()} for found in tags)  # lines of the files
-    tags = tuple(_first_lines(found) for found in zip(*exchange(tags)))
     for path, found in zip((pred_path, target_path), tags):
         if len(found) > MAX_TAGS:
             name, line = sorted(found.items(), key=lambda item: item[1])[MAX_TAGS]
@@ -374,15 +371,6 @@ def evaluate_text(pred_path, target_path, mode: str = "exact", progress: Optiona
         if not any_line:
             raise InputError(f"{path}: no sequences (the file is empty or blank)")
     return report
-
-
-def _first_lines(found: tuple[dict[str, int], ...]) -> dict[str, int]:
-    """Each tag's first line over the ranks' ``{tag: first line}``."""
-    out: dict[str, int] = {}
-    for names in found:
-        for name, line in names.items():
-            out[name] = min(line, out.get(name, line))
-    return out
 
 
 def _evaluate_lines(pred_path: Path, target_path: Path, lines: tuple[int, int], offsets: list[int], tags: tuple,

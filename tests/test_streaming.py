@@ -35,7 +35,7 @@ JSON_LINES = [json.dumps({"text": E + S}), json.dumps({"text": S}, separators=("
 
 
 def _streamed(path: Path, table) -> tuple[list[list[int]], list]:
-    index = streaming.LineIndex(path)
+    (index,), _ = streaming.line_indexes([path])
     lines = streaming.InputLines(path, table, 0, index.lines, 0)
     ids, counts, tags = lines.take(index.lines)
     return [row.tolist() for row in np.split(ids, np.cumsum(counts)[:-1])], tags
@@ -63,6 +63,45 @@ def test_the_compiled_tokenizer_reads_every_line_as_the_readable_path(tmp_path, 
     bad.write_text(JSON_LINES[0] + "\n" + '{"text": "' + E + '",}\n')
     with pytest.raises(ValueError, match="bad.jsonl:2: not JSON"):
         _streamed(bad, table)
+
+
+@pytest.mark.parametrize("ending", ["\n", ""])
+def test_the_blocks_scans_index_lines_and_tags_as_a_plain_split(tmp_path, monkeypatch, ending):
+    """`line_indexes` from blocks of 64 bytes (each rank scans a share of them: every block alone here): lines
+    across blocks and longer than one, a line break at a block's last byte, tags on lines that cross a block's end,
+    an escaped "tag" key, a line that does not parse; against the file split into lines in Python."""
+    monkeypatch.setattr(streaming, "SCAN_BYTES", 64)
+    rows = [json.dumps({"text": E * (k % 4), **({"tag": f"t{k % 5}"} if k % 3 else {})}) for k in range(40)]
+    rows[7] = '{"text": "x", "t\\u0061g": "escaped"}'
+    rows[9] = '{"text": "x", "tag": "bad'  # does not parse: left to the reading pass
+    start = len("\n".join(rows[:11])) + 1
+    end = (start + 12) // 64 * 64 + 63
+    rows[11] = '{"text": "' + "y" * (end - start - 12) + '"}'  # its line break at a block's last byte
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(rows) + ending)
+    data = path.read_bytes()
+    (index,), (tags,) = streaming.line_indexes([path])
+    assert index.lines == len(rows)
+    starts = [0] + [k + 1 for k, byte in enumerate(data) if byte == 10 and k + 1 < len(data)]
+    assert [index.offset_of(k) for k in range(len(rows))] == starts
+    assert [index.line_at(k) for k in range(len(data))] == [data[:k].count(b"\n") for k in range(len(data))]
+    want = {}
+    for number, row in enumerate(rows):
+        try:
+            item = json.loads(row)
+        except ValueError:
+            continue
+        if "tag" in item:
+            want.setdefault(item["tag"], number)
+    assert tags == want and want["escaped"] == 7
+    blocks = -(-len(data) // 64)
+    one = streaming.scan_blocks(path, range(blocks))
+    assert [streaming.scan_blocks(path, range(b, b + 1))[0] for b in range(blocks)] == one  # any share of them
+    assert any(data[64 * b - 1] == 10 for b in range(1, blocks))  # a line break at a block's last byte
+    for world in (2, 3):  # the ranks' line ranges: contiguous, every line once
+        shares = [streaming.shard(index, rank, world) for rank in range(world)]
+        assert shares[0][0] == 0 and shares[-1][1] == len(rows)
+        assert all(a[1] == b[0] for a, b in zip(shares, shares[1:]))
 
 
 def _files(tmp_path, n=60, tagged=True, factorized_from=None):
