@@ -395,15 +395,15 @@ def _evaluate_lines(pred_path: Path, target_path: Path, lines: tuple[int, int], 
         done, line = 0, lines[0]
         try:
             while line < lines[1]:
-                counts = readers[1].counts()
-                k = int(np.searchsorted(np.cumsum(counts), streaming.TARGET_TOKENS, side="right"))
-                k = max(1, min(k, streaming.MAX_LINES, len(counts)))
+                k = max(1, min(len(readers[1].counts()), streaming.WINDOW_LINES))  # the rest of the target's block
                 (p_ids, p_counts, p_tags), (t_ids, t_counts, t_tags) = (r.take(k) for r in readers)
                 row_tags = streaming.row_tags(paths, (p_tags, t_tags), tags, line)
-                try:
-                    metric.update(streaming.padded(p_ids, p_counts), streaming.padded(t_ids, t_counts), tags=row_tags)
-                except ValueError as err:  # a limit these sequences meet (e.g. events per update): name their lines
-                    raise InputError(f"{target_path}:{line + 1}-{line + k} (and {pred_path}): {err}") from None
+                for rows in streaming.batches(p_counts, t_counts):
+                    try:
+                        metric.update(streaming.padded(p_ids, p_counts, rows), streaming.padded(t_ids, t_counts, rows),
+                                      tags=[row_tags[i] for i in rows.tolist()] if row_tags else None)
+                    except ValueError as err:  # a limit these sequences meet (e.g. events per update): their lines
+                        raise InputError(f"{target_path}:{line + 1}-{line + k} (and {pred_path}): {err}") from None
                 line += k
                 read = sum(r.offset for r in readers) - sum(offsets)
                 bar.update(read - done)

@@ -32,6 +32,7 @@ _inline = njit(inline="always", nogil=True, cache=True) if njit is not None else
 BLOCK_BYTES = 4 << 20  # a block of whole lines (longer when one line is)
 TARGET_TOKENS = 1 << 18  # target tokens per update (at least one line)
 MAX_LINES = 4096  # lines per update
+WINDOW_LINES = 4 * MAX_LINES  # lines read at a time (the rest of the target's block), sorted into batches
 _FALLBACK, _TAIL = 1, 2  # `tokenize_block`'s line flags: the readable path; the JSON fields after "text"
 
 
@@ -228,16 +229,14 @@ def _tokenize_block(buf, size, eof, max_lines, pos, npos, jsonl, seed, bits, wor
 
 
 @_jit
-def _pad_rows(ids, counts, out):
-    """Row r of ``out``: the next ``counts[r]`` ids, then -100."""
-    n = 0
-    for r in range(counts.shape[0]):
-        c = counts[r]
+def _pad_rows(ids, starts, counts, rows, out):
+    """Row r of ``out``: line ``rows[r]``'s ids (``counts`` of them from ``starts``), then -100."""
+    for r in range(rows.shape[0]):
+        a, c = starts[rows[r]], counts[rows[r]]
         for j in range(c):
-            out[r, j] = ids[n + j]
+            out[r, j] = ids[a + j]
         for j in range(c, out.shape[1]):
             out[r, j] = -100
-        n += c
 
 
 class TokenTable:
@@ -497,9 +496,9 @@ def scan_blocks(path: Path, blocks: range) -> list[tuple[int, dict[str, int]]]:
             data = f.read(SCAN_BYTES + head)
             end, names = min(head + SCAN_BYTES, len(data)), {}
             if path.suffix == ".jsonl":
-                if data and not data.endswith(b"\n"):
-                    data += f.readline()  # the block's last line, whole
-                if b'"tag"' in data or b"\\" in data:
+                rest = f.readline() if data and not data.endswith(b"\n") else b""  # the block's last line, whole
+                if any(key in part for key in (b'"tag"', b"\\") for part in (data, data[-8:] + rest)):
+                    data += rest
                     first, number = head, 0  # the first line starting in the block, and its number there
                     if head and data[0] != 10:  # (none when the block holds no line break)
                         first, number = (data.find(b"\n", head) + 1) or end, 1
@@ -634,12 +633,26 @@ def row_tags(paths, file_tags, tagged: tuple, line: int) -> Optional[list[str]]:
     return files[0][1] if files else None
 
 
-def padded(ids: np.ndarray, counts: np.ndarray) -> torch.Tensor:
-    """[lines, max(count, 1)] ids, each line's then -100."""
-    out = np.empty((len(counts), max(int(counts.max(initial=0)), 1)), np.int64)
+def batches(pred_counts: np.ndarray, target_counts: np.ndarray) -> list[np.ndarray]:
+    """A window of lines in batches for `update` (their indices): sorted by length, so that each batch's rows are
+    alike (little padding: every op of an update runs over [rows, the longest row]), cut into batches of about
+    `TARGET_TOKENS` target tokens and at most `MAX_LINES` lines. The report does not depend on the order of the
+    sequences (sums, and samples read sorted)."""
+    order = np.argsort(np.maximum(pred_counts, target_counts), kind="stable")
+    total = int(target_counts.sum())
+    parts = max(-(-total // TARGET_TOKENS), -(-len(order) // MAX_LINES), 1)
+    cuts = np.searchsorted(np.cumsum(target_counts[order]), total * np.arange(1, parts) / parts, side="right")
+    return [rows for rows in np.split(order, cuts) if len(rows)]
+
+
+def padded(ids: np.ndarray, counts: np.ndarray, rows: np.ndarray) -> torch.Tensor:
+    """[len(rows), max(count, 1)]: the ids of lines ``rows`` (``ids``: every line's, concatenated), each then -100."""
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    out = np.empty((len(rows), max(int(counts[rows].max(initial=0)), 1)), np.int64)
     if kernel.available():
-        _pad_rows(ids, counts, out)
+        _pad_rows(ids, starts, counts, rows, out)
     else:
         out.fill(-100)
-        out[np.arange(out.shape[1]) < counts[:, None]] = ids
+        for r, line in enumerate(rows.tolist()):
+            out[r, :counts[line]] = ids[starts[line]:starts[line] + counts[line]]
     return torch.from_numpy(out)
