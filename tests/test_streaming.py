@@ -171,10 +171,18 @@ def test_streamed_evaluate_equals_one_update_of_the_whole_files(tmp_path, monkey
     assert report["status/valid"] > 0 and report["status/invalid_target"] == 0
 
 
-def _torchrun(*args: str) -> subprocess.CompletedProcess:
+def _torchrun(tmp_path, *commands: list) -> subprocess.CompletedProcess:
+    """One launch of two torchrun processes running ``owa-metrics`` (`owa_metrics.cli.main`, as ``python -m
+    owa_metrics``) once per command in one gloo process group (one launch serves several checks: each costs
+    seconds)."""
+    script = tmp_path / "commands.py"
+    script.write_text("import sys\nimport torch.distributed as dist\nfrom owa_metrics.cli import main\n"
+                      "dist.init_process_group('gloo')\n"
+                      f"codes = [main(args) for args in {[list(map(str, c)) for c in commands]!r}]\n"
+                      "dist.destroy_process_group()\nsys.exit(max(codes))\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           "-m", "owa_metrics", "evaluate", *args], env=env, capture_output=True, text=True, timeout=300)
+                           str(script)], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return done
 
@@ -183,17 +191,19 @@ def test_two_torchrun_processes_equal_one_on_token_files_and_on_a_folder(tmp_pat
     pred, true = _files(tmp_path)
     one, two = tmp_path / "one.json", tmp_path / "two.json"
     assert main(["evaluate", "--pred", str(pred), "--target", str(true), "--json", str(one)]) == 0
-    done = _torchrun("--pred", str(pred), "--target", str(true), "--json", str(two))
-    assert done.stdout.count("OWA event metrics") == 1  # rank 0 alone prints
-    _same(json.loads(two.read_text()), json.loads(one.read_text()))
     preds, truths = tmp_path / "preds", tmp_path / "truths"
     preds.mkdir(), truths.mkdir()
     for k, (truth, guess) in enumerate(d2e_pairs):
         (truths / f"rec{k}.mcap").write_bytes(Path(truth).read_bytes())
         (preds / f"rec{k}.mcap").write_bytes(Path(guess).read_bytes())
     args = ["--pred", str(preds), "--target", str(truths), "--bin-ms", "50"]
-    assert main(["evaluate", *args, "--json", str(one)]) == 0
-    report = json.loads(one.read_text())
+    folder_one, folder_two = tmp_path / "folder_one.json", tmp_path / "folder_two.json"
+    assert main(["evaluate", *args, "--json", str(folder_one)]) == 0
+    done = _torchrun(tmp_path, ["evaluate", "--pred", pred, "--target", true, "--json", two],
+                     ["evaluate", *args, "--json", folder_two])
+    assert done.stdout.count("OWA event metrics") == 1  # rank 0 alone prints
+    _same(json.loads(two.read_text()), json.loads(one.read_text()))
+    report = json.loads(folder_one.read_text())
     files = [oracle(truths / f"rec{k}.mcap", preds / f"rec{k}.mcap", 50) for k in range(len(d2e_pairs))]
     for k, want in enumerate(files):  # each file alone, as a tag
         assert {key[len(f"tag/rec{k}/d2e/"):]: v for key, v in report.items() if key.startswith(f"tag/rec{k}/")} \
@@ -204,8 +214,7 @@ def test_two_torchrun_processes_equal_one_on_token_files_and_on_a_folder(tmp_pat
                        ("mouse_button/button_accuracy", "mouse_button/sample_count")):
         right = sum(f.get(key, 0) * f[count] for f in files)
         assert report[f"d2e/{key}"] == pytest.approx(right / sum(f[count] for f in files), rel=1e-12)
-    done = _torchrun(*args, "--json", str(two))
     assert done.stdout.count("# D2E protocol") == 1
-    assert json.loads(two.read_text()) == report
+    assert json.loads(folder_two.read_text()) == report
     (preds / "rec0.mcap").rename(preds / "other.mcap")  # a file in one folder only: one line naming it, exit 2
     assert main(["evaluate", *args]) == 2
