@@ -17,7 +17,6 @@ import warnings
 from pathlib import Path
 from typing import Optional, Union
 
-import numpy as np
 import torch
 
 from .schema import Event

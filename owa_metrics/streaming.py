@@ -1,16 +1,20 @@
 """Token files streamed: read in blocks of whole lines, tokenized by a compiled loop; the ranks' shares and messages.
 
 `owa_metrics.evaluate.evaluate` streams two text / JSONL files through `InputLines` (memory flat in the files'
-size: a block of lines at a time; one line is held whole), sharded over the ranks of ``torch.distributed`` (each
-rank takes a contiguous range of lines, split at equal shares of the target file's bytes: `shard`; `exchange` and
-`raise_first` keep every rank in step).
+size: a block of lines at a time; one line is held whole), sharded over the ranks of ``torch.distributed``: each
+rank scans an equal share of each file's blocks for line breaks and tags (`line_indexes`; one `exchange` gives
+every rank the whole index), then takes a contiguous range of lines, split at equal shares of the target file's
+bytes (`shard`), and seeks to it in both files (`LineIndex.offset_of`: the k-th prediction is paired with the
+k-th target by line number); `exchange` and `raise_first` keep every rank in step. Each window of lines (the rest
+of the target's block) goes to the metric in `batches` of alike lengths, each `padded` to its longest line.
 
-Tokenizing: `TokenTable.tokenize` reads a block's lines with one compiled pass (numba): a ``.jsonl`` line of the
-plain form ``{"text": "..."}`` (a string without escapes, optionally more fields after it: a ``"tag"``) and a text
-line are split as `tokenize` splits them (each ``<...>`` a token, each run of other text one, looked up in a table
-of the vocabulary's UTF-8 bytes, unknown pieces the unknown id). Every other line (escapes, other layouts,
-whitespace or non-ASCII at either end, which ``str.strip`` might remove) goes the readable way,
-`owa_metrics.evaluate.read_tagged`'s rules line by line and `tokenize`, which the tests hold the compiled pass to.
+Tokenizing: `_tokenize_block` reads a block's lines with one compiled pass (numba) over the offsets of its special
+bytes (``<`` ``>`` ``"`` ``\\`` and control characters, `_specials`): a ``.jsonl`` line of the plain form
+``{"text": "..."}`` (a string without escapes, optionally more fields after it: a ``"tag"``) and a text line are
+split as `tokenize` splits them (each ``<...>`` a token, each run of other text one, looked up in `TokenTable`,
+unknown pieces the unknown id). Every other line (escapes, other layouts, whitespace or non-ASCII at either end,
+which ``str.strip`` might remove) goes the readable way, `owa_metrics.evaluate.read_tagged`'s rules line by line and
+`tokenize`, which the tests hold the compiled pass to.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ BLOCK_BYTES = 4 << 20  # a block of whole lines (longer when one line is)
 TARGET_TOKENS = 1 << 18  # target tokens per update (at least one line)
 MAX_LINES = 4096  # lines per update
 WINDOW_LINES = 4 * MAX_LINES  # lines read at a time (the rest of the target's block), sorted into batches
-_FALLBACK, _TAIL = 1, 2  # `tokenize_block`'s line flags: the readable path; the JSON fields after "text"
+_FALLBACK, _TAIL = 1, 2  # `_tokenize_block`'s line flags: the readable path; the JSON fields after "text"
 
 
 class InputError(ValueError):
