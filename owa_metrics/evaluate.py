@@ -394,8 +394,8 @@ def _evaluate_lines(pred_path: Path, target_path: Path, lines: tuple[int, int], 
         done, line = 0, lines[0]
         try:
             while line < lines[1]:
-                k = max(1, min(len(readers[1].counts()), streaming.WINDOW_LINES))  # the rest of the target's block
-                (p_ids, p_counts, p_tags), (t_ids, t_counts, t_tags) = (r.take(k) for r in readers)
+                (p_ids, p_counts, p_tags), (t_ids, t_counts, t_tags) = streaming.window(readers, lines[1] - line)
+                k = len(t_counts)
                 row_tags = streaming.row_tags(paths, (p_tags, t_tags), tags, line)
                 for rows in streaming.batches(p_counts, t_counts):
                     try:

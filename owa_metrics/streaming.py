@@ -5,8 +5,8 @@ size: a block of lines at a time; one line is held whole), sharded over the rank
 rank scans an equal share of each file's blocks for line breaks and tags (`line_indexes`; one `exchange` gives
 every rank the whole index), then takes a contiguous range of lines, split at equal shares of the target file's
 bytes (`shard`), and seeks to it in both files (`LineIndex.offset_of`: the k-th prediction is paired with the
-k-th target by line number); `exchange` and `raise_first` keep every rank in step. Each window of lines (the rest
-of the target's block) goes to the metric in `batches` of alike lengths, each `padded` to its longest line.
+k-th target by line number); `exchange` and `raise_first` keep every rank in step. Each `window` of lines goes to
+the metric in `batches` of alike lengths, each `padded` to its longest line.
 
 Tokenizing: `_tokenize_block` reads a block's lines with one compiled pass (numba) over the offsets of its special
 bytes (``<`` ``>`` ``"`` ``\\`` and control characters, `_specials`): a ``.jsonl`` line of the plain form
@@ -36,7 +36,7 @@ _inline = njit(inline="always", nogil=True, cache=True) if njit is not None else
 BLOCK_BYTES = 4 << 20  # a block of whole lines (longer when one line is)
 TARGET_TOKENS = 1 << 18  # target tokens per update (at least one line)
 MAX_LINES = 4096  # lines per update
-WINDOW_LINES = 4 * MAX_LINES  # lines read at a time (the rest of the target's block), sorted into batches
+WINDOW_TOKENS = 16 * TARGET_TOKENS  # target tokens read at a time (whole blocks of the target), sorted into batches
 _FALLBACK, _TAIL = 1, 2  # `_tokenize_block`'s line flags: the readable path; the JSON fields after "text"
 
 
@@ -635,6 +635,21 @@ def row_tags(paths, file_tags, tagged: tuple, line: int) -> Optional[list[str]]:
         raise InputError(f"{files[0][0]}:{line + k + 1} is tagged {files[0][1][k]!r} but {files[1][0]}:{line + k + 1} "
                          f"{files[1][1][k]!r}: tag one file, or both alike")
     return files[0][1] if files else None
+
+
+def window(readers: list[InputLines], left: int) -> list[tuple[np.ndarray, np.ndarray, list[Optional[str]]]]:
+    """The next lines of both files (ids, counts, tags each; at most ``left``): the rest of the target's block, and
+    its next blocks while they hold fewer than `WINDOW_TOKENS` target tokens (fewer than 16 x `MAX_LINES` lines)."""
+    parts, tokens, taken = [], 0, 0
+    while taken < left and tokens < WINDOW_TOKENS and taken < 16 * MAX_LINES:
+        counts = readers[1].counts()
+        k = max(1, min(len(counts), left - taken))
+        parts.append([reader.take(k) for reader in readers])
+        tokens, taken = tokens + int(counts[:k].sum()), taken + k
+    if len(parts) == 1:
+        return parts[0]
+    return [(np.concatenate([p[side][0] for p in parts]), np.concatenate([p[side][1] for p in parts]),
+             [tag for p in parts for tag in p[side][2]]) for side in range(2)]
 
 
 def batches(pred_counts: np.ndarray, target_counts: np.ndarray) -> list[np.ndarray]:

@@ -151,6 +151,7 @@ def test_streamed_evaluate_equals_one_update_of_the_whole_files(tmp_path, monkey
     pred, true = _files(tmp_path)
     monkeypatch.setattr(streaming, "BLOCK_BYTES", 2048)  # many blocks, many updates
     monkeypatch.setattr(streaming, "TARGET_TOKENS", 300)
+    monkeypatch.setattr(streaming, "WINDOW_TOKENS", 1000)  # windows of several blocks
     monkeypatch.setattr(streaming, "SCAN_BYTES", 1000)  # the line index and tags from many blocks
     out = tmp_path / "report.json"
     assert main(["evaluate", "--pred", str(pred), "--target", str(true), "--json", str(out)]) == 0
