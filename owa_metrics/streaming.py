@@ -534,7 +534,7 @@ class LineIndex:
     ending in one has no empty last line), `line_at` and `offset_of`."""
 
     def __init__(self, path: Path, size: int, blocks: list[int], ends_in_break: bool):
-        self.path, self.size, self.blocks = path, size, blocks
+        self.path, self.size = path, size
         self.before = np.concatenate([[0], np.cumsum(blocks, dtype=np.int64)])  # line breaks before each block
         self.lines = int(self.before[-1]) + (size > 0 and not ends_in_break)
 
