@@ -36,7 +36,7 @@ _inline = njit(inline="always", nogil=True, cache=True) if njit is not None else
 BLOCK_BYTES = 4 << 20  # a block of whole lines (longer when one line is)
 TARGET_TOKENS = 1 << 18  # target tokens per update (at least one line)
 MAX_LINES = 4096  # lines per update
-WINDOW_TOKENS = 16 * TARGET_TOKENS  # target tokens read at a time (whole blocks of the target), sorted into batches
+WINDOW_TOKENS = 4 * TARGET_TOKENS  # target tokens read at a time (whole blocks of the target), sorted into batches
 _FALLBACK, _TAIL = 1, 2  # `_tokenize_block`'s line flags: the readable path; the JSON fields after "text"
 
 
@@ -639,7 +639,7 @@ def row_tags(paths, file_tags, tagged: tuple, line: int) -> Optional[list[str]]:
 
 def window(readers: list[InputLines], left: int) -> list[tuple[np.ndarray, np.ndarray, list[Optional[str]]]]:
     """The next lines of both files (ids, counts, tags each; at most ``left``): the rest of the target's block, and
-    its next blocks while they hold fewer than `WINDOW_TOKENS` target tokens (fewer than 16 x `MAX_LINES` lines)."""
+    its next blocks while they hold fewer than `WINDOW_TOKENS` target tokens (and 16 x `MAX_LINES` lines)."""
     parts, tokens, taken = [], 0, 0
     while taken < left and tokens < WINDOW_TOKENS and taken < 16 * MAX_LINES:
         counts = readers[1].counts()
