@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
 @contextlib.contextmanager
 def _processes():
     """Under torchrun (``WORLD_SIZE`` > 1): one gloo process group for the command (each rank evaluates its share,
-    the states sync), and only rank 0 prints; alone: nothing."""
+    the states sync; one the calling program set up is used as it is), and only rank 0 prints; alone: nothing."""
     import os
 
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
@@ -149,7 +149,9 @@ def _processes():
         return
     import torch.distributed as dist
 
-    dist.init_process_group("gloo")
+    own = not dist.is_initialized()
+    if own:
+        dist.init_process_group("gloo")
     try:
         if dist.get_rank() == 0:
             yield
@@ -157,7 +159,8 @@ def _processes():
             with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
                 yield
     finally:
-        dist.destroy_process_group()
+        if own:
+            dist.destroy_process_group()
 
 
 def _rank_zero() -> bool:

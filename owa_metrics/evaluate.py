@@ -17,7 +17,6 @@ import warnings
 from pathlib import Path
 from typing import Optional, Union
 
-import numpy as np
 import torch
 
 from .schema import Event
@@ -333,21 +332,18 @@ def evaluate_text(pred_path, target_path, mode: str = "exact", progress: Optiona
     """`owa_metrics.evaluate.evaluate` for two text / JSONL files, streamed and sharded (see the module)."""
     pred_path, target_path = Path(pred_path), Path(target_path)
     rank, world = rank_world()
-    error, indexes, tags = None, None, (set(), set())
+    indexes, tags = streaming.line_indexes((pred_path, target_path))  # each rank scans a share of the blocks
+    error = None
     try:
-        indexes = [streaming.line_index(path) for path in (pred_path, target_path)]
         if indexes[0].lines != indexes[1].lines:  # what is wrong with either file first, as when they pair
             for path, index in zip((pred_path, target_path), indexes):
                 streaming.check_whole(path, index)
             raise ValueError(f"{pred_path} has {indexes[0].lines} sequences but {target_path} has {indexes[1].lines}")
         first, last = streaming.shard(indexes[1], rank, world)
         offsets = [index.offset_of(first) for index in indexes]
-        tags = tuple(streaming.tags_in(path, offset, last - first) for path, offset in zip((pred_path, target_path), offsets))
     except (InputError, ValueError) as err:
         error = err
     raise_first(error)
-    tags = tuple({name: first + line for name, line in found.items()} for found in tags)  # lines of the files
-    tags = tuple(_first_lines(found) for found in zip(*exchange(tags)))
     for path, found in zip((pred_path, target_path), tags):
         if len(found) > MAX_TAGS:
             name, line = sorted(found.items(), key=lambda item: item[1])[MAX_TAGS]
@@ -376,15 +372,6 @@ def evaluate_text(pred_path, target_path, mode: str = "exact", progress: Optiona
     return report
 
 
-def _first_lines(found: tuple[dict[str, int], ...]) -> dict[str, int]:
-    """Each tag's first line over the ranks' ``{tag: first line}``."""
-    out: dict[str, int] = {}
-    for names in found:
-        for name, line in names.items():
-            out[name] = min(line, out.get(name, line))
-    return out
-
-
 def _evaluate_lines(pred_path: Path, target_path: Path, lines: tuple[int, int], offsets: list[int], tags: tuple,
                     mode: str, progress: Optional[bool], format: str, pairing: str, tolerance_ms,
                     generated_screens: str = "context", image_tokens: Optional[str] = None):
@@ -407,15 +394,15 @@ def _evaluate_lines(pred_path: Path, target_path: Path, lines: tuple[int, int], 
         done, line = 0, lines[0]
         try:
             while line < lines[1]:
-                counts = readers[1].counts()
-                k = int(np.searchsorted(np.cumsum(counts), streaming.TARGET_TOKENS, side="right"))
-                k = max(1, min(k, streaming.MAX_LINES, len(counts)))
-                (p_ids, p_counts, p_tags), (t_ids, t_counts, t_tags) = (r.take(k) for r in readers)
+                (p_ids, p_counts, p_tags), (t_ids, t_counts, t_tags) = streaming.window(readers, lines[1] - line)
+                k = len(t_counts)
                 row_tags = streaming.row_tags(paths, (p_tags, t_tags), tags, line)
-                try:
-                    metric.update(streaming.padded(p_ids, p_counts), streaming.padded(t_ids, t_counts), tags=row_tags)
-                except ValueError as err:  # a limit these sequences meet (e.g. events per update): name their lines
-                    raise InputError(f"{target_path}:{line + 1}-{line + k} (and {pred_path}): {err}") from None
+                for rows in streaming.batches(p_counts, t_counts):
+                    try:
+                        metric.update(streaming.padded(p_ids, p_counts, rows), streaming.padded(t_ids, t_counts, rows),
+                                      tags=[row_tags[i] for i in rows.tolist()] if row_tags else None)
+                    except ValueError as err:  # a limit these sequences meet (e.g. events per update): their lines
+                        raise InputError(f"{target_path}:{line + 1}-{line + k} (and {pred_path}): {err}") from None
                 line += k
                 read = sum(r.offset for r in readers) - sum(offsets)
                 bar.update(read - done)

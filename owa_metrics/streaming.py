@@ -1,16 +1,20 @@
 """Token files streamed: read in blocks of whole lines, tokenized by a compiled loop; the ranks' shares and messages.
 
 `owa_metrics.evaluate.evaluate` streams two text / JSONL files through `InputLines` (memory flat in the files'
-size: a block of lines at a time; one line is held whole), sharded over the ranks of ``torch.distributed`` (each
-rank takes a contiguous range of lines, split at equal shares of the target file's bytes: `shard`; `exchange` and
-`raise_first` keep every rank in step).
+size: a block of lines at a time; one line is held whole), sharded over the ranks of ``torch.distributed``: each
+rank scans an equal share of each file's blocks for line breaks and tags (`line_indexes`; one `exchange` gives
+every rank the whole index), then takes a contiguous range of lines, split at equal shares of the target file's
+bytes (`shard`), and seeks to it in both files (`LineIndex.offset_of`: the k-th prediction is paired with the
+k-th target by line number); `exchange` and `raise_first` keep every rank in step. Each `window` of lines goes to
+the metric in `batches` of alike lengths, each `padded` to its longest line.
 
-Tokenizing: `TokenTable.tokenize` reads a block's lines with one compiled pass (numba): a ``.jsonl`` line of the
-plain form ``{"text": "..."}`` (a string without escapes, optionally more fields after it: a ``"tag"``) and a text
-line are split as `tokenize` splits them (each ``<...>`` a token, each run of other text one, looked up in a table
-of the vocabulary's UTF-8 bytes, unknown pieces the unknown id). Every other line (escapes, other layouts,
-whitespace or non-ASCII at either end, which ``str.strip`` might remove) goes the readable way,
-`owa_metrics.evaluate.read_tagged`'s rules line by line and `tokenize`, which the tests hold the compiled pass to.
+Tokenizing: `_tokenize_block` reads a block's lines with one compiled pass (numba) over the offsets of its special
+bytes (``<`` ``>`` ``"`` ``\\`` and control characters, `_specials`): a ``.jsonl`` line of the plain form
+``{"text": "..."}`` (a string without escapes, optionally more fields after it: a ``"tag"``) and a text line are
+split as `tokenize` splits them (each ``<...>`` a token, each run of other text one, looked up in `TokenTable`,
+unknown pieces the unknown id). Every other line (escapes, other layouts, whitespace or non-ASCII at either end,
+which ``str.strip`` might remove) goes the readable way, `owa_metrics.evaluate.read_tagged`'s rules line by line and
+`tokenize`, which the tests hold the compiled pass to.
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ _inline = njit(inline="always", nogil=True, cache=True) if njit is not None else
 BLOCK_BYTES = 4 << 20  # a block of whole lines (longer when one line is)
 TARGET_TOKENS = 1 << 18  # target tokens per update (at least one line)
 MAX_LINES = 4096  # lines per update
-_FALLBACK, _TAIL = 1, 2  # `tokenize_block`'s line flags: the readable path; the JSON fields after "text"
+WINDOW_TOKENS = 4 * TARGET_TOKENS  # target tokens read at a time (whole blocks of the target), sorted into batches
+_FALLBACK, _TAIL = 1, 2  # `_tokenize_block`'s line flags: the readable path; the JSON fields after "text"
 
 
 class InputError(ValueError):
@@ -49,76 +54,55 @@ def tokenize(text: str, vocab: dict[str, int], unk_id: int) -> list[int]:
 
 
 # ------------------------------------------------------------------------------------------- the compiled tokenizer
+_SPECIAL = np.zeros(256, np.uint8)  # the bytes the line parser stops at: < > " \ and the control characters
+_SPECIAL[[60, 62, 34, 92]], _SPECIAL[:32] = 1, 1
+_MASKS = np.array([0] + [(1 << (8 * k)) - 1 for k in range(1, 8)] + [(1 << 64) - 1], np.uint64)  # k low bytes
+PAD_BYTES = 24  # zeros after a block's bytes: the 8-byte loads of `_word` read past its end
+
+
 @_inline
-def _slot(w0, w1, length, bits):
-    """The home slot of a piece: a multiplicative hash of its last 16 bytes (packed) and its length."""
+def _word(w8, a, b):
+    """Bytes [a, min(a + 8, b)) of the buffer whose 8-byte words are ``w8`` (little-endian, zeros above; 0 when
+    b <= a): two aligned loads, no loop."""
+    q, r = a >> 3, np.uint64((a & 7) * 8)
+    w = (w8[q] >> r) | ((w8[q + 1] << np.uint64(1)) << (np.uint64(63) - r))
+    return w & _MASKS[min(max(b - a, 0), 8)]
+
+
+@_inline
+def _slot(w0, w1, length, seed, bits):
+    """The home slot of a piece: a multiplicative hash (by ``seed``) of its first 16 bytes and its length."""
     x = w0 ^ (w1 * np.uint64(0xC2B2AE3D27D4EB4F)) ^ np.uint64(length)
-    return np.int64((x * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(64 - bits))
-
-
-@_inline
-def _pack(buf, a, b):
-    """The last 16 bytes of buf[a:b], packed big-endian into two words (w0: the last 8)."""
-    w0, w1 = np.uint64(0), np.uint64(0)
-    for i in range(max(a, b - 16), b):
-        w1 = (w1 << np.uint64(8)) | (w0 >> np.uint64(56))
-        w0 = (w0 << np.uint64(8)) | np.uint64(buf[i])
-    return w0, w1
+    return np.int64((x * seed) >> np.uint64(64 - bits))
 
 
 @_jit
-def _fill_table(key_bytes, key_start, key_id, bits, words, where, ids):
-    mask = ids.shape[0] - 1
+def _fill_table(key_bytes, key_start, key_id, seed, bits, words, where, ids):
+    """The keys into the table (open addressing); returns how many sit off their home slot."""
+    w8 = key_bytes.view(np.uint64)
+    mask, moved = ids.shape[0] - 1, 0
+    ids[:] = -1
     for k in range(key_start.shape[0] - 1):
         a, b = key_start[k], key_start[k + 1]
-        w0, w1 = _pack(key_bytes, a, b)
-        s = _slot(w0, w1, b - a, bits)
+        w0, w1 = _word(w8, a, b), _word(w8, a + 8, b)
+        s = _slot(w0, w1, b - a, seed, bits)
+        if ids[s] >= 0:
+            moved += 1
         while ids[s] >= 0:
             s = (s + 1) & mask
         words[s, 0], words[s, 1], where[s, 0], where[s, 1], ids[s] = w0, w1, b - a, a, key_id[k]
-
-
-@_inline
-def _lookup(a, b, w0, w1, bits, words, where, ids, unk):
-    """The id of the piece [a, b) whose last 16 bytes are packed in w0, w1 (equal length and last 16 bytes), or
-    ``unk``; a longer piece that matches a key so far: ``-2 - slot`` (`_verify` compares its other bytes)."""
-    mask = ids.shape[0] - 1
-    s = _slot(w0, w1, b - a, bits)
-    while ids[s] >= 0:
-        if words[s, 0] == w0 and words[s, 1] == w1 and where[s, 0] == b - a:
-            return ids[s] if b - a <= 16 else -2 - s
-        s = (s + 1) & mask
-    return unk
+    return moved
 
 
 @_jit
-def _verify(buf, n, ids, at, counts, words, where, key_ids, key_bytes, unk, unks):
-    """The pieces longer than 16 bytes that `_lookup` matched: their other bytes compared (on a difference, the
-    table's next keys); then each line's unknown pieces counted."""
-    mask = key_ids.shape[0] - 1
-    for k in range(n):
-        if ids[k] >= -1:
-            continue
-        s, a = -2 - ids[k], at[k]
-        length, w0, w1 = where[s, 0], words[s, 0], words[s, 1]
-        ids[k] = unk
-        while key_ids[s] >= 0:
-            if words[s, 0] == w0 and words[s, 1] == w1 and where[s, 0] == length:
-                same = True
-                for i in range(length - 16):
-                    if key_bytes[where[s, 1] + i] != buf[a + i]:
-                        same = False
-                        break
-                if same:
-                    ids[k] = key_ids[s]
-                    break
-            s = (s + 1) & mask
-    k = 0
-    for line in range(counts.shape[0]):
-        for _ in range(counts[line]):
-            if ids[k] == unk:
-                unks[line] += 1
-            k += 1
+def _specials(buf, size, special, pos):
+    """The offsets of the bytes in ``special`` among buf[:size), into ``pos``; returns their number (branch-free:
+    each byte writes the next slot, which advances on a special one)."""
+    n = 0
+    for i in range(size):
+        pos[n] = i
+        n += special[buf[i]]
+    return n
 
 
 @_jit
@@ -128,99 +112,165 @@ def _strippable(c):
 
 
 @_jit
-def _tokenize_block(buf, starts, ends, jsonl, bits, words, where, key_ids, unk, ids, at, counts, flags, tails):
-    """Each line [starts[l], ends[l]) of ``buf``: its ids appended to ``ids`` (``counts[l]`` of them; ``at``: where
-    each piece starts; see `_lookup`), or ``flags[l] = _FALLBACK``; a JSON line with fields after "text":
-    ``flags[l] = _TAIL``, ``tails[l]`` where they start (at the comma). Returns the number of ids written."""
-    n = 0
-    for line in range(starts.shape[0]):
-        s, e = starts[line], ends[line]
-        if e > s and buf[e - 1] == 13:  # "\r\n"
-            e -= 1
-        counts[line], flags[line] = 0, 0
-        ts, te = s, e
-        if jsonl:  # {"text": "...", or {"text":"...
-            if not (e - s >= 12 and buf[s] == 123 and buf[s + 1] == 34 and buf[s + 2] == 116 and buf[s + 3] == 101
+def _tokenize_block(buf, size, eof, max_lines, pos, npos, jsonl, seed, bits, words, where, key_ids, key_bytes, unk,
+                    ids, starts, ends, counts, flags, tails, unks, seen):
+    """The whole lines of buf[:size) (at most ``max_lines``; the last one without a line break only at ``eof``):
+    each line's [starts, ends) (without its line break), its ids appended to ``ids`` (``counts`` of them; ``seen``
+    marked; ``unks``: how many are ``unk``), or ``flags = _FALLBACK``; a JSON line with fields after "text":
+    ``flags = _TAIL``, ``tails`` where they start (at the comma). ``pos[:npos]``: the offsets of the `_SPECIAL`
+    bytes, so the loop visits those only. Returns (lines, ids written). (The table lookup is written out once,
+    not called: a call with array arguments costs more than the lookup.)"""
+    w8 = buf.view(np.uint64)
+    mask = key_ids.shape[0] - 1
+    n, k, line, s = 0, 0, 0, 0
+    pos[npos] = size  # a sentinel: the walks below stop at the buffer's end
+    while line < max_lines and s < size:
+        begin, flag, tail, ts = n, 0, 0, s
+        if jsonl:  # {"text": "...  or {"text":"...
+            if (s + 10 <= size and buf[s] == 123 and buf[s + 1] == 34 and buf[s + 2] == 116 and buf[s + 3] == 101
                     and buf[s + 4] == 120 and buf[s + 5] == 116 and buf[s + 6] == 34 and buf[s + 7] == 58):
-                flags[line] = 1
-                continue
-            ts = s + 8
-            if buf[ts] == 32:
-                ts += 1
-            if buf[ts] != 34:
-                flags[line] = 1
-                continue
-            ts += 1
-            te = ts
-            while te < e and buf[te] != 34 and buf[te] != 92 and buf[te] >= 32:
-                te += 1
-            if te >= e or buf[te] != 34:  # an escape, a control character, or no closing quote
-                flags[line] = 1
-                continue
-            if not (te + 2 == e and buf[te + 1] == 125):  # more than "}" after the text
-                flags[line], tails[line] = 2, te + 1
-        if te <= ts or _strippable(buf[ts]) or _strippable(buf[te - 1]):
-            flags[line] = 1
-            continue
-        begin, i, text = n, ts, ts  # text: where the current run of other text began
-        while i < te:
-            if buf[i] != 60:  # "<"
-                i += 1
-                continue
-            w0, w1 = np.uint64(60), np.uint64(0)
-            j = i + 1
-            while j < te and buf[j] != 60 and buf[j] != 62:
-                w1 = (w1 << np.uint64(8)) | (w0 >> np.uint64(56))
-                w0 = (w0 << np.uint64(8)) | np.uint64(buf[j])
-                j += 1
-            if j < te and buf[j] == 62:  # a token <...>
-                if text < i:
-                    t0, t1 = _pack(buf, text, i)
-                    ids[n], at[n] = _lookup(text, i, t0, t1, bits, words, where, key_ids, unk), text
-                    n += 1
-                w1 = (w1 << np.uint64(8)) | (w0 >> np.uint64(56))
-                w0 = (w0 << np.uint64(8)) | np.uint64(62)
-                ids[n], at[n] = _lookup(i, j + 1, w0, w1, bits, words, where, key_ids, unk), i
-                n += 1
-                i = text = j + 1
+                ts = s + 9 if buf[s + 8] == 32 else s + 8
+                if buf[ts] == 34:
+                    ts += 1
+                else:
+                    flag = 1
             else:
-                i = j
-        if text < te:
-            t0, t1 = _pack(buf, text, te)
-            ids[n], at[n] = _lookup(text, te, t0, t1, bits, words, where, key_ids, unk), text
-            n += 1
-        counts[line] = n - begin
-    return n
+                flag = 1
+        while pos[k] < ts:  # the specials of the JSON prefix
+            k += 1
+        lt, text = -1, ts  # lt: a pending "<"; text: where the current run of other text began
+        if flag == 0 and (ts >= size or _strippable(buf[ts])):
+            flag = 1
+        while flag == 0:  # each special byte of the line: a token's end emits the text before it and the token
+            p, done = pos[k], False
+            if p < size and buf[p] == 60 and buf[pos[k + 1]] == 62 and pos[k + 1] < size:  # "<...>" (most)
+                k += 1
+                a0, b0, a1, b1 = text, p, p, pos[k] + 1
+                text, lt = pos[k] + 1, -1
+            elif p >= size:  # the buffer's end inside the line: the file's last line, or left for the next block
+                if not eof or jsonl:  # (a JSON line without its closing quote)
+                    flag = 1
+                    break
+                te, done = p - 1 if p > s and buf[p - 1] == 13 else p, True
+            else:
+                c = buf[p]
+                if c == 60:
+                    lt = p
+                    k += 1
+                    continue
+                if c == 62:
+                    if lt < 0:
+                        k += 1
+                        continue
+                    a0, b0, a1, b1 = text, lt, lt, p + 1
+                    text, lt = p + 1, -1
+                elif c == 10:
+                    if jsonl:  # no closing quote
+                        flag = 1
+                        break
+                    te, done = p - 1 if p > s and buf[p - 1] == 13 else p, True
+                elif jsonl:
+                    if c != 34:  # an escape, a control character
+                        flag = 1
+                        break
+                    te, done = p, True  # the string's end: "} or more fields
+                    if not (p + 1 < size and buf[p + 1] == 125 and (p + 2 >= size or buf[p + 2] == 10 or (
+                            buf[p + 2] == 13 and (p + 3 >= size or buf[p + 3] == 10)))):
+                        flag, tail = 2, p + 1
+                else:
+                    k += 1
+                    continue
+            if done:
+                if te <= ts or _strippable(buf[te - 1]):
+                    flag = 1
+                    break
+                a0, b0, a1, b1 = text, te, te, te
+            for j in range(2):  # the pieces [a0, b0) and [a1, b1), when not empty: their ids
+                a, b = (a0, b0) if j == 0 else (a1, b1)
+                if b <= a:
+                    continue
+                w0, w1 = _word(w8, a, b), _word(w8, a + 8, b)
+                length = b - a
+                slot, found = _slot(w0, w1, length, seed, bits), unk
+                if words[slot, 0] == w0 and words[slot, 1] == w1 and where[slot, 0] == length and length <= 16:
+                    found = key_ids[slot]  # at its home slot (every key, for a perfect seed)
+                else:
+                    while key_ids[slot] >= 0:
+                        if words[slot, 0] == w0 and words[slot, 1] == w1 and where[slot, 0] == length:
+                            same = True
+                            for i in range(16, length):  # a piece longer than 16 bytes: its other bytes
+                                if key_bytes[where[slot, 1] + i] != buf[a + i]:
+                                    same = False
+                                    break
+                            if same:
+                                found = key_ids[slot]
+                                break
+                        slot = (slot + 1) & mask
+                ids[n] = found
+                n += 1
+            if done:
+                break
+            k += 1
+        while pos[k] < size and buf[pos[k]] != 10:  # the line's end: the next line break (or the buffer's end)
+            k += 1
+        e = pos[k]
+        if e >= size and not eof:  # an incomplete line: left for the next block
+            n = begin
+            break
+        if flag == 1:
+            n = begin
+        else:
+            u = 0
+            for i in range(begin, n):
+                seen[ids[i]] = True
+                if ids[i] == unk:
+                    u += 1
+            unks[line] = u
+        starts[line], ends[line], counts[line], flags[line], tails[line] = s, e, n - begin, flag, tail
+        line += 1
+        s, k = e + 1, k + 1
+    return line, n
+
+
+@_jit
+def _pad_rows(ids, starts, counts, rows, out):
+    """Row r of ``out``: line ``rows[r]``'s ids (``counts`` of them from ``starts``), then -100."""
+    for r in range(rows.shape[0]):
+        a, c = starts[rows[r]], counts[rows[r]]
+        for j in range(c):
+            out[r, j] = ids[a + j]
+        for j in range(c, out.shape[1]):
+            out[r, j] = -100
 
 
 class TokenTable:
     """A vocabulary ``{token: id}`` as the compiled tokenizer's table: open addressing over each key's UTF-8 length
-    and last 16 bytes (packed in two words; a longer key's other bytes compared when those match)."""
+    and first 16 bytes (two words; a longer key's other bytes compared when those match)."""
 
     def __init__(self, vocab: dict[str, int], unk_id: int):
         keys = [k.encode("utf-8") for k in vocab]
         self.vocab, self.unk = vocab, unk_id
-        self.key_bytes = np.frombuffer(b"".join(keys) or b"\0", np.uint8)
+        joined = b"".join(keys)
+        self.key_bytes = np.zeros((len(joined) + PAD_BYTES) // 8 * 8 + 8, np.uint8)
+        self.key_bytes[:len(joined)] = np.frombuffer(joined, np.uint8)
         key_start = np.concatenate([[0], np.cumsum([len(k) for k in keys])]).astype(np.int64)
-        self.bits = max(4, (4 * len(keys)).bit_length())
-        self.words, self.where = np.zeros((1 << self.bits, 2), np.uint64), np.zeros((1 << self.bits, 2), np.int64)
-        self.ids = np.full(1 << self.bits, -1, np.int64)
-        _fill_table(self.key_bytes, key_start, np.array(list(vocab.values()), np.int64), self.bits, self.words,
-                    self.where, self.ids)
+        key_ids = np.array(list(vocab.values()), np.int64)
+        self.bits, rng = max(4, (4 * len(keys)).bit_length()), np.random.default_rng(0)
+        while True:  # a seed that puts every key at its home slot (one compare per lookup), with up to 2^18 slots
+            self.words, self.where = np.zeros((1 << self.bits, 2), np.uint64), np.zeros((1 << self.bits, 2), np.int64)
+            self.ids = np.full(1 << self.bits, -1, np.int64)
+            for tries in range(32 if kernel.available() else 0):
+                self.seed = np.uint64(rng.integers(1, 1 << 62) * 2 + 1)
+                if not _fill_table(self.key_bytes, key_start, key_ids, self.seed, self.bits, self.words, self.where,
+                                   self.ids):
+                    break
+            else:
+                if kernel.available() and self.bits < 18:
+                    self.bits += 1
+                    continue
+            break
         self.tokens = {i: t for t, i in vocab.items()}
         self.size = max(max(vocab.values(), default=0), unk_id) + 1
-
-    def tokenize(self, buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, jsonl: bool):
-        """``(ids, counts, flags, unks, tails)`` of the lines [starts, ends) of ``buf`` (see `_tokenize_block`)."""
-        m = len(starts)
-        counts, flags, unks, tails = (np.zeros(m, np.int64) for _ in range(4))
-        if not kernel.available():  # no numba (or NUMBA_DISABLE_JIT): every line the readable way
-            return np.empty(0, np.int64), counts, flags + _FALLBACK, unks, tails
-        ids, at = (np.empty(max(len(buf) // 2 + 2 * m, 1), np.int64) for _ in range(2))
-        n = _tokenize_block(buf, starts.astype(np.int64), ends.astype(np.int64), jsonl, self.bits, self.words,
-                            self.where, self.ids, self.unk, ids, at, counts, flags, tails)
-        _verify(buf, n, ids, at, counts, self.words, self.where, self.ids, self.key_bytes, self.unk, unks)
-        return ids[:n], counts, flags, unks, tails
 
 
 # ------------------------------------------------------------------------------------------------- reading lines
@@ -234,7 +284,9 @@ class InputLines:
         self.seen = np.zeros(table.size, bool)
         self.unknown: set[str] = set()
         self.nonblank = False
-        self._ids, self._starts, self._counts, self._tags, self._at = np.empty(0, np.int64), [0], [], [], 0
+        self._buf, self._pos, self._out = np.empty(0, np.uint8), np.empty(0, np.int64), np.empty(0, np.int32)
+        self._ids, self._starts, self._counts, self._tags, self._at = np.empty(0, np.int32), np.zeros(1, np.int64), \
+            np.empty(0, np.int64), [], 0
 
     def __len__(self) -> int:
         """Lines read but not yet taken."""
@@ -244,7 +296,7 @@ class InputLines:
         """The token counts of the lines read but not taken (reads a block when there are none)."""
         if not len(self) and self.line < self.last:
             self._read_block()
-        return np.asarray(self._counts[self._at:])
+        return self._counts[self._at:]
 
     def take(self, k: int) -> tuple[np.ndarray, np.ndarray, list[Optional[str]]]:
         """The next ``k`` lines: their ids (concatenated), token counts and tags (None: untagged)."""
@@ -254,38 +306,65 @@ class InputLines:
                 self._read_block()
             n = min(k, len(self))
             ids.append(self._ids[self._starts[self._at]:self._starts[self._at + n]])
-            counts += self._counts[self._at:self._at + n]
+            counts.append(self._counts[self._at:self._at + n])
             tags += self._tags[self._at:self._at + n]
             self._at, k = self._at + n, k - n
-        return np.concatenate(ids) if ids else np.empty(0, np.int64), np.array(counts, np.int64), tags
+        if len(ids) == 1:
+            return ids[0], counts[0], tags
+        return (np.concatenate(ids) if ids else np.empty(0, np.int32),
+                np.concatenate(counts) if counts else np.empty(0, np.int64), tags)
+
+    def _read(self, size: int) -> tuple[int, bool]:
+        """Bytes from ``self.offset`` into the block buffer, up to ``size``: (how many, whether the file ended)."""
+        if len(self._buf) < size + PAD_BYTES:
+            self._buf = np.empty((size + PAD_BYTES) // 8 * 8 + 8, np.uint8)
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            got = f.readinto(memoryview(self._buf)[:size])
+        return got, got < size
 
     def _read_block(self) -> None:
         """Read and tokenize the next block of whole lines (at least one, at most those left in the range)."""
-        want = self.last - self.line
-        with open(self.path, "rb") as f:
-            f.seek(self.offset)
-            data = f.read(BLOCK_BYTES)
-            eof = len(data) < BLOCK_BYTES
-            while not eof and b"\n" not in data[-BLOCK_BYTES:]:  # a line longer than a block
-                more = f.read(BLOCK_BYTES)
-                data, eof = data + more, len(more) < BLOCK_BYTES
-        buf = np.frombuffer(data, np.uint8)
-        ends = np.flatnonzero(buf == 10)
-        if eof and len(buf) and (not len(ends) or ends[-1] != len(buf) - 1):  # the last line, without a line break
-            ends = np.append(ends, len(buf))
-        ends = ends[:want]
-        if not len(ends):
+        want, size = self.last - self.line, BLOCK_BYTES
+        while True:
+            got, eof = self._read(size)
+            buf = self._buf
+            if kernel.available():
+                if len(self._pos) < got + 1:  # (offsets in 32 bits below 2 GB: less memory to write and read)
+                    self._pos = np.empty(got + 1, np.int32 if got < 1 << 31 else np.int64)
+                    self._out = np.empty(got + 1, np.int32)
+                m = max(min(want, got + 1), 1)
+                starts, ends, counts, flags, tails, unks = (np.zeros(m, np.int64) for _ in range(6))
+                npos = _specials(buf, got, _SPECIAL, self._pos)
+                lines, n = _tokenize_block(buf, got, eof, want, self._pos, npos, self.jsonl, self.table.seed,
+                                           self.table.bits,
+                                           self.table.words, self.table.where, self.table.ids, self.table.key_bytes,
+                                           self.table.unk, self._out, starts, ends, counts, flags, tails, unks,
+                                           self.seen)
+            else:  # no numba (or NUMBA_DISABLE_JIT): every line the readable way
+                ends = np.flatnonzero(buf[:got] == 10)
+                if eof and got and (not len(ends) or ends[-1] != got - 1):  # the last line, without a line break
+                    ends = np.append(ends, got)
+                ends = ends[:want]
+                lines, n = len(ends), 0
+                starts = np.concatenate([[0], ends[:-1] + 1]).astype(np.int64)
+                counts, tails, unks = (np.zeros(lines, np.int64) for _ in range(3))
+                flags = np.full(lines, _FALLBACK, np.int64)
+            if lines or eof:
+                break
+            size *= 2  # a line longer than the block
+        if not lines:
             raise RuntimeError(f"{self.path}: fewer lines than counted (did it change while being read?)")
-        data = data[:min(int(ends[-1]) + 1, len(data))]
+        starts, ends, counts, flags, tails, unks = (a[:lines] for a in (starts, ends, counts, flags, tails, unks))
+        used = min(int(ends[-1]) + 1, got)
+        data = bytes(memoryview(buf)[:used])
         try:
             data.decode("utf-8")
         except UnicodeDecodeError as err:
             raise InputError(f"{self.path}: not UTF-8 text (byte 0x{data[err.start]:02x} at offset "
                              f"{self.offset + err.start}); expected one token sequence per line, or an OWA .mcap "
                              "recording") from None
-        buf = buf[:len(data)]
-        starts = np.concatenate([[0], ends[:-1] + 1])
-        ids, counts, flags, unks, tails = self.table.tokenize(buf, starts, ends, self.jsonl)
+        ids = self._out[:n]
         rows, tags = [], []
         for line in np.flatnonzero(flags != 0).tolist():  # the lines the compiled pass left to the readable one
             s, e, number = int(starts[line]), int(ends[line]), self.line + line + 1
@@ -299,21 +378,23 @@ class InputLines:
             tags.append((line, tag))
         for line in np.flatnonzero((unks > 0) & (flags != _FALLBACK)).tolist():
             self._unknown(data[starts[line]:ends[line]].decode("utf-8"))
-        self.seen[ids] = True
         self.nonblank = self.nonblank or bool((flags != _FALLBACK).any())  # a compiled line holds text
         if rows:  # the readable path's ids in place of the compiled pass's (none: it left those lines)
             pieces = np.split(ids, np.cumsum(counts)[:-1])
             for line, row in rows:
                 pieces[line], counts[line] = row, len(row)
-            ids = np.concatenate(pieces)
-        self._ids, self._counts = ids, counts.tolist()
-        self._starts = np.concatenate([[0], np.cumsum(counts)]).tolist()
+                self.seen[row] = True
+            ids = np.concatenate(pieces).astype(np.int32)
+        else:
+            ids = ids.copy()  # the buffer is reused by the next block
+        self._ids, self._counts = ids, counts
+        self._starts = np.concatenate([[0], np.cumsum(counts)])
         self._tags = [None] * len(counts)
         for line, tag in tags:
             self._tags[line] = tag
         self._at = 0
-        self.line += len(ends)
-        self.offset += len(data)
+        self.line += lines
+        self.offset += used
 
     def _tail(self, data: bytes, tail: int, e: int, number: int):
         """The tag of a plain JSON line with more fields after "text" (`_FALLBACK`: read it the readable way)."""
@@ -403,40 +484,76 @@ def raise_first(error: Optional[BaseException]) -> None:
         raise errors[0]
 
 
-SCAN_BYTES = 16 << 20
+SCAN_BYTES = 4 << 20
+
+
+def scan_blocks(path: Path, blocks: range) -> list[tuple[int, dict[str, int]]]:
+    """For each block ``b`` of `SCAN_BYTES` bytes of the file: its line breaks, and the tag names of the JSONL lines
+    that start in it, each with its first line there (the line breaks in the block before that line). Only the lines
+    that may hold a tag (a ``"tag"`` key, or an escape) are parsed; a line that does not parse is left to the
+    reading pass, which says what is wrong with it."""
+    out = []
+    with open(path, "rb") as f:
+        for b in blocks:
+            head = 1 if b > 0 else 0  # the byte before the block: whether a line starts at its start
+            f.seek(b * SCAN_BYTES - head)
+            data = f.read(SCAN_BYTES + head)
+            end, names = min(head + SCAN_BYTES, len(data)), {}
+            if path.suffix == ".jsonl":
+                rest = f.readline() if data and not data.endswith(b"\n") else b""  # the block's last line, whole
+                if any(key in part for key in (b'"tag"', b"\\") for part in (data, data[-8:] + rest)):
+                    data += rest
+                    first, number = head, 0  # the first line starting in the block, and its number there
+                    if head and data[0] != 10:  # (none when the block holds no line break)
+                        first, number = (data.find(b"\n", head) + 1) or end, 1
+                    _tags_of(data, first, end, number, names)
+            out.append((data.count(b"\n", head, end), names))
+    return out
+
+
+def _tags_of(data: bytes, at: int, end: int, number: int, names: dict[str, int]) -> None:
+    """The tag names of the lines of ``data`` that start in [at, end) (the first one numbered ``number``)."""
+    while at < end:
+        stop = data.find(b"\n", at)
+        stop = len(data) if stop < 0 else stop
+        line = data[at:stop]
+        if b'"tag"' in line or b"\\" in line:
+            try:
+                item = json.loads(line)
+            except ValueError:
+                item = None
+            tag = item.get("tag") if isinstance(item, dict) else None
+            if is_tag_name(tag):
+                names.setdefault(tag, number)
+        number, at = number + 1, stop + 1
 
 
 class LineIndex:
-    """Where a file's lines start, counted once (a pass of ``bytes.count`` per 16 MB): ``lines`` (a final line
-    without a line break counts; a file ending in one has no empty last line), `line_at` and `offset_of`."""
+    """Where a file's lines start, from each block's line breaks (`scan_blocks`: every rank scans a share of the
+    blocks, `exchange` gives every rank all of them): ``lines`` (a final line without a line break counts; a file
+    ending in one has no empty last line), `line_at` and `offset_of`."""
 
-    def __init__(self, path: Path):
-        self.path, self.blocks, self.size = path, [], 0  # blocks: each block's line breaks
-        last = b""
-        with open(path, "rb") as f:
-            while block := f.read(SCAN_BYTES):
-                self.blocks.append(block.count(b"\n"))
-                self.size, last = self.size + len(block), block[-1:]
-        self.lines = sum(self.blocks) + (last not in (b"", b"\n"))
+    def __init__(self, path: Path, size: int, blocks: list[int], ends_in_break: bool):
+        self.path, self.size = path, size
+        self.before = np.concatenate([[0], np.cumsum(blocks, dtype=np.int64)])  # line breaks before each block
+        self.lines = int(self.before[-1]) + (size > 0 and not ends_in_break)
 
     def line_at(self, offset: int) -> int:
         """The number of line breaks before byte ``offset``."""
         k = offset // SCAN_BYTES
         with open(self.path, "rb") as f:
             f.seek(k * SCAN_BYTES)
-            return sum(self.blocks[:k]) + f.read(offset - k * SCAN_BYTES).count(b"\n")
+            return int(self.before[k]) + f.read(offset - k * SCAN_BYTES).count(b"\n")
 
     def offset_of(self, line: int) -> int:
         """Where line ``line`` (0-based) starts."""
         if line == 0:
             return 0
-        before, k = 0, 0
-        while before + self.blocks[k] < line:
-            before, k = before + self.blocks[k], k + 1
+        k = int(np.searchsorted(self.before, line, side="left")) - 1  # the block holding the line break before it
         with open(self.path, "rb") as f:
             f.seek(k * SCAN_BYTES)
             block = np.frombuffer(f.read(SCAN_BYTES), np.uint8)
-        return k * SCAN_BYTES + int(np.flatnonzero(block == 10)[line - before - 1]) + 1
+        return k * SCAN_BYTES + int(np.flatnonzero(block == 10)[line - int(self.before[k]) - 1]) + 1
 
 
 def shard(target: LineIndex, rank: int, world: int) -> tuple[int, int]:
@@ -446,17 +563,44 @@ def shard(target: LineIndex, rank: int, world: int) -> tuple[int, int]:
     return bounds[rank], bounds[rank + 1]
 
 
-# ------------------------------------------------------------------------------------------------------ evaluate
-def line_index(path: Path) -> LineIndex:
+def line_indexes(paths) -> tuple[list[LineIndex], list[dict[str, int]]]:
+    """Each file's `LineIndex` and tags (``{name: first line}``), every rank scanning an equal share of each file's
+    blocks (one collective: call on every rank); raises `InputError` naming a file that cannot be read or holds no
+    line, on every rank alike."""
+    rank, world = rank_world()
+    error, mine, sizes = None, [], []
     try:
-        index = LineIndex(path)
-    except OSError as err:
-        raise InputError(f"{path}: cannot read it ({err.strerror or err})") from None
-    if index.lines == 0:
-        raise InputError(f"{path}: no sequences (the file is empty or blank)")
-    return index
+        for path in paths:
+            try:
+                size = path.stat().st_size
+                with open(path, "rb") as f:
+                    f.seek(max(size - 1, 0))
+                    last = f.read(1)
+                count = -(-size // SCAN_BYTES)
+                mine.append(scan_blocks(path, range(count * rank // world, count * (rank + 1) // world)))
+            except OSError as err:
+                raise InputError(f"{path}: cannot read it ({err.strerror or err})") from None
+            if size == 0:
+                raise InputError(f"{path}: no sequences (the file is empty or blank)")
+            sizes.append((size, last == b"\n"))
+    except InputError as err:
+        error = err
+    raise_first(error)
+    parts = exchange(mine)  # [rank][file][block]
+    indexes, tags = [], []
+    for k, (path, (size, ends_in_break)) in enumerate(zip(paths, sizes)):
+        blocks = [block for part in parts for block in part[k]]
+        index = LineIndex(path, size, [count for count, _ in blocks], ends_in_break)
+        found: dict[str, int] = {}
+        for b, (_, names) in enumerate(blocks):
+            for name, line in names.items():
+                found[name] = min(found.get(name, line + int(index.before[b])), line + int(index.before[b]))
+        indexes.append(index)
+        tags.append(found)
+    return indexes, tags
 
 
+# ------------------------------------------------------------------------------------------------------ evaluate
 def check_whole(path: Path, index: LineIndex) -> None:
     """Read every line of a file (any format's tokens): raises `InputError` saying what is wrong with it."""
     from .tokens.vocab import build_tokenizer
@@ -478,40 +622,6 @@ def head_text(path: Path) -> list[str]:
         return [f.read(HEAD_BYTES).decode("utf-8", errors="replace")]
 
 
-def tags_in(path: Path, offset: int, lines: int) -> dict[str, int]:
-    """The tag names of ``lines`` lines of a JSONL file from byte ``offset``, each with the line (counted from 0 at
-    ``offset``) where it first appears: the lines that may hold one (a "tag" key, or an escape) parsed; a line that
-    does not parse is left to the reading pass, which says what is wrong."""
-    names: dict[str, int] = {}
-    seen = 0
-    if path.suffix != ".jsonl":
-        return names
-    with open(path, "rb") as f:
-        f.seek(offset)
-        rest = b""
-        while lines > 0:
-            block = f.read(BLOCK_BYTES)
-            data, rest = rest + block, b""
-            if block:  # whole lines only; the rest starts the next block
-                cut = data.rfind(b"\n") + 1
-                data, rest = data[:cut], data[cut:]
-            count = data.count(b"\n") + (not data.endswith(b"\n") and bool(data))
-            if b'"tag"' in data or b"\\" in data:
-                for number, line in enumerate(data.split(b"\n")[:min(count, lines)], seen):
-                    if b'"tag"' in line or b"\\" in line:
-                        try:
-                            item = json.loads(line)
-                        except ValueError:
-                            continue
-                        tag = item.get("tag") if isinstance(item, dict) else None
-                        if is_tag_name(tag):
-                            names.setdefault(tag, number)
-            lines, seen = lines - count, seen + count
-            if not block:
-                break
-    return names
-
-
 def row_tags(paths, file_tags, tagged: tuple, line: int) -> Optional[list[str]]:
     """Each line's tag: from the files with tags, which must then tag every line and agree (as
     `owa_metrics.evaluate._tags` checks)."""
@@ -527,8 +637,41 @@ def row_tags(paths, file_tags, tagged: tuple, line: int) -> Optional[list[str]]:
     return files[0][1] if files else None
 
 
-def padded(ids: np.ndarray, counts: np.ndarray) -> torch.Tensor:
-    """[lines, max(count, 1)] ids, each line's then -100."""
-    out = np.full((len(counts), max(int(counts.max(initial=0)), 1)), -100, np.int64)
-    out[np.arange(out.shape[1]) < counts[:, None]] = ids
+def window(readers: list[InputLines], left: int) -> list[tuple[np.ndarray, np.ndarray, list[Optional[str]]]]:
+    """The next lines of both files (ids, counts, tags each; at most ``left``): the rest of the target's block, and
+    its next blocks while they hold fewer than `WINDOW_TOKENS` target tokens (and 16 x `MAX_LINES` lines)."""
+    parts, tokens, taken = [], 0, 0
+    while taken < left and tokens < WINDOW_TOKENS and taken < 16 * MAX_LINES:
+        counts = readers[1].counts()
+        k = max(1, min(len(counts), left - taken))
+        parts.append([reader.take(k) for reader in readers])
+        tokens, taken = tokens + int(counts[:k].sum()), taken + k
+    if len(parts) == 1:
+        return parts[0]
+    return [(np.concatenate([p[side][0] for p in parts]), np.concatenate([p[side][1] for p in parts]),
+             [tag for p in parts for tag in p[side][2]]) for side in range(2)]
+
+
+def batches(pred_counts: np.ndarray, target_counts: np.ndarray) -> list[np.ndarray]:
+    """A window of lines in batches for `update` (their indices): sorted by length, so that each batch's rows are
+    alike (little padding: every op of an update runs over [rows, the longest row]), cut into batches of about
+    `TARGET_TOKENS` target tokens and at most `MAX_LINES` lines. The report does not depend on the order of the
+    sequences (sums, and samples read sorted)."""
+    order = np.argsort(np.maximum(pred_counts, target_counts), kind="stable")
+    total = int(target_counts.sum())
+    parts = max(-(-total // TARGET_TOKENS), -(-len(order) // MAX_LINES), 1)
+    cuts = np.searchsorted(np.cumsum(target_counts[order]), total * np.arange(1, parts) / parts, side="right")
+    return [rows for rows in np.split(order, cuts) if len(rows)]
+
+
+def padded(ids: np.ndarray, counts: np.ndarray, rows: np.ndarray) -> torch.Tensor:
+    """[len(rows), max(count, 1)]: the ids of lines ``rows`` (``ids``: every line's, concatenated), each then -100."""
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    out = np.empty((len(rows), max(int(counts[rows].max(initial=0)), 1)), np.int64)
+    if kernel.available():
+        _pad_rows(ids, starts, counts, rows, out)
+    else:
+        out.fill(-100)
+        for r, line in enumerate(rows.tolist()):
+            out[r, :counts[line]] = ids[starts[line]:starts[line] + counts[line]]
     return torch.from_numpy(out)

@@ -1,13 +1,18 @@
 """Issue 31's budgets for `owa-metrics evaluate` at scale, side by side in one run (1 thread per process):
 
     python scripts/bench_scale.py [--mb 100 --out /tmp/owa_bench_scale] [--baseline /path/to/old/checkout]
+    python scripts/bench_scale.py --processes [--mb 100]   # only: 1 vs 2 processes, side by side
+
 
 - token text: a prediction and a target JSONL file of ``--mb`` MB each (lines of 256 events of the three real
   recordings in ../shared/data, timestamps off by 0 / +10 / -20 ms), evaluated in-process: MB/s of the target file
   and of both files, by the wall clock and by this process's CPU time (the cores are shared: CPU time is what
   another process cannot take); the peak RSS of the whole command on 1/4 and all of the data (memory flat in the
-  size); one and two processes (torchrun) on the whole command; with ``--baseline``, the command from an older
-  checkout on 1/4 of the data.
+  size); with ``--baseline``, an older checkout's ``evaluate()`` on the same files (CPU and wall, interleaved
+  with this one's) and its command on 1/4 of the data.
+- processes: ``torchrun --nproc-per-node 1`` and ``2`` alternately, twice each, on the token files and on 8 MCAP
+  pairs: each rank times its ``evaluate()`` after the imports and a warm-up (CPU time and wall, the slowest rank
+  counts), and the whole command's wall time (imports included); MB/s and the 2-process ratio of each.
 - MCAP folders: ``--mb`` MB of uncompressed D2E MCAPs (mcap_owa's writer: the real recordings' events, their
   absolute mouse as ``mouse/raw`` differences, repeated and shifted in time; 4 distinct files of ~``--mb``/4 MB),
   read by the D2E route against iterating the same files with the ``mcap`` package's reader without decoding; the
@@ -125,15 +130,78 @@ def timed(fn, *args, **kwargs):
     return out, time.perf_counter() - w, time.process_time() - c
 
 
+def worker(pred: str, target: str, warm: list[str]) -> None:
+    """One torchrun rank: its ``evaluate`` (token files) or ``evaluate_d2e_folders`` (folders) timed after the
+    imports and a warm-up on ``warm``; rank 0 prints every rank's (wall s, CPU s) as JSON."""
+    import torch.distributed as dist
+
+    from owa_metrics.d2e import evaluate_d2e_folders
+    from owa_metrics.evaluate import evaluate
+
+    torch.set_num_threads(1)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:
+        dist.init_process_group("gloo")
+    folders = Path(pred).is_dir()
+    run = (lambda p, t: evaluate_d2e_folders(p, t, 50, progress=False)) if folders else \
+        (lambda p, t: evaluate(p, t, progress=False))
+    run(*warm)  # the kernels' cache load
+    if world > 1:
+        dist.barrier()
+    _, wall, cpu = timed(run, pred, target)
+    times = [None] * world
+    if world > 1:
+        dist.all_gather_object(times, (wall, cpu))
+        dist.destroy_process_group()
+    else:
+        times = [(wall, cpu)]
+    if int(os.environ.get("RANK", "0")) == 0:
+        print("TIMES " + json.dumps(times))
+
+
+def processes(pred: Path, target: Path, warm: tuple, what: str, repeats: int = 2) -> None:
+    """1 and 2 torchrun processes alternately: each rank's evaluation (slowest rank) and the whole command."""
+    size = sum(f.stat().st_size for p in (pred, target) for f in ([p] if p.is_file() else p.glob("*.mcap"))) / 1e6
+    rows = {1: [], 2: []}
+    for _ in range(repeats):
+        for n in (1, 2):
+            command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n),
+                       str(Path(__file__).resolve()), "--worker", str(pred), str(target), str(warm[0]), str(warm[1])]
+            start = time.perf_counter()
+            done = subprocess.run(command, capture_output=True, text=True, env=_env())
+            whole = time.perf_counter() - start
+            if done.returncode:
+                raise SystemExit(f"{' '.join(command)} failed: {done.stderr[-2000:]}")
+            times = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("TIMES "))[6:])
+            rows[n].append((max(w for w, _ in times), max(c for _, c in times), whole))
+    med = {n: [sorted(x)[len(x) // 2] for x in zip(*r)] for n, r in rows.items()}
+    print(f"{what}, {size:.0f} MB, median of {repeats} alternate runs | 1 process | 2 processes | ratio")
+    for k, name in enumerate(("evaluation, wall (slowest rank)", "evaluation, CPU (slowest rank)",
+                              "whole command, wall (imports included)")):
+        print(f"  {name:40s} | {med[1][k]:6.1f} s ({size / med[1][k]:5.1f} MB/s) | {med[2][k]:6.1f} s "
+              f"({size / med[2][k]:5.1f} MB/s) | {med[1][k] / med[2][k]:.2f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mb", type=float, default=100)
     parser.add_argument("--out", type=Path, default=Path("/tmp/owa_bench_scale"))
-    parser.add_argument("--baseline", type=Path, help="an older checkout: its command on 1/4 of the token data")
+    parser.add_argument("--baseline", type=Path, help="an older checkout: its evaluate() on the same token files")
+    parser.add_argument("--processes", action="store_true", help="only the 1 vs 2 processes figures")
+    parser.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)  # one torchrun rank (see `worker`)
     args = parser.parse_args()
+    if args.worker:
+        return worker(args.worker[0], args.worker[1], args.worker[2:])
     torch.set_num_threads(1)
     args.out.mkdir(parents=True, exist_ok=True)
     print(f"load average at the start: {os.getloadavg()}")
+    if args.processes:
+        small, (pred, true) = token_files(args.out, args.mb / 4), token_files(args.out, args.mb)
+        processes(pred, true, small, "token text (JSONL)")
+        many_p, many_t, two = mcap_copies(args.out, args.mb)
+        processes(many_p, many_t, two, "MCAP folders (8 pairs)")
+        print(f"load average at the end: {os.getloadavg()}")
+        return
     from mcap.reader import make_reader
 
     from owa_metrics.d2e import evaluate_d2e_folders
@@ -144,10 +212,16 @@ def main() -> None:
     mb_true, mb_both = true.stat().st_size / 1e6, (true.stat().st_size + pred.stat().st_size) / 1e6
     evaluate(small[0], small[1], progress=False)  # the kernels' compile / cache load, untimed
     for mode in ("exact", "sketch"):
-        report, wall, cpu = timed(evaluate, pred, true, mode, progress=False)
-        print(f"token text {mode:6s}: {mb_true:.0f} MB target + {mb_both - mb_true:.0f} MB prediction, "
-              f"{int(report['count/target_events']):,} events: wall {wall:.1f} s ({mb_true / wall:.0f} MB/s target, "
-              f"{mb_both / wall:.0f} MB/s both), CPU {cpu:.1f} s ({mb_true / cpu:.0f} / {mb_both / cpu:.0f} MB/s)")
+        for _ in range(2 if args.baseline else 1):  # interleaved with the baseline's
+            report, wall, cpu = timed(evaluate, pred, true, mode, progress=False)
+            print(f"token text {mode:6s}: {mb_true:.0f} MB target + {mb_both - mb_true:.0f} MB prediction, "
+                  f"{int(report['count/target_events']):,} events: wall {wall:.1f} s ({mb_true / wall:.0f} MB/s "
+                  f"target, {mb_both / wall:.0f} MB/s both), CPU {cpu:.1f} s ({mb_true / cpu:.0f} / "
+                  f"{mb_both / cpu:.0f} MB/s)")
+            if args.baseline:
+                wall, cpu = _baseline_evaluate(args.baseline, pred, true, mode, small)
+                print(f"  baseline {args.baseline} {mode:6s}: wall {wall:.1f} s ({mb_both / wall:.0f} MB/s both), "
+                      f"CPU {cpu:.1f} s ({mb_true / cpu:.0f} / {mb_both / cpu:.0f} MB/s)")
     for mode in ("exact", "sketch"):
         rss = [peak_rss_mb(cli("--pred", str(p), "--target", str(t), "--mode", mode)) for p, t in (small, (pred, true))]
         print(f"token text {mode:6s} command: peak RSS {rss[0][0]:.0f} MB at {args.mb / 4:g} MB, {rss[1][0]:.0f} MB at "
@@ -156,11 +230,7 @@ def main() -> None:
         rss, wall = _baseline(args.baseline, small)
         print(f"baseline {args.baseline}: {args.mb / 4:g} MB command: wall {wall:.1f} s "
               f"({small[1].stat().st_size / 1e6 / wall:.1f} MB/s target), peak RSS {rss:.0f} MB")
-    for n in (1, 2):
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n), "-m",
-                   "owa_metrics", "evaluate", "--pred", str(pred), "--target", str(true), "--no-progress"]
-        _, wall = peak_rss_mb(command)
-        print(f"token text, {n} process(es) (torchrun, the whole command): wall {wall:.1f} s")
+    processes(pred, true, small, "token text (JSONL)")
 
     preds, truths = mcap_folders(args.out, args.mb)
     files = sorted(truths.glob("*.mcap")) + sorted(preds.glob("*.mcap"))
@@ -180,28 +250,45 @@ def main() -> None:
         print(f"MCAP folders: {len(files)} files, {size:.0f} MB, {count:,} messages: mcap reader without decoding wall "
               f"{raw_wall:.1f} s / CPU {raw_cpu:.1f} s; the D2E route wall {wall:.1f} s / CPU {cpu:.1f} s: "
               f"{wall / raw_wall:.2f}x / {cpu / raw_cpu:.2f}x ({int(report['d2e/num_bins']):,} bins)")
-    many_p, many_t = args.out / "mcap_pred_x2", args.out / "mcap_true_x2"
+    many_p, many_t, two = mcap_copies(args.out, args.mb)
+    rss = [peak_rss_mb(cli("--pred", str(p), "--target", str(t), "--bin-ms", "50")) for p, t in (two, (many_p, many_t))]
+    print(f"MCAP folders command: peak RSS {rss[0][0]:.0f} MB on 2 pairs, {rss[1][0]:.0f} MB on 8 pairs")
+    processes(many_p, many_t, two, "MCAP folders (8 pairs)")
+    print(f"load average at the end: {os.getloadavg()}")
+
+
+def mcap_copies(out: Path, mb: float) -> tuple[Path, Path, tuple[Path, Path]]:
+    """The 4 MCAP pairs twice over (8 pairs: memory flat in the number of files), and 2 of them."""
+    preds, truths = mcap_folders(out, mb)
+    many_p, many_t = out / "mcap_pred_x2", out / "mcap_true_x2"
     for folder, copy in ((preds, many_p), (truths, many_t)):
         copy.mkdir(exist_ok=True)
         for f in folder.glob("*.mcap"):
             for k in range(2):
                 if not (copy / f"{f.stem}_{k}.mcap").exists():
                     shutil.copy(f, copy / f"{f.stem}_{k}.mcap")
-    two = args.out / "mcap_pred_2", args.out / "mcap_true_2"
+    two = out / "mcap_pred_2", out / "mcap_true_2"
     for folder, copy in zip((preds, truths), two):
         copy.mkdir(exist_ok=True)
         for f in sorted(folder.glob("*.mcap"))[:2]:
             if not (copy / f.name).exists():
                 shutil.copy(f, copy / f.name)
-    rss = [peak_rss_mb(cli("--pred", str(p), "--target", str(t), "--bin-ms", "50")) for p, t in (two, (many_p, many_t))]
-    print(f"MCAP folders command: peak RSS {rss[0][0]:.0f} MB on 2 pairs, {rss[1][0]:.0f} MB on 8 pairs")
-    for n in (1, 2):
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n), "-m",
-                   "owa_metrics", "evaluate", "--pred", str(many_p), "--target", str(many_t), "--bin-ms", "50",
-                   "--no-progress"]
-        _, wall = peak_rss_mb(command)
-        print(f"MCAP folders, 8 pairs, {n} process(es) (torchrun, the whole command): wall {wall:.1f} s")
-    print(f"load average at the end: {os.getloadavg()}")
+    return many_p, many_t, two
+
+
+def _baseline_evaluate(checkout: Path, pred: Path, true: Path, mode: str, warm) -> tuple[float, float]:
+    """(wall s, CPU s) of an older checkout's ``evaluate()`` on the files, timed in its own process after a
+    warm-up, as this one's."""
+    code = (f"import time, torch; torch.set_num_threads(1)\nfrom owa_metrics.evaluate import evaluate\n"
+            f"evaluate({str(warm[0])!r}, {str(warm[1])!r}, progress=False)\n"
+            f"c, w = time.process_time(), time.perf_counter()\n"
+            f"evaluate({str(pred)!r}, {str(true)!r}, {mode!r}, progress=False)\n"
+            f"print(time.perf_counter() - w, time.process_time() - c)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(checkout), cwd=checkout)
+    if done.returncode:
+        raise SystemExit(f"the baseline's evaluate failed: {done.stderr[-2000:]}")
+    wall, cpu = map(float, done.stdout.split()[-2:])
+    return wall, cpu
 
 
 def _baseline(checkout: Path, files) -> tuple[float, float]:

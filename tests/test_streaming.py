@@ -35,7 +35,7 @@ JSON_LINES = [json.dumps({"text": E + S}), json.dumps({"text": S}, separators=("
 
 
 def _streamed(path: Path, table) -> tuple[list[list[int]], list]:
-    index = streaming.LineIndex(path)
+    (index,), _ = streaming.line_indexes([path])
     lines = streaming.InputLines(path, table, 0, index.lines, 0)
     ids, counts, tags = lines.take(index.lines)
     return [row.tolist() for row in np.split(ids, np.cumsum(counts)[:-1])], tags
@@ -63,6 +63,45 @@ def test_the_compiled_tokenizer_reads_every_line_as_the_readable_path(tmp_path, 
     bad.write_text(JSON_LINES[0] + "\n" + '{"text": "' + E + '",}\n')
     with pytest.raises(ValueError, match="bad.jsonl:2: not JSON"):
         _streamed(bad, table)
+
+
+@pytest.mark.parametrize("ending", ["\n", ""])
+def test_the_blocks_scans_index_lines_and_tags_as_a_plain_split(tmp_path, monkeypatch, ending):
+    """`line_indexes` from blocks of 64 bytes (each rank scans a share of them: every block alone here): lines
+    across blocks and longer than one, a line break at a block's last byte, tags on lines that cross a block's end,
+    an escaped "tag" key, a line that does not parse; against the file split into lines in Python."""
+    monkeypatch.setattr(streaming, "SCAN_BYTES", 64)
+    rows = [json.dumps({"text": E * (k % 4), **({"tag": f"t{k % 5}"} if k % 3 else {})}) for k in range(40)]
+    rows[7] = '{"text": "x", "t\\u0061g": "escaped"}'
+    rows[9] = '{"text": "x", "tag": "bad'  # does not parse: left to the reading pass
+    start = len("\n".join(rows[:11])) + 1
+    end = (start + 12) // 64 * 64 + 63
+    rows[11] = '{"text": "' + "y" * (end - start - 12) + '"}'  # its line break at a block's last byte
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(rows) + ending)
+    data = path.read_bytes()
+    (index,), (tags,) = streaming.line_indexes([path])
+    assert index.lines == len(rows)
+    starts = [0] + [k + 1 for k, byte in enumerate(data) if byte == 10 and k + 1 < len(data)]
+    assert [index.offset_of(k) for k in range(len(rows))] == starts
+    assert [index.line_at(k) for k in range(len(data))] == [data[:k].count(b"\n") for k in range(len(data))]
+    want = {}
+    for number, row in enumerate(rows):
+        try:
+            item = json.loads(row)
+        except ValueError:
+            continue
+        if "tag" in item:
+            want.setdefault(item["tag"], number)
+    assert tags == want and want["escaped"] == 7
+    blocks = -(-len(data) // 64)
+    one = streaming.scan_blocks(path, range(blocks))
+    assert [streaming.scan_blocks(path, range(b, b + 1))[0] for b in range(blocks)] == one  # any share of them
+    assert any(data[64 * b - 1] == 10 for b in range(1, blocks))  # a line break at a block's last byte
+    for world in (2, 3):  # the ranks' line ranges: contiguous, every line once
+        shares = [streaming.shard(index, rank, world) for rank in range(world)]
+        assert shares[0][0] == 0 and shares[-1][1] == len(rows)
+        assert all(a[1] == b[0] for a, b in zip(shares, shares[1:]))
 
 
 def _files(tmp_path, n=60, tagged=True, factorized_from=None):
@@ -112,6 +151,8 @@ def test_streamed_evaluate_equals_one_update_of_the_whole_files(tmp_path, monkey
     pred, true = _files(tmp_path)
     monkeypatch.setattr(streaming, "BLOCK_BYTES", 2048)  # many blocks, many updates
     monkeypatch.setattr(streaming, "TARGET_TOKENS", 300)
+    monkeypatch.setattr(streaming, "WINDOW_TOKENS", 1000)  # windows of several blocks
+    monkeypatch.setattr(streaming, "SCAN_BYTES", 1000)  # the line index and tags from many blocks
     out = tmp_path / "report.json"
     assert main(["evaluate", "--pred", str(pred), "--target", str(true), "--json", str(out)]) == 0
     report = json.loads(out.read_text())
@@ -131,10 +172,18 @@ def test_streamed_evaluate_equals_one_update_of_the_whole_files(tmp_path, monkey
     assert report["status/valid"] > 0 and report["status/invalid_target"] == 0
 
 
-def _torchrun(*args: str) -> subprocess.CompletedProcess:
+def _torchrun(tmp_path, *commands: list) -> subprocess.CompletedProcess:
+    """One launch of two torchrun processes running ``owa-metrics`` (`owa_metrics.cli.main`, as ``python -m
+    owa_metrics``) once per command in one gloo process group (one launch serves several checks: each costs
+    seconds)."""
+    script = tmp_path / "commands.py"
+    script.write_text("import sys\nimport torch.distributed as dist\nfrom owa_metrics.cli import main\n"
+                      "dist.init_process_group('gloo')\n"
+                      f"codes = [main(args) for args in {[list(map(str, c)) for c in commands]!r}]\n"
+                      "dist.destroy_process_group()\nsys.exit(max(codes))\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           "-m", "owa_metrics", "evaluate", *args], env=env, capture_output=True, text=True, timeout=300)
+                           str(script)], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return done
 
@@ -143,17 +192,19 @@ def test_two_torchrun_processes_equal_one_on_token_files_and_on_a_folder(tmp_pat
     pred, true = _files(tmp_path)
     one, two = tmp_path / "one.json", tmp_path / "two.json"
     assert main(["evaluate", "--pred", str(pred), "--target", str(true), "--json", str(one)]) == 0
-    done = _torchrun("--pred", str(pred), "--target", str(true), "--json", str(two))
-    assert done.stdout.count("OWA event metrics") == 1  # rank 0 alone prints
-    _same(json.loads(two.read_text()), json.loads(one.read_text()))
     preds, truths = tmp_path / "preds", tmp_path / "truths"
     preds.mkdir(), truths.mkdir()
     for k, (truth, guess) in enumerate(d2e_pairs):
         (truths / f"rec{k}.mcap").write_bytes(Path(truth).read_bytes())
         (preds / f"rec{k}.mcap").write_bytes(Path(guess).read_bytes())
     args = ["--pred", str(preds), "--target", str(truths), "--bin-ms", "50"]
-    assert main(["evaluate", *args, "--json", str(one)]) == 0
-    report = json.loads(one.read_text())
+    folder_one, folder_two = tmp_path / "folder_one.json", tmp_path / "folder_two.json"
+    assert main(["evaluate", *args, "--json", str(folder_one)]) == 0
+    done = _torchrun(tmp_path, ["evaluate", "--pred", pred, "--target", true, "--json", two],
+                     ["evaluate", *args, "--json", folder_two])
+    assert done.stdout.count("OWA event metrics") == 1  # rank 0 alone prints
+    _same(json.loads(two.read_text()), json.loads(one.read_text()))
+    report = json.loads(folder_one.read_text())
     files = [oracle(truths / f"rec{k}.mcap", preds / f"rec{k}.mcap", 50) for k in range(len(d2e_pairs))]
     for k, want in enumerate(files):  # each file alone, as a tag
         assert {key[len(f"tag/rec{k}/d2e/"):]: v for key, v in report.items() if key.startswith(f"tag/rec{k}/")} \
@@ -164,8 +215,7 @@ def test_two_torchrun_processes_equal_one_on_token_files_and_on_a_folder(tmp_pat
                        ("mouse_button/button_accuracy", "mouse_button/sample_count")):
         right = sum(f.get(key, 0) * f[count] for f in files)
         assert report[f"d2e/{key}"] == pytest.approx(right / sum(f[count] for f in files), rel=1e-12)
-    done = _torchrun(*args, "--json", str(two))
     assert done.stdout.count("# D2E protocol") == 1
-    assert json.loads(two.read_text()) == report
+    assert json.loads(folder_two.read_text()) == report
     (preds / "rec0.mcap").rename(preds / "other.mcap")  # a file in one folder only: one line naming it, exit 2
     assert main(["evaluate", *args]) == 2
