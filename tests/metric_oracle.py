@@ -1,6 +1,7 @@
 """A numpy oracle of the whole report, computed from Python event pairs with the formulas of issue 3."""
 
 import math
+from fractions import Fraction
 
 import numpy as np
 
@@ -141,8 +142,8 @@ def paired_report(sequences, fmt=Hierarchical):
         scrolls = [(p, t) for p, t in mouse if t.button_data]
         if scrolls:
             out["mouse/scroll_accuracy"] = np.mean([p.button_data == t.button_data for p, t in scrolls])
-        eu = [math.hypot(p.dx - t.dx, p.dy - t.dy) / math.hypot(t.dx, t.dy) * 100
-              for p, t in mouse if (t.dx, t.dy) != (0, 0)]
+        eu = [100 * math.sqrt(Fraction((p.dx - t.dx) ** 2 + (p.dy - t.dy) ** 2, t.dx ** 2 + t.dy ** 2))
+              for p, t in mouse if (t.dx, t.dy) != (0, 0)]  # equal ratios: equal values (ties decide the IQM)
         if eu:
             out["mouse/euclidean_pe_p95_pct"] = np.percentile(eu, 95)
             out["mouse/euclidean_iqmpe_pct"] = np_iqm(eu)

@@ -101,8 +101,11 @@ def ms(value: Value) -> Value:
     return Value("ms", (value,))
 
 
-def sqrt(value: Value) -> Value:
-    return Value("sqrt", (value,))
+def root_percent(num: Value, den: Value) -> Value:
+    """``sqrt(num / den) * 100``, computed as ``sqrt(num / den * 100 * 100)``: a function of the ratio rounded once,
+    so equal ratios (of integer sums of squares) give equal values on every path (ties decide which values an IQM
+    keeps); NaN where ``den`` is 0."""
+    return Value("rootpct", (num, den))
 
 
 def percent(num: Value, den: Value) -> Value:

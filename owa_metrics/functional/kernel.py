@@ -19,9 +19,9 @@ from ..decode.kernel import VALID, _jit
 from .plan import N_CAT, OPS, Plan, compiled_tables
 from .stats import SketchSpec, sketch_counts
 
-NUMBER, ADD, SUB, MUL, ABS, SQRT, MS, WRAP, PCT, DIRECTION, WITHIN = (OPS.index(op) for op in OPS)
+NUMBER, ADD, SUB, MUL, ABS, ROOTPCT, MS, WRAP, PCT, DIRECTION, WITHIN = (OPS.index(op) for op in OPS)
 CODE_NAMES = ("VALID",)
-OP_NAMES = ("NUMBER", "ADD", "SUB", "MUL", "ABS", "SQRT", "MS", "WRAP", "PCT", "DIRECTION", "WITHIN")
+OP_NAMES = ("NUMBER", "ADD", "SUB", "MUL", "ABS", "ROOTPCT", "MS", "WRAP", "PCT", "DIRECTION", "WITHIN")
 # the plan's tables (`plan.compiled_tables`) in `_accumulate`'s order
 TABLES = ("key_columns", "key_weights", "key_offsets", "coded", "groups", "match_ptr", "match_column", "match_sign",
           "read_ptr", "read_match", "run_ptr", "run", "code", "sum_regs", "sample_regs", "n_regs", "const_ptr",
@@ -38,7 +38,7 @@ def compiled_codes():
 @_jit
 def compiled_ops():
     """`OP_NAMES`' values as the compiled (possibly cached) kernels of this module hold them."""
-    return NUMBER, ADD, SUB, MUL, ABS, SQRT, MS, WRAP, PCT, DIRECTION, WITHIN
+    return NUMBER, ADD, SUB, MUL, ABS, ROOTPCT, MS, WRAP, PCT, DIRECTION, WITHIN
 
 
 @_jit
@@ -57,8 +57,8 @@ def _run(code, run, v, window_ns, reg):
             reg[dst] = reg[a] * reg[b]
         elif op == ABS:
             reg[dst] = abs(reg[a])
-        elif op == SQRT:
-            reg[dst] = math.sqrt(reg[a])
+        elif op == ROOTPCT:
+            reg[dst] = math.sqrt(reg[a] / reg[b] * 100 * 100) if reg[b] != 0 else np.nan
         elif op == MS:
             reg[dst] = reg[a] / 1e6
         elif op == WRAP:

@@ -244,7 +244,7 @@ def evaluate(values: list[Value], leaf_matrix: torch.Tensor, names: list[str], w
             x = leaves[leaf][:, None]
             memo.update(zip(nodes, ((x >= low) & (x <= high)).double().unbind(1)))
     operands = {a for v in values for a in _nodes(v) if a is not v}
-    last = [v for v in dict.fromkeys(values) if v.op == "pct" and v not in operands]
+    last = [v for v in dict.fromkeys(values) if v.op in ("pct", "rootpct") and v not in operands]
 
     def run(v: Value) -> torch.Tensor:
         if v in memo:
@@ -265,8 +265,8 @@ def evaluate(values: list[Value], leaf_matrix: torch.Tensor, names: list[str], w
             out = a[0] * a[1]
         elif v.op == "abs":
             out = a[0].abs()
-        elif v.op == "sqrt":
-            out = a[0].sqrt()
+        elif v.op == "rootpct":
+            out = (torch.where(a[1] != 0, a[0] / a[1] * 100, float("nan")) * 100).sqrt()
         elif v.op == "ms":
             out = a[0] / 1e6
         elif v.op == "within":
@@ -289,7 +289,8 @@ def evaluate(values: list[Value], leaf_matrix: torch.Tensor, names: list[str], w
 
     if len(last) > 1:
         num, den = (torch.stack([run(v.args[k]) for v in last], 1) for k in (0, 1))
-        memo.update(zip(last, torch.where(den != 0, num / den * 100, float("nan")).unbind(1)))
+        ratios = torch.where(den != 0, num / den * 100, float("nan")).unbind(1)
+        memo.update((v, (x * 100).sqrt() if v.op == "rootpct" else x) for v, x in zip(last, ratios))
     return [run(v) for v in values]
 
 
@@ -381,7 +382,7 @@ def _unpaired(batch: EventBatch) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------------------------ the compiled path's tables
-OPS = ("number", "add", "sub", "mul", "abs", "sqrt", "ms", "wrap", "pct", "direction", "within")
+OPS = ("number", "add", "sub", "mul", "abs", "rootpct", "ms", "wrap", "pct", "direction", "within")
 
 
 def program(plan: Plan) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 
 from .declare import (
-    ONE, Value, direction_deg, error, ms, percent, pred, present, same, same_where_present, sqrt, true, wrapped_ns,
+    ONE, Value, direction_deg, error, ms, percent, pred, present, root_percent, same, same_where_present, true,
+    wrapped_ns,
 )
 from .plan import evaluate
 
@@ -21,7 +22,7 @@ TIMESTAMP_PERCENT = percent(abs(TIMESTAMP_ERROR_NS), true("timestamp_ns"))
 PERCENT = percent(abs(error("value")), abs(true("value")))
 SIGNED_PERCENT = percent(error("value"), true("value"))
 _EX, _EY, _GX, _GY = error("dx"), error("dy"), true("dx"), true("dy")
-EUCLIDEAN_PERCENT = percent(sqrt(_EX * _EX + _EY * _EY), sqrt(_GX * _GX + _GY * _GY))
+EUCLIDEAN_PERCENT = root_percent(_EX * _EX + _EY * _EY, _GX * _GX + _GY * _GY)  # ||error|| / ||true|| x 100
 SIGNED_PERCENT_X, SIGNED_PERCENT_Y = percent(_EX, _GX), percent(_EY, _GY)
 DIRECTION_DEG = direction_deg(pred("dx"), pred("dy"), _GX, _GY)
 # the sums of the keyboard, button and movement keys (the report's states and the single metrics' twins)
