@@ -110,6 +110,7 @@ def test_screen_events_are_taken_out_whatever_their_span(sessions):
     rows = [[1, s, scr, 2, e] + key + [s, scr, 1, 1] + key, [s, scr, e, -100, s, scr, 2, 2] + [-100] * (2 * n + 1)]
     want = [[1] + [-100] * 4 + key + [-100] * 4 + key, [-100] * (2 * n + 9)]
     assert without_screen_events(torch.tensor(rows), vocab).tolist() == want
+    assert without_screen_events(torch.tensor(rows), vocab, compiled=True).tolist() == want
 
 
 @pytest.mark.parametrize("backend", ["torch", "kernel"])
@@ -124,6 +125,7 @@ def test_hostile_ids_with_screens_as_context_never_raise(sessions, backend):
     masked = without_screen_events(hostile, vocab)
     assert bool(((masked == hostile) | (masked == -100)).all())
     assert torch.equal(without_screen_events(masked, vocab), masked)
+    assert torch.equal(without_screen_events(hostile, vocab, compiled=True), masked)  # the compiled pass: the same
     metric = OWAEventMetrics(vocab=vocab, alignment="generation", backend=backend)
     metric.update(hostile, true)
     metric.update(true, hostile)

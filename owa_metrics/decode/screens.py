@@ -2,20 +2,27 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ..schema import ROLE_MASK, Role
 from ..tokens.vocab import VocabMap
+from .kernel import _jit
 
 IGNORE_INDEX = -100
 
 
-def without_screen_events(ids: torch.Tensor, vocab: VocabMap) -> torch.Tensor:
+def without_screen_events(ids: torch.Tensor, vocab: VocabMap, compiled: bool = False) -> torch.Tensor:
     """``ids`` [B, T] with every screen event's tokens set to -100 (ignored: outside every event span, so that the
     decoder neither sees nor counts the event); no host sync. A screen event runs from an ``<EVENT_START>`` followed
     by ``<SCREEN>`` through the next ``<EVENT_END>`` (or up to the next ``<EVENT_START>`` / the row's end when none
-    comes first), whatever fills its image span: nothing, image tokens, ignored labels or junk."""
+    comes first), whatever fills its image span: nothing, image tokens, ignored labels or junk. ``compiled`` (CPU
+    tensors, numba): the same in one pass over each row (`_mask_screens`)."""
     roles = vocab.codes(ids) & ROLE_MASK
+    if compiled:
+        out = np.empty(ids.shape, dtype=np.int64)
+        _mask_screens(ids.numpy(), roles.numpy(), int(Role.START), int(Role.END), int(Role.SCREEN), IGNORE_INDEX, out)
+        return torch.from_numpy(out).to(ids.dtype)
     start, end = roles == int(Role.START), roles == int(Role.END)
     screen = start & torch.nn.functional.pad(roles[:, 1:] == int(Role.SCREEN), (0, 1))
     pos = torch.arange(ids.shape[1], device=ids.device)
@@ -23,3 +30,19 @@ def without_screen_events(ids: torch.Tensor, vocab: VocabMap) -> torch.Tensor:
     last = torch.where(start | end, pos, -1).cummax(1).values.clamp(min=0)
     body = screen.gather(1, last)  # from a screen's <EVENT_START> up to the next struct token
     return ids.masked_fill(body | (end & torch.nn.functional.pad(body[:, :-1], (1, 0))), IGNORE_INDEX)
+
+
+@_jit
+def _mask_screens(ids, roles, start, end, screen, ignore, out):
+    """`without_screen_events` row by row: a token is a screen's while the last struct token at or before it is an
+    ``<EVENT_START>`` followed by ``<SCREEN>``; an ``<EVENT_END>`` right after such a token closes the screen."""
+    for b in range(ids.shape[0]):
+        body = previous = False
+        for t in range(ids.shape[1]):
+            role = roles[b, t]
+            if role == start:
+                body = t + 1 < ids.shape[1] and roles[b, t + 1] == screen
+            elif role == end:
+                body = False
+            out[b, t] = ignore if body or (role == end and previous) else ids[b, t]
+            previous = body

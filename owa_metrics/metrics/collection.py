@@ -231,7 +231,7 @@ class OWAEventMetrics(Float64Metric):
             return preds, target
         width, B = max(preds.shape[1], target.shape[1]), preds.shape[0]
         pad = lambda x: torch.nn.functional.pad(x, (0, width - x.shape[1]), value=-100)  # noqa: E731
-        both = without_screen_events(torch.cat([pad(preds), pad(target)]), self.vocab)
+        both = without_screen_events(torch.cat([pad(preds), pad(target)]), self.vocab, self._compiled(target))
         return both[:B, :preds.shape[1]], both[B:, :target.shape[1]]
 
     @property
@@ -416,7 +416,7 @@ class OWAEventMetrics(Float64Metric):
         return cache[name, kind][1]
 
     def _compiled(self, target: torch.Tensor) -> bool:
-        """Whether this update runs the compiled CPU kernels (decode, accumulate, token statistics)."""
+        """Whether this update runs the compiled CPU kernels (screens as context, decode, accumulate, token statistics)."""
         if self.backend == "torch" or self.device.type != "cpu" or self.pairing == "time":
             return False
         return self.backend == "kernel" or (target.device.type == "cpu" and decode_kernel.available())
