@@ -298,18 +298,11 @@ def screen_tokens_lacking(contents: list[str] | list[Event], tokenizer, vocab: V
 def _tags(*files: tuple) -> Optional[list[str]]:
     """Each sequence's tag: from the files (path, tags) that have tags, which must then agree, tag every line and
     hold at most `MAX_TAGS` distinct tags."""
-    tagged = [(path, tags) for path, tags in files if tags is not None]
-    for path, tags in tagged:
-        if None in tags:
-            raise InputError(f"{path}:{tags.index(None) + 1}: no 'tag', while other lines have one: tag every "
-                             "sequence or none")
-    if len(tagged) == 2 and tagged[0][1] != tagged[1][1]:
-        k = next(k for k, (a, b) in enumerate(zip(tagged[0][1], tagged[1][1])) if a != b)
-        raise InputError(f"{tagged[0][0]}:{k + 1} is tagged {tagged[0][1][k]!r} but {tagged[1][0]}:{k + 1} "
-                         f"{tagged[1][1][k]!r}: tag one file, or both alike")
-    if not tagged:
+    tags = streaming.row_tags([path for path, _ in files], [tags for _, tags in files],
+                              tuple(tags is not None for _, tags in files), 0)
+    if tags is None:
         return None
-    path, tags = tagged[0]
+    path = next(path for path, file_tags in files if file_tags is not None)
     first = {}  # each tag's first line
     for number, tag in enumerate(tags, 1):
         first.setdefault(tag, number)

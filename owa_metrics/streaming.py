@@ -623,8 +623,8 @@ def head_text(path: Path) -> list[str]:
 
 
 def row_tags(paths, file_tags, tagged: tuple, line: int) -> Optional[list[str]]:
-    """Each line's tag: from the files with tags, which must then tag every line and agree (as
-    `owa_metrics.evaluate._tags` checks)."""
+    """Each line's tag (lines from ``line``, 0-based): from the files with tags (``tagged``), which must then tag every
+    line and agree; None when no file has tags."""
     files = [(path, tags) for path, tags, names in zip(paths, file_tags, tagged) if names]
     for path, tags in files:
         if None in tags:
