@@ -188,3 +188,22 @@ def test_a_batch_without_its_generated_side_is_refused(tokenizer):
     batch.generated = None  # an EventBatch built by hand
     with pytest.raises(ValueError, match="decode_batch"):
         metric.update(batch)
+
+
+def test_compiled_cursor_offsets_equal_the_torch_ops(recording_rows, format_vocab):
+    """The CPU kernel path's one pass (`_cursor_offsets_by_index`) gives the torch ops' offsets bit for bit (NaN where
+    they have NaN) on the recordings' rows (invalid true events, dropped / inserted / garbage generated events,
+    rows without events), index pairing."""
+    from owa_metrics.functional.sequences import cursor_offsets
+
+    rows, _ = recording_rows
+    seen = 0
+    for preds, targets in zip(rows["preds"], rows["targets"]):
+        batches = [decode_batch(pad(preds), pad(targets), format_vocab, "generation", backend=backend)
+                   for backend in ("kernel", "torch")]
+        assert batches[0].keyboard_bound is None and batches[1].keyboard_bound is not None  # the two paths
+        got, want = (cursor_offsets(batch, {}) for batch in batches)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+        seen += int((~torch.isnan(got[0])).sum()) + int((~torch.isnan(got[1])).sum())
+    assert seen > 10

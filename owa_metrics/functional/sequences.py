@@ -15,12 +15,15 @@ from typing import Optional
 import numpy as np
 import torch
 
+from ..decode import kernel
 from ..decode.event_batch import VALUE_COLUMNS, EventBatch, EventFields
 from ..schema import Category, Status
 from .declare import per_group
 
 BUTTON_DOWN = 0x001 | 0x004 | 0x010  # button_flags of a left, right or middle button going down
 DX = VALUE_COLUMNS.index("dx")  # then dy
+FLAGS = VALUE_COLUMNS.index("button_flags")
+VALID, MOUSE_OP, MOUSE_NOP = int(Status.VALID), int(Category.MOUSE_OP), int(Category.MOUSE_NOP)
 
 
 def _generated(batch: EventBatch) -> tuple[EventFields, torch.Tensor]:
@@ -52,6 +55,14 @@ def cursor_offsets(batch: EventBatch, extras: dict) -> tuple[torch.Tensor, torch
     if "cursor_offsets" in extras:
         return extras["cursor_offsets"]
     target, (generated, g_row) = batch.target, _generated(batch)
+    if batch.time_matching is None and batch.keyboard_bound is None and g_row.device.type == "cpu" and \
+            kernel.available():  # the compiled CPU path's batch: one pass (`_cursor_offsets_by_index`)
+        B = batch.num_sequences
+        clicks, ends = np.empty(len(target.status)), np.empty(B)
+        _cursor_offsets_by_index(_long(batch.seq_idx).numpy(), target.status.numpy(), target.values.numpy(),
+                                 g_row.numpy(), generated.status.numpy(), generated.values.numpy(), B, clicks, ends)
+        extras["cursor_offsets"] = torch.from_numpy(clicks).sqrt_(), torch.from_numpy(ends).sqrt_()  # torch's sqrt
+        return extras["cursor_offsets"]
     B, t_row, N = batch.num_sequences, _long(batch.seq_idx), len(batch.target.status)
     t_ok, g_ok = target.status == int(Status.VALID), generated.status == int(Status.VALID)
     mouse = [_mouse(f) for f in (target, generated)]
@@ -69,6 +80,42 @@ def cursor_offsets(batch: EventBatch, extras: dict) -> tuple[torch.Tensor, torch
     ends = torch.where(with_mouse, torch.cat([d, d.new_zeros(1)]).index_select(0, last.clamp(min=0)), float("nan"))
     extras["cursor_offsets"] = clicks, ends
     return clicks, ends
+
+
+
+@kernel._jit
+def _cursor_offsets_by_index(t_row, t_status, t_values, g_row, g_status, g_values, num_sequences, clicks, ends):
+    """`cursor_offsets` under index pairing, in one pass over both sides (entries sorted by row): in each row, at its
+    k-th valid true event, the generated path sums the generated moves before the row's (k+1)-th valid generated
+    event; writes d^2 = gap_x^2 + gap_y^2 of the integer gap in float64 (NaN: none), as the torch ops compute it
+    before their square root (torch's: not always numpy's to the last bit, so the caller takes it)."""
+    i = j = 0  # the next true, generated event
+    first = 0.0  # d^2 at entry 0 (where the torch ops read a row without a valid true event: none has a mouse event)
+    for b in range(num_sequences):
+        t_x = t_y = g_x = g_y = 0  # the running paths
+        count = g_count = 0  # valid events so far: true, and generated among those summed
+        mouse, last = False, np.nan  # a true mouse event in the row; d^2 at its last valid true event
+        while j < g_row.shape[0] and g_row[j] < b:
+            j += 1
+        while i < t_row.shape[0] and t_row[i] == b:
+            if t_values[i, 0] == MOUSE_OP or t_values[i, 0] == MOUSE_NOP:
+                t_x, t_y, mouse = t_x + t_values[i, DX], t_y + t_values[i, DX + 1], True
+            ok = t_status[i] == VALID
+            count += ok
+            while j < g_row.shape[0] and g_row[j] == b and g_count + (g_status[j] == VALID) <= count:
+                g_count += g_status[j] == VALID
+                if g_values[j, 0] == MOUSE_OP or g_values[j, 0] == MOUSE_NOP:
+                    g_x, g_y = g_x + g_values[j, DX], g_y + g_values[j, DX + 1]
+                j += 1
+            x, y = float(g_x - t_x), float(g_y - t_y)
+            d = x * x + y * y
+            clicks[i] = d if ok and (t_values[i, FLAGS] & BUTTON_DOWN) != 0 else np.nan
+            if ok:
+                last = d
+            if i == 0:
+                first = d
+            i += 1
+        ends[b] = (first if np.isnan(last) else last) if mouse else np.nan
 
 
 def _path_by_index(t_ok, t_row, g_ok, g_row, g_moves, num_sequences: int) -> torch.Tensor:

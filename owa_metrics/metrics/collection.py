@@ -226,9 +226,12 @@ class OWAEventMetrics(Float64Metric):
 
     def scored_ids(self, preds: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The ids ``update`` scores: in generation with ``generated_screens="context"`` both sides' screen events
-        set to -100 (`without_screen_events`, both sides in one pass), else as given."""
+        set to -100 (`without_screen_events`, both sides in one pass; one compiled pass per side on the CPU kernel
+        path), else as given."""
         if not self._screens_are_context:
             return preds, target
+        if self._compiled(target):
+            return tuple(without_screen_events(x, self.vocab, True) for x in (preds, target))
         width, B = max(preds.shape[1], target.shape[1]), preds.shape[0]
         pad = lambda x: torch.nn.functional.pad(x, (0, width - x.shape[1]), value=-100)  # noqa: E731
         both = without_screen_events(torch.cat([pad(preds), pad(target)]), self.vocab, self._compiled(target))
