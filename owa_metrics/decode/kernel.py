@@ -144,6 +144,18 @@ def _decode(code, T, seq, first, last, cut, n, rules, length, run_start, kind_la
     """Check and read the ``n`` spans of one side, as `_decode_side` does (same rules, same precedence)."""
     width = rules.shape[1]
     n_fields = place.shape[1]
+    # each (layout, field)'s slots with a place value, with a sign: the sums below visit those only
+    place_at, sign_at = np.zeros(place.shape, np.int64), np.zeros(sign.shape, np.int64)
+    n_place, n_sign = np.zeros(place.shape[:2], np.int64), np.zeros(sign.shape[:2], np.int64)
+    for lay in range(place.shape[0]):
+        for f in range(n_fields):
+            for j in range(width):
+                if place[lay, f, j] != 0:
+                    place_at[lay, f, n_place[lay, f]] = j
+                    n_place[lay, f] += 1
+                if sign[lay, f, j] != 0:
+                    sign_at[lay, f, n_sign[lay, f]] = j
+                    n_sign[lay, f] += 1
     r = np.zeros(width, np.int64)
     v = np.zeros(width, np.int64)
     number = np.zeros(n_fields, np.int64)
@@ -201,11 +213,11 @@ def _decode(code, T, seq, first, last, cut, n, rules, length, run_start, kind_la
             continue
         for f in range(n_fields):  # (-1)^minus * sum(value * place), then the modulus
             total, minus = 0, 0
-            for j in range(width):
-                if place[lay, f, j] != 0:
-                    total += v[j] * place[lay, f, j]
-                if sign[lay, f, j] != 0:
-                    minus += v[j]
+            for q in range(n_place[lay, f]):
+                j = place_at[lay, f, q]
+                total += v[j] * place[lay, f, j]
+            for q in range(n_sign[lay, f]):
+                minus += v[sign_at[lay, f, q]]
             magnitude[f] = total
             value = -total if minus == 1 else total
             m = modulus[lay, f]
