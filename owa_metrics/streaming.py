@@ -501,14 +501,26 @@ def scan_blocks(path: Path, blocks: range) -> list[tuple[int, dict[str, int]]]:
             end, names = min(head + SCAN_BYTES, len(data)), {}
             if path.suffix == ".jsonl":
                 rest = f.readline() if data and not data.endswith(b"\n") else b""  # the block's last line, whole
-                if any(key in part for key in (b'"tag"', b"\\") for part in (data, data[-8:] + rest)):
+                if _may_tag(data) or _may_tag(data[-8:] + rest):
                     data += rest
                     first, number = head, 0  # the first line starting in the block, and its number there
                     if head and data[0] != 10:  # (none when the block holds no line break)
                         first, number = (data.find(b"\n", head) + 1) or end, 1
                     _tags_of(data, first, end, number, names)
-            out.append((data.count(b"\n", head, end), names))
+            out.append((int(np.count_nonzero(np.frombuffer(data, np.uint8)[head:end] == 10)), names))
     return out
+
+
+def _may_tag(data: bytes) -> bool:
+    """Whether ``data`` holds ``"tag"`` or a backslash: a ``"`` followed by ``tag"`` among its (few) quotes, in numpy
+    (``bytes.find`` of ``"tag"`` runs at ~1.5 GB/s on token text, whose digits defeat its skip table)."""
+    if b"\\" in data:
+        return True
+    a = np.frombuffer(data, np.uint8)
+    at = np.flatnonzero(a[:max(len(a) - 4, 0)] == 34)
+    for k, c in enumerate(b'tag"', 1):
+        at = at[a[at + k] == c]
+    return len(at) > 0
 
 
 def _tags_of(data: bytes, at: int, end: int, number: int, names: dict[str, int]) -> None:

@@ -219,3 +219,17 @@ def test_two_torchrun_processes_equal_one_on_token_files_and_on_a_folder(tmp_pat
     assert json.loads(folder_two.read_text()) == report
     (preds / "rec0.mcap").rename(preds / "other.mcap")  # a file in one folder only: one line naming it, exit 2
     assert main(["evaluate", *args]) == 2
+
+
+def test_the_line_scan_finds_a_tag_key_or_an_escape_where_bytes_find_does():
+    """`_may_tag` (quotes in numpy) says what ``b'"tag"' in data or b"\\\\" in data`` says, on random short texts of
+    the bytes that matter (and at the ends of a buffer)."""
+    rng = np.random.default_rng(31)
+    alphabet = np.frombuffer(b'"tag\\x<>', np.uint8)
+    found = 0
+    for n in [0, 1, 4, 5, 6] + list(rng.integers(0, 40, 2000)):
+        data = alphabet[rng.choice(len(alphabet), n, p=[0.3, 0.2, 0.2, 0.2, 0.01, 0.03, 0.03, 0.03])].tobytes()
+        want = b'"tag"' in data or b"\\" in data
+        assert streaming._may_tag(data) == want, data
+        found += want
+    assert 100 < found < 1900
