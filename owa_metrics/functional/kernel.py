@@ -22,6 +22,7 @@ from .stats import SketchSpec, sketch_counts
 NUMBER, ADD, SUB, MUL, ABS, ROOTPCT, MS, WRAP, PCT, DIRECTION, WITHIN = (OPS.index(op) for op in OPS)
 CODE_NAMES = ("VALID",)
 OP_NAMES = ("NUMBER", "ADD", "SUB", "MUL", "ABS", "ROOTPCT", "MS", "WRAP", "PCT", "DIRECTION", "WITHIN")
+MASK_COLUMNS = 63  # `_accumulate` tests the matches with bit masks when V has at most this many columns
 # the plan's tables (`plan.compiled_tables`) in `_accumulate`'s order
 TABLES = ("key_columns", "key_weights", "key_offsets", "coded", "groups", "match_ptr", "match_column", "match_sign",
           "read_ptr", "read_match", "run_ptr", "run", "code", "sum_regs", "sample_regs", "n_regs", "const_ptr",
@@ -80,17 +81,34 @@ def _accumulate(status, t_status, t_values, t_digits, p_kind, p_values, p_digits
                 key_columns, key_weights, key_offsets, coded, groups, match_ptr, match_column, match_sign, read_ptr,
                 read_match, run_ptr, run, code, sum_regs, sample_regs, n_regs, const_ptr, const_cell, const_value, cell_ptr,
                 cell_flat, cell_x, seq_groups, seq_values, sample_groups, sample_offsets, seq_group, sums, seq_out,
-                batch_out, sample_rows, sample_group, sample_counts):
+                batch_out, sample_rows, sample_group, sample_counts, bit_masks):
     """Each row's V (`plan.row_columns`), its key, values and cells, as `plan.accumulate` with torch ops, into the
     block of its sequence's group (``seq_group`` [B]): ``sums`` [G, cells], ``seq_out`` [G, 2S], ``batch_out`` [G, 5];
-    each sampled row's group in ``sample_group``."""
+    each sampled row's group in ``sample_group``. ``bit_masks``: test each match with two bit masks over V's columns
+    (at most 63 of them), else condition by condition."""
     n_coded, n_match = coded.shape[1], match_ptr.shape[0] - 1
     B, S = t_counts.shape[0], seq_groups.shape[0]
-    x = np.zeros(n_coded + n_match + sum_regs.shape[0])
+    x = np.zeros(n_coded + n_match)  # [coded values (never written: `coded` holds them), matches]
     reg = np.zeros(max(n_regs, 1))
     seq_n, seq_x = np.zeros((B, S)), np.zeros((B, S))
     n_values, n_digits = t_values.shape[1], t_digits.shape[1]
     v = np.zeros(3 * n_values + n_digits + 3, np.int64)
+    # each match as two bit masks over V's columns: those it needs zero, and nonzero (a branch per condition
+    # mispredicts: they fail at random; the masks test a match at once)
+    zero_mask, nonzero_mask = np.zeros(n_match, np.int64), np.zeros(n_match, np.int64)
+    for j in range(n_match):
+        for e in range(match_ptr[j], match_ptr[j + 1]):
+            bit = np.int64(1) << min(match_column[e], 62)
+            if match_sign[e] > 0:
+                zero_mask[j] |= bit
+            else:
+                nonzero_mask[j] |= bit
+    # the cells and sequence values that read the program's sums read its registers (-1 - register), not a copy
+    base = n_coded + n_match
+    source = cell_x.copy()
+    for e in range(source.shape[0]):
+        if source[e] >= base:
+            source[e] = -1 - sum_regs[source[e] - base]
     for i in range(seq.shape[0]):
         for j in range(n_values):
             v[j], v[n_values + j], v[2 * n_values + j] = p_values[i, j] - t_values[i, j], t_values[i, j], p_values[i, j]
@@ -100,30 +118,38 @@ def _accumulate(status, t_status, t_values, t_digits, p_kind, p_values, p_digits
         key = 0
         for j in range(key_columns.shape[0]):
             key += v[key_columns[j]] * key_weights[j] + key_offsets[j]
-        for r in range(read_ptr[key], read_ptr[key + 1]):  # the matches this key's cells read
-            j = read_match[r]
-            ok = 1.0
-            for e in range(match_ptr[j], match_ptr[j + 1]):
-                nonzero = v[match_column[e]] != 0
-                if nonzero == (match_sign[e] > 0):
-                    ok = 0.0
-                    break
-            x[n_coded + j] = ok
+        if bit_masks:  # the matches this key's cells read
+            bits = np.int64(0)  # V's nonzero columns
+            for c in range(v.shape[0]):
+                bits |= np.int64(v[c] != 0) << c
+            for r in range(read_ptr[key], read_ptr[key + 1]):
+                j = read_match[r]
+                x[n_coded + j] = 1.0 if (bits & zero_mask[j]) == 0 and (bits & nonzero_mask[j]) == nonzero_mask[j] \
+                    else 0.0
+        else:
+            for r in range(read_ptr[key], read_ptr[key + 1]):
+                j = read_match[r]
+                ok = 1.0
+                for e in range(match_ptr[j], match_ptr[j + 1]):
+                    nonzero = v[match_column[e]] != 0
+                    if nonzero == (match_sign[e] > 0):
+                        ok = 0.0
+                        break
+                x[n_coded + j] = ok
         if run_ptr[key + 1] > run_ptr[key]:
             _run(code, run[run_ptr[key]:run_ptr[key + 1]], v, window_ns, reg)
-            for j in range(sum_regs.shape[0]):
-                x[n_coded + n_match + j] = reg[sum_regs[j]]
         b = seq[i]
         g = seq_group[b]
         for e in range(const_ptr[key], const_ptr[key + 1]):
             sums[g, const_cell[e]] += const_value[e]
         for e in range(cell_ptr[key], cell_ptr[key + 1]):
-            sums[g, cell_flat[e]] += x[cell_x[e]]
+            c = source[e]
+            sums[g, cell_flat[e]] += x[c] if c >= 0 else reg[-1 - c]
         for s in range(S):
             if groups[key, seq_groups[s]] != 0:
                 seq_n[b, s] += 1
                 c = seq_values[s]
-                seq_x[b, s] += coded[key, c] if c < n_coded else x[c]
+                seq_x[b, s] += coded[key, c] if c < n_coded else x[c] if c < base else reg[sum_regs[c - base]]
         for s in range(sample_groups.shape[0]):
             if groups[key, sample_groups[s]] != 0:
                 m = sample_counts[s]
@@ -162,7 +188,8 @@ def accumulate(plan: Plan, out: dict, sketch: bool, spec: SketchSpec, seq_group:
     counts = np.zeros(len(plan.samples), dtype=np.int64)
     _accumulate(out["status"], t["status"], t["values"], t["digits"], p["kind"], p["values"], p["digits"], out["seq"],
                 out["target_count"], out["pred_count"], plan.shape.window_ns, *(k[name] for name in TABLES), seq_group,
-                sums, seq_out, batch_out, sample_rows, sample_group, counts)
+                sums, seq_out, batch_out, sample_rows, sample_group, counts,
+                3 * t["values"].shape[1] + t["digits"].shape[1] + 3 <= MASK_COLUMNS)
     flat = np.concatenate([sums, seq_out, batch_out], 1)
     increments = list(torch.from_numpy(flat[:, k["index"]]).split(plan.sizes, 1))[:-1]  # the loop counts the samples
     rows = [torch.from_numpy(sample_rows[:m, k["sample_offsets"][s]:k["sample_offsets"][s + 1]])
