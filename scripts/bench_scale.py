@@ -2,6 +2,7 @@
 
     python scripts/bench_scale.py [--mb 100 --out /tmp/owa_bench_scale] [--baseline /path/to/old/checkout]
     python scripts/bench_scale.py --processes [--mb 100]   # only: 1 vs 2 processes, side by side
+    python scripts/bench_scale.py --text --baseline /path/to/old/checkout [--repeats 5]  # only: token text, A/B
 
 
 - token text: a prediction and a target JSONL file of ``--mb`` MB each (lines of 256 events of the three real
@@ -17,6 +18,8 @@
   absolute mouse as ``mouse/raw`` differences, repeated and shifted in time; 4 distinct files of ~``--mb``/4 MB),
   read by the D2E route against iterating the same files with the ``mcap`` package's reader without decoding; the
   peak RSS on 2 and on 8 files (4 more copies: memory flat in the number of files).
+- text (``--text``): only the token-text ``evaluate()`` of this tree and of ``--baseline``, each in its own process
+  after a warm-up, alternately ``--repeats`` times (exact mode): each run's CPU and wall time, then the medians.
 Generated data stays in ``--out`` (reused when present), out of git.
 """
 
@@ -188,6 +191,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("/tmp/owa_bench_scale"))
     parser.add_argument("--baseline", type=Path, help="an older checkout: its evaluate() on the same token files")
     parser.add_argument("--processes", action="store_true", help="only the 1 vs 2 processes figures")
+    parser.add_argument("--text", action="store_true", help="only token text: this tree vs --baseline, alternately")
+    parser.add_argument("--repeats", type=int, default=5, help="--text: runs of each tree")
     parser.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)  # one torchrun rank (see `worker`)
     args = parser.parse_args()
     if args.worker:
@@ -195,6 +200,8 @@ def main() -> None:
     torch.set_num_threads(1)
     args.out.mkdir(parents=True, exist_ok=True)
     print(f"load average at the start: {os.getloadavg()}")
+    if args.text:
+        return text_ab(args)
     if args.processes:
         small, (pred, true) = token_files(args.out, args.mb / 4), token_files(args.out, args.mb)
         processes(pred, true, small, "token text (JSONL)")
@@ -254,6 +261,25 @@ def main() -> None:
     rss = [peak_rss_mb(cli("--pred", str(p), "--target", str(t), "--bin-ms", "50")) for p, t in (two, (many_p, many_t))]
     print(f"MCAP folders command: peak RSS {rss[0][0]:.0f} MB on 2 pairs, {rss[1][0]:.0f} MB on 8 pairs")
     processes(many_p, many_t, two, "MCAP folders (8 pairs)")
+    print(f"load average at the end: {os.getloadavg()}")
+
+
+def text_ab(args) -> None:
+    """This tree's and ``--baseline``'s token-text ``evaluate()`` (exact), alternately, each in its own process."""
+    small, (pred, true) = token_files(args.out, args.mb / 4), token_files(args.out, args.mb)
+    size = (pred.stat().st_size + true.stat().st_size) / 1e6
+    trees = {"this tree": ROOT} | ({"baseline": args.baseline} if args.baseline else {})
+    times = {name: [] for name in trees}
+    for k in range(args.repeats):
+        for name, tree in trees.items():
+            wall, cpu = _baseline_evaluate(tree, pred, true, "exact", small)
+            times[name].append((wall, cpu))
+            print(f"run {k + 1} {name:9s}: CPU {cpu:.2f} s ({size / cpu:.1f} MB/s), wall {wall:.2f} s, load average "
+                  f"{os.getloadavg()[0]:.2f}", flush=True)
+    for name, rows in times.items():
+        wall, cpu = (sorted(x)[len(x) // 2] for x in zip(*rows))
+        print(f"{name} ({trees[name]}): {size:.0f} MB (both files), median of {args.repeats}: CPU {cpu:.2f} s "
+              f"({size / cpu:.1f} MB/s), wall {wall:.2f} s ({size / wall:.1f} MB/s)")
     print(f"load average at the end: {os.getloadavg()}")
 
 
