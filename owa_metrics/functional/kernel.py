@@ -84,8 +84,8 @@ def _accumulate(status, t_status, t_values, t_digits, p_kind, p_values, p_digits
                 batch_out, sample_rows, sample_group, sample_counts, bit_masks):
     """Each row's V (`plan.row_columns`), its key, values and cells, as `plan.accumulate` with torch ops, into the
     block of its sequence's group (``seq_group`` [B]): ``sums`` [G, cells], ``seq_out`` [G, 2S], ``batch_out`` [G, 5];
-    each sampled row's group in ``sample_group``. ``bit_masks``: test each match with two bit masks over V's columns
-    (at most 63 of them), else condition by condition."""
+    each sampled row's group in ``sample_group``. ``bit_masks`` (V of at most `MASK_COLUMNS` columns): test each match
+    with two bit masks over V's columns, else condition by condition."""
     n_coded, n_match = coded.shape[1], match_ptr.shape[0] - 1
     B, S = t_counts.shape[0], seq_groups.shape[0]
     x = np.zeros(n_coded + n_match)  # [coded values (never written: `coded` holds them), matches]

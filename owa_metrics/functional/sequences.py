@@ -51,7 +51,8 @@ def _counts(rows: torch.Tensor, weights: torch.Tensor, num_sequences: int) -> to
 def cursor_offsets(batch: EventBatch, extras: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """``(clicks [n_target_events], ends [num_sequences])``: d = |P_gen - P_true| (Euclidean, raw units) at each valid
     true button-down event (`BUTTON_DOWN`; NaN at the other rows), and at the last valid true event of each sequence
-    with a valid true mouse event (NaN for the others). Kept in ``extras`` (one update reads it twice)."""
+    with a valid true mouse event (NaN for the others). Kept in ``extras`` (one update reads it twice). The CPU kernel
+    path's batch (index pairing) takes one compiled pass, `_cursor_offsets_by_index`, the others the torch ops."""
     if "cursor_offsets" in extras:
         return extras["cursor_offsets"]
     target, (generated, g_row) = batch.target, _generated(batch)
@@ -80,7 +81,6 @@ def cursor_offsets(batch: EventBatch, extras: dict) -> tuple[torch.Tensor, torch
     ends = torch.where(with_mouse, torch.cat([d, d.new_zeros(1)]).index_select(0, last.clamp(min=0)), float("nan"))
     extras["cursor_offsets"] = clicks, ends
     return clicks, ends
-
 
 
 @kernel._jit

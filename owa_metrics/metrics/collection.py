@@ -234,7 +234,7 @@ class OWAEventMetrics(Float64Metric):
             return tuple(without_screen_events(x, self.vocab, True) for x in (preds, target))
         width, B = max(preds.shape[1], target.shape[1]), preds.shape[0]
         pad = lambda x: torch.nn.functional.pad(x, (0, width - x.shape[1]), value=-100)  # noqa: E731
-        both = without_screen_events(torch.cat([pad(preds), pad(target)]), self.vocab, self._compiled(target))
+        both = without_screen_events(torch.cat([pad(preds), pad(target)]), self.vocab)
         return both[:B, :preds.shape[1]], both[B:, :target.shape[1]]
 
     @property
