@@ -344,3 +344,43 @@ def test_bootstrap_sample_by_sample_equals_the_oracle(kind, n, tail_margin):
     got = bootstrap_iqm_ci(torch.from_numpy(x), num_resamples=64, tail_margin=tail_margin).numpy()
     want = np_bootstrap_ci(x, resamples=64, tail_margin=tail_margin)
     assert close(got[0], want[0], 1e-12) and close(got[1], want[1], 1e-12), (got, want)
+
+
+@pytest.mark.parametrize("zeros", ["none", "one sign", "both signs"])
+def test_distinct_by_group_equals_a_sort_of_each_group_and_of_all(zeros):
+    """Issue 34: each group's distinct values and counts, and the pooled ones merged from them, are numpy's
+    ``unique`` of the group's values and of all of them (NaNs left out), bit for bit; with 0.0 and -0.0 both
+    present the pooled ones are `distinct`'s own (which zero stands for both is its sort's); an empty group is
+    empty; a group code out of range gives the masks' answer."""
+    from owa_metrics.functional.stats import distinct_by_group
+
+    rng = np.random.default_rng(3)
+    x = np.round(rng.standard_t(2, 5000) * 3) * 10
+    x[rng.random(x.size) < 0.05] = np.nan
+    x[x == 0] = {"none": 7.5, "one sign": -0.0, "both signs": 0.0}[zeros]
+    if zeros == "both signs":
+        x[:40][x[:40] == 0] = -0.0
+    group = rng.choice([0, 1, 3], size=x.size).astype(np.float64)  # group 2: empty
+    rows = torch.from_numpy(np.stack([x, group], axis=1))  # a strided column, as the metric's rows
+    by_group, pooled = distinct_by_group(rows[:, 0], rows[:, 1], 4)
+
+    def unique(v):
+        values, counts = np.unique(v[~np.isnan(v)], return_counts=True)
+        return values, counts.astype(np.float64)
+
+    for g in range(4):
+        want = unique(x[group == g])
+        assert np.array_equal(by_group[g][0].numpy(), want[0]) and np.array_equal(by_group[g][1].numpy(), want[1])
+        assert by_group[g][0].dtype == by_group[g][1].dtype == torch.float64
+    assert by_group[2][0].numel() == 0
+    want = unique(x)
+    assert np.array_equal(pooled[0].numpy(), want[0]) and np.array_equal(pooled[1].numpy(), want[1])
+    signs = np.signbit(pooled[0].numpy()[pooled[0].numpy() == 0])
+    assert list(signs) == {"none": [], "one sign": [True], "both signs": list(np.signbit(
+        distinct(rows[:, 0], drop_nan=True)[0].numpy()[want[0] == 0]))}[zeros]
+    outside = rows.clone()
+    outside[5, 1] = 4.0
+    by_group, pooled = distinct_by_group(outside[:, 0], outside[:, 1], 4)
+    for g in range(4):
+        assert torch.equal(by_group[g][0], distinct(outside[outside[:, 1] == g, 0], drop_nan=True)[0])
+    assert torch.equal(pooled[1], distinct(outside[:, 0], drop_nan=True)[1])

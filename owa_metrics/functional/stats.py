@@ -84,6 +84,58 @@ def distinct(x: torch.Tensor, drop_nan: bool = False) -> tuple[torch.Tensor, tor
     return values, counts.double()
 
 
+def distinct_by_group(x: torch.Tensor, group: torch.Tensor, groups: int) -> tuple[list, tuple[torch.Tensor, torch.Tensor]]:
+    """``([distinct(x[group == g], drop_nan=True) for g in range(groups)], distinct(x, drop_nan=True))`` (``group``:
+    each value's group, an integer in [0, groups)). On the CPU with the compiled kernels: one pass puts each group's
+    values together in their order (`_group_together`), each group is sorted where it lies, and the pooled distinct
+    values are merged from the groups' (O(distinct log distinct)), not sorted again; they equal one sort of all the
+    values whenever equal values are equal bit for bit (NaNs left out): else (0.0 and -0.0 both present), and where
+    a value's group is not one of them, the pooled values are one sort, as `distinct`."""
+    x, group = x.reshape(-1), group.reshape(-1)
+    if x.device.type != "cpu" or not kernel_available():
+        return [distinct(x[group == g], drop_nan=True) for g in range(groups)], distinct(x, drop_nan=True)
+    together, starts = np.empty(x.numel()), np.empty(groups + 1, dtype=np.int64)
+    zeros = _group_together(x.detach().double().numpy(), group.detach().double().numpy(), together, starts)
+    if zeros < 0:  # a value's group out of range
+        return [distinct(x[group == g], drop_nan=True) for g in range(groups)], distinct(x, drop_nan=True)
+    by_group = []
+    for g in range(groups):
+        ascending = together[starts[g]:starts[g + 1]]
+        ascending.sort()  # NaNs last; the same values in the same order as `distinct` sorts
+        values, counts = torch.unique_consecutive(torch.from_numpy(ascending[:np.searchsorted(ascending, np.nan)]),
+                                                  return_counts=True)
+        by_group.append((values, counts.double()))
+    if zeros == 3:  # 0.0 and -0.0: which one stands for both is the sort's
+        return by_group, distinct(x, drop_nan=True)
+    values, slot = np.unique(np.concatenate([v.numpy() for v, _ in by_group]), return_inverse=True)
+    counts = np.bincount(slot, weights=np.concatenate([c.numpy() for _, c in by_group]), minlength=values.size)
+    return by_group, (torch.from_numpy(values), torch.from_numpy(counts))
+
+
+@_jit
+def _group_together(x, group, together, starts):
+    """``together``: the values of ``x`` group by group (``group``: each one's, in [0, starts.size - 1)), each group's
+    in their order, group g from ``starts[g]``; returns -1 where a group is out of range, else whether there are
+    zeros: 1 (-0.0), 2 (0.0), 3 (both), 0 (none)."""
+    groups = starts.size - 1
+    starts[:] = 0
+    for i in range(group.size):
+        g = group[i]
+        if not (0 <= g < groups) or g != int(g):
+            return -1
+        starts[int(g) + 1] += 1
+    for g in range(groups):
+        starts[g + 1] += starts[g]
+    fill, zeros = starts[:groups].copy(), 0
+    for i in range(x.size):
+        g = int(group[i])
+        together[fill[g]] = x[i]
+        fill[g] += 1
+        if x[i] == 0:
+            zeros |= 1 if np.signbit(x[i]) else 2
+    return zeros
+
+
 def abs_of_counts(values: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The distinct values of ``|x|`` and their counts, from those of x: O(K log K), no pass over the samples."""
     magnitudes, inverse = torch.unique(values.abs(), sorted=True, return_inverse=True)
