@@ -348,10 +348,10 @@ def test_bootstrap_sample_by_sample_equals_the_oracle(kind, n, tail_margin):
 
 @pytest.mark.parametrize("zeros", ["none", "one sign", "both signs"])
 def test_distinct_by_group_equals_a_sort_of_each_group_and_of_all(zeros):
-    """Issue 34: each group's distinct values and counts, and the pooled ones merged from them, are numpy's
-    ``unique`` of the group's values and of all of them (NaNs left out), bit for bit; with 0.0 and -0.0 both
-    present the pooled ones are `distinct`'s own (which zero stands for both is its sort's); an empty group is
-    empty; a group code out of range gives the masks' answer."""
+    """Issue 34: per column, each group's distinct values and counts, and the pooled ones merged from them, are
+    numpy's ``unique`` of the group's values and of the whole column (NaNs left out), bit for bit; with 0.0 and -0.0
+    both in a column its pooled ones are `distinct`'s own (which zero stands for both is its sort's); an empty group
+    is empty; a group code out of range gives the masks' answer."""
     from owa_metrics.functional.stats import distinct_by_group
 
     rng = np.random.default_rng(3)
@@ -360,30 +360,33 @@ def test_distinct_by_group_equals_a_sort_of_each_group_and_of_all(zeros):
     x[x == 0] = {"none": 7.5, "one sign": -0.0, "both signs": 0.0}[zeros]
     if zeros == "both signs":
         x[:40][x[:40] == 0] = -0.0
+    other = rng.integers(-3, 4, x.size) * 0.5  # a second column: 0.0 only
     group = rng.choice([0, 1, 3], size=x.size).astype(np.float64)  # group 2: empty
-    rows = torch.from_numpy(np.stack([x, group], axis=1))  # a strided column, as the metric's rows
-    by_group, pooled = distinct_by_group(rows[:, 0], rows[:, 1], 4)
+    rows = torch.from_numpy(np.stack([x, other, group], axis=1))  # strided columns, as the metric's rows
+    read = distinct_by_group(rows[:, :2], rows[:, 2], 4)
+    assert len(read) == 2
 
     def unique(v):
         values, counts = np.unique(v[~np.isnan(v)], return_counts=True)
         return values, counts.astype(np.float64)
 
-    for g in range(4):
-        want = unique(x[group == g])
-        assert np.array_equal(by_group[g][0].numpy(), want[0]) and np.array_equal(by_group[g][1].numpy(), want[1])
-        assert by_group[g][0].dtype == by_group[g][1].dtype == torch.float64
-    assert by_group[2][0].numel() == 0
-    want = unique(x)
-    assert np.array_equal(pooled[0].numpy(), want[0]) and np.array_equal(pooled[1].numpy(), want[1])
-    signs = np.signbit(pooled[0].numpy()[pooled[0].numpy() == 0])
-    assert list(signs) == {"none": [], "one sign": [True], "both signs": list(np.signbit(
-        distinct(rows[:, 0], drop_nan=True)[0].numpy()[want[0] == 0]))}[zeros]
+    for column, (by_group, pooled) in zip((x, other), read):
+        for g in range(4):
+            want = unique(column[group == g])
+            assert np.array_equal(by_group[g][0].numpy(), want[0]) and np.array_equal(by_group[g][1].numpy(), want[1])
+            assert by_group[g][0].dtype == by_group[g][1].dtype == torch.float64
+        assert by_group[2][0].numel() == 0
+        want = unique(column)
+        assert np.array_equal(pooled[0].numpy(), want[0]) and np.array_equal(pooled[1].numpy(), want[1])
+    pooled = read[0][1][0].numpy()
+    assert list(np.signbit(pooled[pooled == 0])) == {"none": [], "one sign": [True], "both signs": list(np.signbit(
+        distinct(rows[:, 0], drop_nan=True)[0].numpy()[unique(x)[0] == 0]))}[zeros]
     outside = rows.clone()
-    outside[5, 1] = 4.0
-    by_group, pooled = distinct_by_group(outside[:, 0], outside[:, 1], 4)
-    for g in range(4):
-        assert torch.equal(by_group[g][0], distinct(outside[outside[:, 1] == g, 0], drop_nan=True)[0])
-    assert torch.equal(pooled[1], distinct(outside[:, 0], drop_nan=True)[1])
+    outside[5, 2] = 4.0
+    for j, (by_group, pooled) in enumerate(distinct_by_group(outside[:, :2], outside[:, 2], 4)):
+        for g in range(4):
+            assert torch.equal(by_group[g][0], distinct(outside[outside[:, 2] == g, j], drop_nan=True)[0])
+        assert torch.equal(pooled[1], distinct(outside[:, j], drop_nan=True)[1])
 
 
 def _bits(x: torch.Tensor) -> list:

@@ -84,56 +84,67 @@ def distinct(x: torch.Tensor, drop_nan: bool = False) -> tuple[torch.Tensor, tor
     return values, counts.double()
 
 
-def distinct_by_group(x: torch.Tensor, group: torch.Tensor, groups: int) -> tuple[list, tuple[torch.Tensor, torch.Tensor]]:
-    """``([distinct(x[group == g], drop_nan=True) for g in range(groups)], distinct(x, drop_nan=True))`` (``group``:
-    each value's group, an integer in [0, groups)). On the CPU with the compiled kernels: one pass puts each group's
-    values together in their order (`_group_together`), each group is sorted where it lies, and the pooled distinct
-    values are merged from the groups' (O(distinct log distinct)), not sorted again; they equal one sort of all the
-    values whenever equal values are equal bit for bit (NaNs left out): else (0.0 and -0.0 both present), and where
-    a value's group is not one of them, the pooled values are one sort, as `distinct`."""
-    x, group = x.reshape(-1), group.reshape(-1)
+def distinct_by_group(x: torch.Tensor, group: torch.Tensor, groups: int) -> list[tuple[list, tuple]]:
+    """Per column of ``x`` [n, m] (``group`` [n]: each row's group, an integer in [0, groups)): ``([distinct(column[group
+    == g], drop_nan=True) for g in range(groups)], distinct(column, drop_nan=True))``. On the CPU with the compiled
+    kernels: one pass puts each group's rows together in their order (`_group_together`), each group of a column is
+    sorted where it lies, and a column's pooled distinct values are merged from its groups' (O(distinct log
+    distinct)), not sorted again: they equal one sort of the whole column whenever equal values are equal bit for
+    bit (NaNs left out); where not (0.0 and -0.0 both in the column), and where a row's group is not one of them,
+    the pooled values are one sort, as `distinct`."""
+    group = group.reshape(-1)
+    columns = [x[:, j] for j in range(x.shape[1])]
     if x.device.type != "cpu" or not kernel_available():
-        return [distinct(x[group == g], drop_nan=True) for g in range(groups)], distinct(x, drop_nan=True)
-    together, starts = np.empty(x.numel()), np.empty(groups + 1, dtype=np.int64)
-    zeros = _group_together(x.detach().double().numpy(), group.detach().double().numpy(), together, starts)
-    if zeros < 0:  # a value's group out of range
-        return [distinct(x[group == g], drop_nan=True) for g in range(groups)], distinct(x, drop_nan=True)
-    by_group = []
-    for g in range(groups):
-        ascending = together[starts[g]:starts[g + 1]]
-        ascending.sort()  # NaNs last; the same values in the same order as `distinct` sorts
-        values, counts = torch.unique_consecutive(torch.from_numpy(ascending[:np.searchsorted(ascending, np.nan)]),
-                                                  return_counts=True)
-        by_group.append((values, counts.double()))
-    if zeros == 3:  # 0.0 and -0.0: which one stands for both is the sort's
-        return by_group, distinct(x, drop_nan=True)
-    values, slot = np.unique(np.concatenate([v.numpy() for v, _ in by_group]), return_inverse=True)
-    counts = np.bincount(slot, weights=np.concatenate([c.numpy() for _, c in by_group]), minlength=values.size)
-    return by_group, (torch.from_numpy(values), torch.from_numpy(counts))
+        return [([distinct(c[group == g], drop_nan=True) for g in range(groups)], distinct(c, drop_nan=True))
+                for c in columns]
+    together, starts = np.empty((x.shape[1], x.shape[0])), np.empty(groups + 1, dtype=np.int64)
+    zeros = np.zeros(x.shape[1], dtype=np.int64)
+    if not _group_together(x.detach().double().numpy(), group.detach().double().numpy(), together, starts, zeros):
+        return [([distinct(c[group == g], drop_nan=True) for g in range(groups)], distinct(c, drop_nan=True))
+                for c in columns]
+    out = []
+    for j, column in enumerate(columns):
+        by_group = []
+        for g in range(groups):
+            ascending = together[j, starts[g]:starts[g + 1]]
+            ascending.sort()  # NaNs last; the same values in the same order as `distinct` sorts
+            values, counts = torch.unique_consecutive(torch.from_numpy(ascending[:np.searchsorted(ascending, np.nan)]),
+                                                      return_counts=True)
+            by_group.append((values, counts.double()))
+        if zeros[j] == 3:  # 0.0 and -0.0: which one stands for both is the sort's
+            out.append((by_group, distinct(column, drop_nan=True)))
+            continue
+        values, slot = np.unique(np.concatenate([v.numpy() for v, _ in by_group]), return_inverse=True)
+        counts = np.bincount(slot, weights=np.concatenate([c.numpy() for _, c in by_group]), minlength=values.size)
+        out.append((by_group, (torch.from_numpy(values), torch.from_numpy(counts))))
+    return out
 
 
 @_jit
-def _group_together(x, group, together, starts):
-    """``together``: the values of ``x`` group by group (``group``: each one's, in [0, starts.size - 1)), each group's
-    in their order, group g from ``starts[g]``; returns -1 where a group is out of range, else whether there are
-    zeros: 1 (-0.0), 2 (0.0), 3 (both), 0 (none)."""
+def _group_together(x, group, together, starts, zeros):
+    """``together[j]``: the column j of ``x`` [n, m] group by group (``group``: each row's, in [0, starts.size - 1)),
+    each group's values in their order, group g from ``starts[g]``; ``zeros[j]``: whether the column has -0.0 (1),
+    0.0 (2), both (3). False (and nothing done) where a group is not one of them."""
     groups = starts.size - 1
     starts[:] = 0
     for i in range(group.size):
         g = group[i]
         if not (0 <= g < groups) or g != int(g):
-            return -1
+            return False
         starts[int(g) + 1] += 1
     for g in range(groups):
         starts[g + 1] += starts[g]
-    fill, zeros = starts[:groups].copy(), 0
-    for i in range(x.size):
+    fill = starts[:groups].copy()
+    for i in range(x.shape[0]):
         g = int(group[i])
-        together[fill[g]] = x[i]
-        fill[g] += 1
-        if x[i] == 0:
-            zeros |= 1 if np.signbit(x[i]) else 2
-    return zeros
+        at = fill[g]
+        fill[g] = at + 1
+        for j in range(x.shape[1]):
+            v = x[i, j]
+            together[j, at] = v
+            if v == 0:
+                zeros[j] |= 1 if np.signbit(v) else 2
+    return True
 
 
 def abs_of_counts(values: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -659,9 +659,10 @@ class Read:
         rows = self._rows(name, len(state.values) + state.by_category)
         if not state.by_category:
             return Distribution(*distinct(rows[:, j], drop_nan=True))
-        by_category, pooled = distinct_by_group(rows[:, j], rows[:, -1], len(CATEGORY_NAMES))  # one pass for all
-        self._samples.update({(name, value, c): Distribution(*pair) for c, pair in enumerate(by_category)})
-        self._samples[name, value, None] = Distribution(*pooled)
+        read = distinct_by_group(rows[:, :-1], rows[:, -1], len(CATEGORY_NAMES))  # each value, by category and all
+        for v, (by_category, pooled) in zip(state.values, read):
+            self._samples.update({(name, v, c): Distribution(*pair) for c, pair in enumerate(by_category)})
+            self._samples[name, v, None] = Distribution(*pooled)
         return self._samples[name, value, category]
 
     def given_samples(self, name: str) -> Distribution:
