@@ -26,7 +26,9 @@ Exact (float64, equal to numpy on the same values):
   kept values only. The result is a function of the values and the seed: the same on any device and number of
   ranks. Cost after the sort: O(B x min(kept values, kept samples)), the kept values being those within w ranks
   of the IQR; sample by sample, one compiled loop makes numpy's stream itself and reads 4 resamples' counts
-  per pass (`_sample_by_sample`), the same numbers as numpy's generator.
+  per pass (`_sample_by_sample`), the same numbers as numpy's generator; value by value, a compiled loop makes
+  numpy's multinomial draws itself (`_KeptMultinomial`, the same numbers) and another reads each resample's
+  quartiles and weighted counts (`_covered_rows`).
 
 Sketch (DDSketch-style, signed): a value x lands in bucket ``ceil(log_gamma |x|)`` on its sign's side,
 ``gamma = (1 + alpha) / (1 - alpha)``, and is read back as ``2 gamma^i / (gamma + 1)``: every order
