@@ -387,6 +387,10 @@ def test_distinct_by_group_equals_a_sort_of_each_group_and_of_all(zeros):
         for g in range(4):
             assert torch.equal(by_group[g][0], distinct(outside[outside[:, 2] == g, j], drop_nan=True)[0])
         assert torch.equal(pooled[1], distinct(outside[:, j], drop_nan=True)[1])
+    for empty in (rows[:0], torch.tensor([[np.nan, 0.0, 1.0]], dtype=torch.float64)):  # no rows, only NaN
+        by_group, pooled = distinct_by_group(empty[:, :1], empty[:, 2], 4)[0]
+        for values, counts in [*by_group, pooled]:
+            assert values.numel() == counts.numel() == 0 and values.dtype == counts.dtype == torch.float64
 
 
 def _bits(x: torch.Tensor) -> list:

@@ -118,7 +118,7 @@ def distinct_by_group(x: torch.Tensor, group: torch.Tensor, groups: int) -> list
             continue
         values, slot = np.unique(np.concatenate([v.numpy() for v, _ in by_group]), return_inverse=True)
         counts = np.bincount(slot, weights=np.concatenate([c.numpy() for _, c in by_group]), minlength=values.size)
-        out.append((by_group, (torch.from_numpy(values), torch.from_numpy(counts))))
+        out.append((by_group, (torch.from_numpy(values), torch.from_numpy(counts.astype(np.float64)))))  # none: int64
     return out
 
 
