@@ -18,8 +18,8 @@ holding n target events of a simulated session whose predictions carry field err
 exact and sketch: median ms, the state bytes and the peak resident memory added during the first compute().
 Exact mode also says what numpy's own generator takes for the same draws (``numpy draws ms``, CPU): the
 bootstrap's random stream made by ``rng.integers`` / ``rng.multinomial`` in numpy's C code, timed inside those
-calls (for the all-distinct values with the compiled draws switched off, so that numpy makes them) — the cost
-of the stream alone, which no faster code that keeps the stream can go below by much.
+calls (with the compiled draws switched off, so that numpy makes them) — the cost of the stream alone as numpy
+makes it.
 """
 
 from __future__ import annotations
@@ -200,7 +200,8 @@ class PeakRss:
 class NumpyDrawTime:
     """Within: every ``numpy.random.default_rng(...)`` (the bootstrap's generators) answers through a wrapper that
     adds the CPU seconds spent in its ``integers`` and ``multinomial`` to ``seconds``; ``own_draws=False`` also
-    switches the compiled draws off (`_lemire_is_numpys`), so that numpy makes the sample-by-sample draws."""
+    switches the compiled draws off (`_lemire_is_numpys`, `_multinomial_is_numpys`), so that numpy makes the
+    sample-by-sample and the value-by-value draws."""
 
     def __init__(self, own_draws: bool = True):
         self.own_draws, self.seconds = own_draws, 0.0
@@ -208,14 +209,20 @@ class NumpyDrawTime:
     def __enter__(self):
         from owa_metrics.functional import stats
 
-        self.stats, self.real, self.check = stats, np.random.default_rng, stats._lemire_is_numpys
+        self.stats, self.real = stats, np.random.default_rng
+        # the checks this tree has (a tree before the compiled multinomial has only the first), switched off within
+        self.checks = {name: getattr(stats, name) for name in ("_lemire_is_numpys", "_multinomial_is_numpys")
+                       if hasattr(stats, name)}
         np.random.default_rng = lambda *args, **kwargs: _TimedGenerator(self.real(*args, **kwargs), self)
         if not self.own_draws:
-            stats._lemire_is_numpys = lambda: False
+            for name in self.checks:
+                setattr(stats, name, lambda: False)
         return self
 
     def __exit__(self, *exc):
-        np.random.default_rng, self.stats._lemire_is_numpys = self.real, self.check
+        np.random.default_rng = self.real
+        for name, check in self.checks.items():
+            setattr(self.stats, name, check)
 
 
 class _TimedGenerator:
@@ -294,7 +301,7 @@ def bench_compute(sizes: list[int], repeats: int) -> None:
             s, cpu = timed_cpu(run, repeats if mode == "sketch" or n <= 10**5 else max(3, repeats // 2))
             distinct = draws = "-"
             if mode == "exact":
-                with NumpyDrawTime() as clock:
+                with NumpyDrawTime(own_draws=False) as clock:
                     run()
                 draws = f"{clock.seconds * 1e3:.1f}"
                 read = Read(metric)

@@ -344,3 +344,127 @@ def test_bootstrap_sample_by_sample_equals_the_oracle(kind, n, tail_margin):
     got = bootstrap_iqm_ci(torch.from_numpy(x), num_resamples=64, tail_margin=tail_margin).numpy()
     want = np_bootstrap_ci(x, resamples=64, tail_margin=tail_margin)
     assert close(got[0], want[0], 1e-12) and close(got[1], want[1], 1e-12), (got, want)
+
+
+@pytest.mark.parametrize("zeros", ["none", "one sign", "both signs"])
+def test_distinct_by_group_equals_a_sort_of_each_group_and_of_all(zeros):
+    """Issue 34: per column, each group's distinct values and counts, and the pooled ones merged from them, are
+    numpy's ``unique`` of the group's values and of the whole column (NaNs left out), bit for bit; with 0.0 and -0.0
+    both in a column its pooled ones are `distinct`'s own (which zero stands for both is its sort's); an empty group
+    is empty; a group code out of range gives the masks' answer."""
+    from owa_metrics.functional.stats import distinct_by_group
+
+    rng = np.random.default_rng(3)
+    x = np.round(rng.standard_t(2, 5000) * 3) * 10
+    x[rng.random(x.size) < 0.05] = np.nan
+    x[x == 0] = {"none": 7.5, "one sign": -0.0, "both signs": 0.0}[zeros]
+    if zeros == "both signs":
+        x[:40][x[:40] == 0] = -0.0
+    other = rng.integers(-3, 4, x.size) * 0.5  # a second column: 0.0 only
+    group = rng.choice([0, 1, 3], size=x.size).astype(np.float64)  # group 2: empty
+    rows = torch.from_numpy(np.stack([x, other, group], axis=1))  # strided columns, as the metric's rows
+    read = distinct_by_group(rows[:, :2], rows[:, 2], 4)
+    assert len(read) == 2
+
+    def unique(v):
+        values, counts = np.unique(v[~np.isnan(v)], return_counts=True)
+        return values, counts.astype(np.float64)
+
+    for column, (by_group, pooled) in zip((x, other), read):
+        for g in range(4):
+            want = unique(column[group == g])
+            assert np.array_equal(by_group[g][0].numpy(), want[0]) and np.array_equal(by_group[g][1].numpy(), want[1])
+            assert by_group[g][0].dtype == by_group[g][1].dtype == torch.float64
+        assert by_group[2][0].numel() == 0
+        want = unique(column)
+        assert np.array_equal(pooled[0].numpy(), want[0]) and np.array_equal(pooled[1].numpy(), want[1])
+    pooled = read[0][1][0].numpy()
+    assert list(np.signbit(pooled[pooled == 0])) == {"none": [], "one sign": [True], "both signs": list(np.signbit(
+        distinct(rows[:, 0], drop_nan=True)[0].numpy()[unique(x)[0] == 0]))}[zeros]
+    outside = rows.clone()
+    outside[5, 2] = 4.0
+    for j, (by_group, pooled) in enumerate(distinct_by_group(outside[:, :2], outside[:, 2], 4)):
+        for g in range(4):
+            assert torch.equal(by_group[g][0], distinct(outside[outside[:, 2] == g, j], drop_nan=True)[0])
+        assert torch.equal(pooled[1], distinct(outside[:, j], drop_nan=True)[1])
+    for empty in (rows[:0], torch.tensor([[np.nan, 0.0, 1.0]], dtype=torch.float64)):  # no rows, only NaN
+        by_group, pooled = distinct_by_group(empty[:, :1], empty[:, 2], 4)[0]
+        for values, counts in [*by_group, pooled]:
+            assert values.numel() == counts.numel() == 0 and values.dtype == counts.dtype == torch.float64
+
+
+def _bits(x: torch.Tensor) -> list:
+    """The float64 values' bit patterns (equal NaNs, and 0.0 apart from -0.0)."""
+    return x.numpy().view(np.int64).tolist()
+
+
+def _shares(kind: str, rng: np.random.Generator) -> np.ndarray:
+    """Shares of kept values as the bootstrap draws them: a few big ones among many tiny ones (inversion and BTPE,
+    each side of 1/2, BTPE's Stirling test far from its mode), uniform, one dominant, one value, two."""
+    if kind == "mixed":
+        counts = np.where(rng.random(700) < 0.15, rng.integers(30, 5000, 700), rng.integers(1, 4, 700))
+        counts[rng.integers(0, 700)] = 200_000
+    else:
+        counts = {"uniform": np.ones(50), "dominant": np.array([1, 3, 10_000_000, 2, 1]), "one": np.array([5]),
+                  "two": np.array([3, 1])}[kind]
+    return counts / counts.sum()
+
+
+@pytest.mark.parametrize("kind", ["mixed", "uniform", "dominant", "one", "two"])
+def test_the_compiled_multinomial_is_numpys(kind):
+    """Issue 34: `_KeptMultinomial` (numpy's binomial by inversion and BTPE, compiled) draws what numpy's own
+    ``Generator.multinomial`` draws from the same generator, row after row, over many seeds and sample sizes (0, 1,
+    small, 10^5, 10^8), a 32-bit word left over in the generator or not, and leaves the generator where numpy's
+    is (the next draws equal)."""
+    from owa_metrics.functional import stats
+
+    for seed in range(12):
+        rng = np.random.default_rng(seed)
+        shares = _shares(kind, rng)
+        numpys, mine = np.random.default_rng(seed), np.random.default_rng(seed)
+        if seed % 2:
+            numpys.integers(0, 100, size=1), mine.integers(0, 100, size=1)  # a word left over
+        draws = stats._KeptMultinomial(mine, shares)
+        assert draws.own
+        sizes = [rng.integers(0, 300_000, 40), np.array([0, 1, 2, 10**5, 10**8]), rng.integers(0, 40, 30)]
+        for size in sizes:
+            assert np.array_equal(draws.take(size), numpys.multinomial(size, shares)), (kind, seed, size)
+        assert mine.bit_generator.state == numpys.bit_generator.state
+        assert mine.random() == numpys.random()
+
+
+def test_the_kept_counts_weighted_give_each_resamples_iqm():
+    """`_covered_rows`: per row of counts, the quartiles and the counts in [Q25, Q75] times their values; their sum
+    over the count is numpy's IQM of the row's values written out (1e-12), and `_iqm_rows`' value bit for bit
+    (torch sums the same weighted counts); small rows (n = 1, 2, 3: quartile ranks out of order) included."""
+    from owa_metrics.functional import stats
+
+    rng = np.random.default_rng(8)
+    values = np.sort(rng.choice(np.round(rng.standard_t(2, 400) * 7, 1), 60, replace=False))
+    for n in (1, 2, 3, 10, 997):
+        counts = rng.multinomial(n, rng.dirichlet(np.full(values.size, 0.3)), size=25)
+        h = [0.25 * (n - 1), 0.75 * (n - 1)]
+        lo = [math.floor(x) for x in h]
+        ranks, weights = np.array([lo[0], min(lo[0] + 1, n - 1), lo[1], min(lo[1] + 1, n - 1)]), np.array(h) - lo
+        weighted, covered = np.empty(counts.shape), np.empty(len(counts))
+        stats._covered_rows(values, counts, ranks, weights, weighted, covered)
+        got = torch.from_numpy(weighted).sum(-1) / torch.from_numpy(covered)
+        want = stats._iqm_rows(torch.from_numpy(values), torch.from_numpy(counts).double())
+        assert _bits(got) == _bits(want), n
+        for row, iqm_ in zip(counts, got):
+            assert close(iqm_, np_iqm(np.repeat(values, row)), 1e-12), n
+
+
+@pytest.mark.parametrize("tail_margin", [4.0, 0.0])
+def test_bootstrap_by_value_compiled_equals_numpys_draws_and_the_torch_path(monkeypatch, tail_margin):
+    """The kept counts drawn value by value: the compiled multinomial and IQMs give the resamples' IQMs of numpy's
+    own draws read by `_iqm_rows` (the kernels off) bit for bit, tails split (tail_margin 0) or not."""
+    from owa_metrics.functional import stats
+
+    for kind, n in (("ties", 5000), ("integer", 3000)):
+        values, counts = distinct(torch.from_numpy(_data(kind, n)))
+        fast = stats._resample_iqms(values, counts, 300, 42, tail_margin)
+        with monkeypatch.context() as m:
+            m.setattr(stats, "kernel_available", lambda: False)
+            slow = stats._resample_iqms(values, counts, 300, 42, tail_margin)
+        assert _bits(fast) == _bits(slow), kind

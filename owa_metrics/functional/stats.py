@@ -26,7 +26,9 @@ Exact (float64, equal to numpy on the same values):
   kept values only. The result is a function of the values and the seed: the same on any device and number of
   ranks. Cost after the sort: O(B x min(kept values, kept samples)), the kept values being those within w ranks
   of the IQR; sample by sample, one compiled loop makes numpy's stream itself and reads 4 resamples' counts
-  per pass (`_sample_by_sample`), the same numbers as numpy's generator.
+  per pass (`_sample_by_sample`), the same numbers as numpy's generator; value by value, a compiled loop makes
+  numpy's multinomial draws itself (`_KeptMultinomial`, the same numbers) and another reads each resample's
+  quartiles and weighted counts (`_covered_rows`).
 
 Sketch (DDSketch-style, signed): a value x lands in bucket ``ceil(log_gamma |x|)`` on its sign's side,
 ``gamma = (1 + alpha) / (1 - alpha)``, and is read back as ``2 gamma^i / (gamma + 1)``: every order
@@ -82,6 +84,69 @@ def distinct(x: torch.Tensor, drop_nan: bool = False) -> tuple[torch.Tensor, tor
         ascending = (x[~torch.isnan(x)] if drop_nan else x).sort().values
     values, counts = torch.unique_consecutive(ascending, return_counts=True)
     return values, counts.double()
+
+
+def distinct_by_group(x: torch.Tensor, group: torch.Tensor, groups: int) -> list[tuple[list, tuple]]:
+    """Per column of ``x`` [n, m] (``group`` [n]: each row's group, an integer in [0, groups)): ``([distinct(column[group
+    == g], drop_nan=True) for g in range(groups)], distinct(column, drop_nan=True))``. On the CPU with the compiled
+    kernels: one pass puts each group's rows together in their order (`_group_together`), each group of a column is
+    sorted where it lies, and a column's pooled distinct values are merged from its groups' (O(distinct log
+    distinct)), not sorted again: they equal one sort of the whole column whenever equal values are equal bit for
+    bit (NaNs left out); where not (0.0 and -0.0 both in the column), and where a row's group is not one of them,
+    the pooled values are one sort, as `distinct`."""
+    group = group.reshape(-1)
+    columns = [x[:, j] for j in range(x.shape[1])]
+    if x.device.type != "cpu" or not kernel_available():
+        return [([distinct(c[group == g], drop_nan=True) for g in range(groups)], distinct(c, drop_nan=True))
+                for c in columns]
+    together, starts = np.empty((x.shape[1], x.shape[0])), np.empty(groups + 1, dtype=np.int64)
+    zeros = np.zeros(x.shape[1], dtype=np.int64)
+    if not _group_together(x.detach().double().numpy(), group.detach().double().numpy(), together, starts, zeros):
+        return [([distinct(c[group == g], drop_nan=True) for g in range(groups)], distinct(c, drop_nan=True))
+                for c in columns]
+    out = []
+    for j, column in enumerate(columns):
+        by_group = []
+        for g in range(groups):
+            ascending = together[j, starts[g]:starts[g + 1]]
+            ascending.sort()  # NaNs last; the same values in the same order as `distinct` sorts
+            values, counts = torch.unique_consecutive(torch.from_numpy(ascending[:np.searchsorted(ascending, np.nan)]),
+                                                      return_counts=True)
+            by_group.append((values, counts.double()))
+        if zeros[j] == 3:  # 0.0 and -0.0: which one stands for both is the sort's
+            out.append((by_group, distinct(column, drop_nan=True)))
+            continue
+        values, slot = np.unique(np.concatenate([v.numpy() for v, _ in by_group]), return_inverse=True)
+        counts = np.bincount(slot, weights=np.concatenate([c.numpy() for _, c in by_group]), minlength=values.size)
+        out.append((by_group, (torch.from_numpy(values), torch.from_numpy(counts.astype(np.float64)))))  # none: int64
+    return out
+
+
+@_jit
+def _group_together(x, group, together, starts, zeros):
+    """``together[j]``: the column j of ``x`` [n, m] group by group (``group``: each row's, in [0, starts.size - 1)),
+    each group's values in their order, group g from ``starts[g]``; ``zeros[j]``: whether the column has -0.0 (1),
+    0.0 (2), both (3). False (and nothing done) where a group is not one of them."""
+    groups = starts.size - 1
+    starts[:] = 0
+    for i in range(group.size):
+        g = group[i]
+        if not (0 <= g < groups) or g != int(g):
+            return False
+        starts[int(g) + 1] += 1
+    for g in range(groups):
+        starts[g + 1] += starts[g]
+    fill = starts[:groups].copy()
+    for i in range(x.shape[0]):
+        g = int(group[i])
+        at = fill[g]
+        fill[g] = at + 1
+        for j in range(x.shape[1]):
+            v = x[i, j]
+            together[j, at] = v
+            if v == 0:
+                zeros[j] |= 1 if np.signbit(v) else 2
+    return True
 
 
 def abs_of_counts(values: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -203,10 +268,11 @@ def _resample_iqms(values: torch.Tensor, counts: torch.Tensor, num_resamples: in
     groups[:, present] = rng.multinomial(n, totals[present] / n, size=num_resamples)
     by_value = b - a <= max(BY_VALUE[0], kept_total / BY_VALUE[1])
     slot = None if by_value else np.repeat(np.arange(b - a), kept.astype(np.int64))  # sample -> kept value
+    by_values = _KeptMultinomial(rng, kept / kept_total) if by_value else None
 
     def kept_counts(sizes: np.ndarray) -> np.ndarray:
         if by_value:
-            return rng.multinomial(sizes, kept / kept_total)
+            return by_values.take(sizes)
         return np.stack([np.bincount(slot[rng.integers(0, kept_total, size=m)], minlength=b - a) for m in sizes])
 
     def split(total: int, part: np.ndarray) -> np.ndarray:  # a tail's counts over its values, given its total
@@ -224,9 +290,20 @@ def _resample_iqms(values: torch.Tensor, counts: torch.Tensor, num_resamples: in
         spread = (np.arange(k, dtype=np.float64), *profile)
         group_spread = (group(torch.from_numpy(spread[0])).numpy(), *profile)
 
+    compiled = tied is None and kernel_available()
+    if compiled:  # `_iqm_rows`' quartile ranks and weights, for `_covered_rows`
+        h = [0.25 * (n - 1), 0.75 * (n - 1)]
+        lo = [math.floor(x) for x in h]
+        ranks, weights = np.array([lo[0], min(lo[0] + 1, n - 1), lo[1], min(lo[1] + 1, n - 1)]), np.array(h) - lo
+
     def resample_iqms(chunk: np.ndarray, middle: np.ndarray) -> torch.Tensor:  # chunk's groups, their kept counts
         drawn = np.concatenate([chunk[:, :1][:, :int(a > 0)], middle, chunk[:, 2:][:, :int(b < k)]], axis=1)
-        iqms = _iqm_rows(group_values, torch.from_numpy(drawn).double(), group_tied, group_spread)
+        if compiled:  # the weighted counts summed by torch, as `_iqm_rows` sums them
+            weighted, covered = np.empty(drawn.shape), np.empty(len(drawn))
+            _covered_rows(group_values.numpy(), drawn, ranks, weights, weighted, covered)
+            iqms = torch.from_numpy(weighted).sum(-1) / torch.from_numpy(covered)
+        else:
+            iqms = _iqm_rows(group_values, torch.from_numpy(drawn).double(), group_tied, group_spread)
         for i in np.flatnonzero((chunk[:, 0] > r25) | (chunk[:, 2] >= n - r75)):  # a tail reaches a quartile: rare
             full = np.concatenate([split(int(chunk[i, 0]), c[:a]), middle[i], split(int(chunk[i, 2]), c[b:])])
             iqms[i] = _iqm_rows(values, torch.from_numpy(full).double(), tied, spread)
@@ -299,6 +376,30 @@ def _sample_by_sample(rng: np.random.Generator, groups: np.ndarray, kept: np.nda
             flush(rest)
     flush(rest)
     return iqms
+
+
+@_jit
+def _covered_rows(values, counts, ranks, weights, weighted, covered):
+    """Per row i of ``counts`` [rows, K] (int64, rows of one total n) over the ascending ``values`` [K], as `_iqm_rows`
+    without ``tied``: its quartiles Q25, Q75 (the order statistics of ``ranks`` (r25, r25 + 1, r75, r75 + 1, each
+    below n) interpolated by ``weights``, `_quantile_rows`), ``weighted[i, j]`` = (``counts[i, j]`` where
+    Q25 <= ``values[j]`` <= Q75, else 0) x ``values[j]``, ``covered[i]`` = their count: the IQM is
+    ``weighted.sum(-1) / covered``."""
+    cum, at = np.empty(counts.shape[1], dtype=np.int64), np.empty(4)
+    for i in range(counts.shape[0]):
+        total = 0
+        for j in range(counts.shape[1]):
+            total += counts[i, j]
+            cum[j] = total
+        for r in range(4):  # the value whose cumulative count first exceeds the rank
+            at[r] = values[np.searchsorted(cum, ranks[r], side="right")]
+        q25, q75 = _lerp_scalar(at[0], at[1], weights[0]), _lerp_scalar(at[2], at[3], weights[1])
+        total = 0
+        for j in range(counts.shape[1]):
+            c = counts[i, j] if q25 <= values[j] <= q75 else 0
+            weighted[i, j] = np.float64(c) * values[j]
+            total += c
+        covered[i] = total
 
 
 @_jit
@@ -397,6 +498,207 @@ def _lemire_is_numpys() -> bool:
             if not np.array_equal(draws.replay(start, sizes[-1]), want[-1]):
                 return False
     return True
+
+
+class _KeptMultinomial:
+    """The kept counts of successive resamples, ``rng.multinomial(T, p)`` each (``p``: the kept values' shares),
+    made by numpy's own method from the generator's stream, compiled (`_multinomial_rows`): numpy's PCG64 (as
+    `_KeptDraws`), a double ``(output >> 11) 2^-53`` per uniform, and per value j a binomial draw of what is left
+    (``n_j`` samples) at ``p_j / (1 - p_0 - ... - p_{j-1})``: by inversion where ``n_j min(p', 1 - p')`` is at most
+    30, else by BTPE (Kachitvichyanukul & Schmeiser), numpy's arithmetic step for step (the same operations in
+    the same order, C's libm exp / log). Checked against ``rng.multinomial`` once per process
+    (`_multinomial_is_numpys`); where it differs (another numpy, another generator) ``own`` is False and numpy
+    draws. The per-value terms that do not depend on n (the binomial's p, its side, log(1 - p')) are made once."""
+
+    def __init__(self, rng: np.random.Generator, shares: np.ndarray, own: Optional[bool] = None):
+        self.rng, self.shares = rng, np.ascontiguousarray(shares, dtype=np.float64)
+        if own is None:
+            own = (intrinsic is not None and type(rng.bit_generator) is np.random.PCG64 and kernel_available()
+                   and _multinomial_is_numpys())
+        self.own = own
+        if own:
+            self.terms = np.empty((4, self.shares.size))
+            _binomial_terms(self.shares, self.terms)
+            state = rng.bit_generator.state["state"]
+            self.gen = np.array([x >> shift & (2**64 - 1) for x in (state["state"], PCG64_MULTIPLIER, state["inc"])
+                                 for shift in (64, 0)], dtype=np.uint64)
+
+    def take(self, sizes: np.ndarray) -> np.ndarray:
+        """The counts [len(sizes), values] of the next resamples, of ``sizes`` samples each; the generator (``rng``)
+        is left where numpy's would be."""
+        if not self.own:
+            return self.rng.multinomial(sizes, self.shares)
+        out = np.zeros((len(sizes), self.shares.size), dtype=np.int64)
+        _multinomial_rows(self.gen, np.ascontiguousarray(sizes, dtype=np.int64), self.terms, out)
+        state = self.rng.bit_generator.state
+        state["state"]["state"] = int(self.gen[0]) << 64 | int(self.gen[1])
+        self.rng.bit_generator.state = state
+        return out
+
+
+@functools.lru_cache(maxsize=1)
+def _multinomial_is_numpys() -> bool:
+    """Whether `_KeptMultinomial` gives what default_rng's ``multinomial`` gives, and leaves the generator where it
+    does: shares that take every path (inversion and BTPE, each side of 1/2, the Stirling test of BTPE far from the
+    mode, an early end), calls in a row, a 32-bit word left over in the generator or not."""
+    shares = np.array([0.3, 1e-5, 0.002, 0.5, 0.0004, 0.15, 0.0476, 1e-6], dtype=np.float64)
+    shares = shares / shares.sum()
+    for skip in (0, 1):
+        numpys, mine = np.random.default_rng(7 + skip), np.random.default_rng(7 + skip)
+        for rng in (numpys, mine):
+            rng.integers(0, 2**31, size=skip)
+        draws = _KeptMultinomial(mine, shares, own=True)
+        for sizes in ([0, 1, 7, 40], [100_000, 3_000_000, 25], [10**8, 5]):
+            if not np.array_equal(draws.take(np.array(sizes)), numpys.multinomial(sizes, shares)):
+                return False
+        draws = _KeptMultinomial(mine, shares[::-1].copy(), own=True)
+        if not np.array_equal(draws.take(np.array([1000, 200_000])), numpys.multinomial([1000, 200_000], shares[::-1])):
+            return False
+        if mine.integers(0, 2**62) != numpys.integers(0, 2**62) or mine.random() != numpys.random():
+            return False
+    return True
+
+
+@_jit
+def _binomial_terms(shares, terms):
+    """Per value j the terms of its binomial draw that do not depend on how many samples are left (`_multinomial_rows`):
+    ``p = shares[j] / (1 - shares[0] - ... - shares[j - 1])`` (the remainder subtracted value by value, as numpy),
+    ``p' = min(p, 1 - p)`` as numpy forms it (``p``, or ``1 - p`` above 1/2), whether p is above 1/2, ``log(1 - p')``."""
+    remaining = 1.0
+    for j in range(shares.size):
+        p = shares[j] / remaining
+        side = p if p <= 0.5 else 1.0 - p
+        terms[0, j], terms[1, j], terms[2, j], terms[3, j] = p, side, p > 0.5, math.log(1.0 - side)
+        remaining -= shares[j]
+
+
+@_jit
+def _next_double(h, l, a_high, a_low, c_high, c_low):
+    """``(u, h, l)``: the generator's next double in [0, 1) (numpy's ``next_double`` of PCG64: the new state's output
+    >> 11, times 2^-53) and its new state."""
+    h, l = _lcg_step(h, l, a_high, a_low, c_high, c_low)
+    return np.float64(_xsl_rr(h, l) >> np.uint64(11)) * (1.0 / 9007199254740992.0), h, l
+
+
+@_jit
+def _multinomial_rows(gen, sizes, terms, out):
+    """``out[i]``: numpy's ``multinomial(sizes[i], shares)`` (out zeroed; `_binomial_terms`' ``terms`` of the shares)
+    row after row, from the PCG64 state ``gen`` (high, low of the state, the multiplier, the increment; advanced):
+    value by value a binomial draw of the samples left, stopping when none is; the last value gets the rest."""
+    h, l, a_high, a_low, c_high, c_low = gen[0], gen[1], gen[2], gen[3], gen[4], gen[5]
+    d = out.shape[1]
+    for i in range(sizes.size):
+        n = sizes[i]
+        for j in range(d - 1):
+            if n == 0 or terms[0, j] == 0.0:
+                continue
+            side, flip = terms[1, j], terms[2, j] != 0.0
+            if side * n <= 30.0:  # inversion
+                q = 1.0 - side
+                qn = math.exp(n * terms[3, j])
+                mean = n * side
+                bound = mean + 10.0 * math.sqrt(mean * q + 1)
+                bound = np.int64(np.float64(n) if n < bound else bound)
+                x, px = 0, qn
+                u, h, l = _next_double(h, l, a_high, a_low, c_high, c_low)
+                while u > px:
+                    x += 1
+                    if x > bound:
+                        x, px = 0, qn
+                        u, h, l = _next_double(h, l, a_high, a_low, c_high, c_low)
+                    else:
+                        u -= px
+                        px = ((n - x + 1) * side * px) / (x * q)
+            else:
+                x, h, l = _btpe(n, side, h, l, a_high, a_low, c_high, c_low)
+            x = n - x if flip else x
+            out[i, j] = x
+            n -= x
+        if n > 0:
+            out[i, d - 1] = n
+    gen[0], gen[1] = h, l
+
+
+@_jit
+def _btpe(n, r, h, l, a_high, a_low, c_high, c_low):
+    """``(y, h, l)``: numpy's BTPE binomial draw of n trials at r <= 1/2 (triangle, parallelogram, two exponential
+    tails; the acceptance test by the recursive ratio near the mode, else by Stirling's bounds), its operations
+    in numpy's order, and the generator's new state."""
+    q = 1.0 - r
+    fm = n * r + r
+    m = np.int64(math.floor(fm))
+    p1 = math.floor(2.195 * math.sqrt(n * r * q) - 4.6 * q) + 0.5
+    xm = m + 0.5
+    xl, xr = xm - p1, xm + p1
+    c = 0.134 + 20.5 / (15.3 + m)
+    a = (fm - xl) / (fm - xl * r)
+    laml = a * (1.0 + a / 2.0)
+    a = (xr - fm) / (xr * q)
+    lamr = a * (1.0 + a / 2.0)
+    p2 = p1 * (1.0 + 2.0 * c)
+    p3 = p2 + c / laml
+    p4 = p3 + c / lamr
+    nrq = n * r * q
+    while True:
+        u, h, l = _next_double(h, l, a_high, a_low, c_high, c_low)
+        v, h, l = _next_double(h, l, a_high, a_low, c_high, c_low)
+        u *= p4
+        if u <= p1:  # the triangle: accepted
+            return np.int64(math.floor(xm - p1 * v + u)), h, l
+        if u <= p2:  # the parallelogram
+            x = xl + (u - p1) / c
+            v = v * c + 1.0 - abs(m - x + 0.5) / p1
+            if v > 1.0:
+                continue
+            y = np.int64(math.floor(x))
+        elif u <= p3:  # the left tail (v == 0: rejected before its log is cast)
+            if v == 0.0:
+                continue
+            y = np.int64(math.floor(xl + math.log(v) / laml))
+            if y < 0:
+                continue
+            v = v * (u - p2) * laml
+        else:  # the right tail
+            if v == 0.0:
+                continue
+            y = np.int64(math.floor(xr - math.log(v) / lamr))
+            if y > n:
+                continue
+            v = v * (u - p3) * lamr
+        k = abs(y - m)
+        if k <= 20 or k >= nrq / 2.0 - 1:  # the ratio f(y) / f(m), term by term
+            s = r / q
+            a = s * (n + 1)
+            f = 1.0
+            if m < y:
+                for i in range(m + 1, y + 1):
+                    f *= a / i - s
+            elif m > y:
+                for i in range(y + 1, m + 1):
+                    f /= a / i - s
+            if v > f:
+                continue
+            return y, h, l
+        rho = (k / nrq) * ((k * (k / 3.0 + 0.625) + 0.16666666666666666) / nrq + 0.5)
+        t = -k * k / (2 * nrq)
+        big_a = math.log(v)
+        if big_a < t - rho:
+            return y, h, l
+        if big_a > t + rho:
+            continue
+        x1, f1, z, w = np.float64(y + 1), np.float64(m + 1), np.float64(n + 1 - m), np.float64(n - y + 1)
+        bound = (xm * math.log(f1 / x1) + (n - m + 0.5) * math.log(z / w) + (y - m) * math.log(w * r / (x1 * q))
+                 + _stirling(f1) + _stirling(z) + _stirling(x1) + _stirling(w))
+        if big_a > bound:
+            continue
+        return y, h, l
+
+
+@_jit
+def _stirling(x):
+    """numpy's correction term of Stirling's formula in BTPE's bound, of x (its constants as numpy has them)."""
+    x2 = x * x
+    return (13680. - (462. - (132. - (99. - 140. / x2) / x2) / x2) / x2) / x / 166320.
 
 
 if intrinsic is not None:

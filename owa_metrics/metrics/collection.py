@@ -20,9 +20,9 @@ from ..functional.d2e import bin_ns_of
 from ..functional.declare import Given, GivenSamples, Samples, Shape, Sums
 from ..functional.plan import SAMPLE_SHIFT, Plan, accumulate
 from ..functional.report import REPORT, WORDS, default_tag_keys, headline_keys, higher_is_better
-from ..functional.stats import distinct, sketch_counts
+from ..functional.stats import distinct, distinct_by_group, sketch_counts
 from ..functional.tokens import event_token_stats, field_table, given_token_losses, token_losses
-from ..schema import Status
+from ..schema import CATEGORY_NAMES, Status
 from ..tokens.codec import CodecConfig
 from ..tokens.vocab import VocabMap
 from .base import Distribution, Float64Metric, Mode, append_samples, cat_samples, check_statistics
@@ -660,8 +660,13 @@ class Read:
             counts = self.given(name)
             return Distribution(counts=counts[j, 0 if category is None else 1 + category], spec=m.spec)
         rows = self._rows(name, len(state.values) + state.by_category)
-        x = rows[:, j] if category is None else rows[rows[:, -1] == category, j]
-        return Distribution(*distinct(x, drop_nan=True))
+        if not state.by_category:
+            return Distribution(*distinct(rows[:, j], drop_nan=True))
+        read = distinct_by_group(rows[:, :-1], rows[:, -1], len(CATEGORY_NAMES))  # each value, by category and all
+        for v, (by_category, pooled) in zip(state.values, read):
+            self._samples.update({(name, v, c): Distribution(*pair) for c, pair in enumerate(by_category)})
+            self._samples[name, v, None] = Distribution(*pooled)
+        return self._samples[name, value, category]
 
     def given_samples(self, name: str) -> Distribution:
         m = self.metric
