@@ -171,14 +171,14 @@ def _in_lanes(pred_ns: torch.Tensor, target_ns: torch.Tensor, order: torch.Tenso
     lo_t, count_t, a_t = torch.nn.functional.pad(torch.stack([lo, count, target_ns], 1), (0, 0, 0, 1)).index_select(
         0, lanes.table).view(K, L, 3).split(1, 2)
     w = torch.arange(K_w, device=device)
-    inside = w < count_t
-    slot = torch.where(inside, lo_t + w, n_p)  # [K, L, K_w]: the candidates' slots in ``order`` (n_p: none)
+    outside = w >= count_t
+    slot = (lo_t + w).masked_fill_(outside, n_p)  # [K, L, K_w]: the candidates' slots in ``order`` (n_p: none)
     order = torch.nn.functional.pad(order, (0, 1))  # (slot n_p: a candidate whose key is none)
-    candidate = order.take(slot)
-    distance = (pred_ns.take(candidate) - a_t).abs()
+    candidate = order.index_select(0, slot.view(-1))  # in place from here: the tables are the largest tensors
+    distance = pred_ns.index_select(0, candidate).view_as(slot).sub_(a_t).abs_()
     if lanes.tolerance_ns * (n_p + 1) + n_p >= _NONE:  # distance x (n_p + 1) would overflow: its rank instead
         distance = _dense_rank(distance.view(-1)).view_as(distance)
-    key = torch.where(inside, torch.add(candidate, distance, alpha=n_p + 1), _NONE)
+    key = candidate.view_as(slot).add_(distance, alpha=n_p + 1).masked_fill_(outside, _NONE)
     free = torch.arange(n_p + 1, device=device) < n_p  # slot n_p: no candidate
     best, chosen = torch.empty((2, K, L, 1), dtype=torch.long, device=device)
     at, taken = torch.empty((L, 1), dtype=torch.long, device=device), free.new_zeros((L, 1))
