@@ -221,7 +221,7 @@ def test_greedy_match_equals_the_sequential_rule(data):
         assert got.tolist() == want, backend
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.data())
 def test_greedy_match_in_row_lanes_equals_the_sequential_rule_without_a_host_sync(data):
     """The torch path with the rows as lanes and their sizes known (what the decoder reads with its event counts):

@@ -4,7 +4,8 @@ Both sides are unwrapped to absolute time along each row (`unwrap_ns`), then mat
 (`greedy_match`) twice: detection (key = category and detail) and, over what is left, pairing (key = kind).
 The pairs feed every existing metric; the detection matches give per-category precision / recall / F1.
 No Python loop over events or rows: torch ops, and for the greedy choice a compiled scan on the CPU or, elsewhere,
-a loop over the k-th events of all rows at once, as many steps as the longest row has events (`greedy_match`).
+a loop over the k-th events of all rows at once, as many steps as the longest row has events, or for long rows a
+bounded loop over deferred-acceptance rounds (`greedy_match`).
 """
 
 from __future__ import annotations
@@ -99,6 +100,25 @@ def lane_table(target_ns: torch.Tensor, lane: torch.Tensor, lanes: int, depth: i
         0, torch.add(lane, k, alpha=lanes), by_lane)
 
 
+# `row_lanes`' limits: steps of the fixed-shape matching (5 kernels each) and entries of its tables ([steps, lanes,
+# width] int64); longer rows (offline recordings) take deferred acceptance, whose rounds follow the chains of displaced
+# targets instead of the rows' lengths
+LANE_STEPS, LANE_ENTRIES = 256, 2 ** 22
+
+
+def row_lanes(target_ns: torch.Tensor, target_seq: torch.Tensor, num_sequences: int,
+              event_bound: Optional[tuple[int, int]], tolerance_ns: int, copies: int = 1) -> Optional[Lanes]:
+    """The rows as `Lanes` (the match keys hold the row) from the most events in a row of each side (``event_bound``,
+    `EventBatch.event_bound`); None when not known, or beyond `LANE_STEPS` steps or `LANE_ENTRIES` entries of the
+    tables (x ``copies``, a sweep's)."""
+    if event_bound is None:
+        return None
+    depth, width = event_bound
+    if depth > LANE_STEPS or depth * num_sequences * width * copies > LANE_ENTRIES:
+        return None
+    return Lanes(lane_table(target_ns, target_seq, num_sequences, depth), num_sequences, width, tolerance_ns)
+
+
 def greedy_match(target_key: torch.Tensor, target_ns: torch.Tensor, pred_key: torch.Tensor, pred_ns: torch.Tensor,
                  tolerance_ns: Union[int, torch.Tensor], backend: Backend = "auto", lanes: Optional[Lanes] = None
                  ) -> torch.Tensor:
@@ -110,10 +130,15 @@ def greedy_match(target_key: torch.Tensor, target_ns: torch.Tensor, pred_key: to
     Each target's window (its key's candidates within the tolerance) is a slice of the candidates sorted by (key,
     time): a few sorts and two searches. On the CPU with numba (``backend`` as `decode_batch`), the E edges
     (target, candidate) sorted by (target order, distance, candidate), then one compiled scan takes each target's
-    first free candidate: the sequential rule itself, O((n + E) log(n + E)). Elsewhere the same rule in fixed-shape
-    torch ops, without a host sync (`_in_lanes`): the k-th targets of all ``lanes`` (`Lanes`; their targets never
-    compete) at once, for k = 1 .. the most targets of a lane; without ``lanes`` the lanes are the keys, whose sizes
-    are read (one host sync).
+    first free candidate: the sequential rule itself, O((n + E) log(n + E)). Elsewhere, with ``lanes`` (`Lanes`: no
+    key crosses two, bounds known on the host; `row_lanes`), the same rule in fixed-shape torch ops without a host
+    sync (`_in_lanes`: the k-th targets of all lanes at once, for k = 1 .. the most targets of a lane). Without, deferred acceptance in torch ops over the edges (their number
+    read): each round every unmatched target proposes to its best candidate not held by an earlier target; a
+    candidate keeps its earliest proposer (or holder), the others propose again. All candidates rank targets by the
+    same order, so the result is the unique stable matching, which is the sequential greedy one. Each round the
+    earliest unmatched proposer of every row gets a candidate that it keeps, so there are at most as many rounds as
+    the longest row has targets; in practice the longest chain of displaced targets: 1 to 3 for sparse events, ~60
+    for a 2,000-event row of dense mouse moves. Each round costs O(E) in fixed-shape ops (`_deferred_acceptance`).
     """
     n_t, n_p = target_ns.numel(), pred_ns.numel()
     match = torch.full((n_t,), -1, dtype=torch.long, device=target_ns.device)
@@ -129,14 +154,8 @@ def greedy_match(target_key: torch.Tensor, target_ns: torch.Tensor, pred_key: to
     sorted_key = sort_key.index_select(0, order)
     lo = torch.searchsorted(sorted_key, torch.add(low, group, alpha=times))
     count = torch.searchsorted(sorted_key, torch.add(high, group, alpha=times), right=True) - lo
-    if backend == "torch" or target_ns.device.type != "cpu" or not kernel.available():
-        if lanes is None:  # the keys as lanes, their sizes read
-            lane = _dense_rank(group)
-            size = torch.zeros(n_t, dtype=torch.long, device=lane.device).index_add_(0, lane, torch.ones_like(lane))
-            most = torch.as_tensor(tolerance_ns, device=lane.device).amax().view(1)
-            n, depth, width, most = torch.cat([lane.amax().view(1) + 1, size.amax().view(1), count.amax().view(1),
-                                              most]).tolist()
-            lanes = Lanes(lane_table(target_ns, lane, n, depth), n, width, most)
+    compiled = backend != "torch" and target_ns.device.type == "cpu" and kernel.available()
+    if not compiled and lanes is not None:
         return _in_lanes(pred_ns, target_ns, order, lo, count, lanes) if lanes.width else match
     e_t = torch.repeat_interleave(torch.arange(n_t, device=count.device), count)
     n_e = e_t.numel()
@@ -146,14 +165,17 @@ def greedy_match(target_key: torch.Tensor, target_ns: torch.Tensor, pred_key: to
     e_c = order.index_select(0, lo.index_select(0, e_t) + offset)
     # targets' priority: time, then position; edges in priority order, each target's by (distance, candidate)
     priority = torch.empty_like(match)
-    priority[torch.argsort(target_ns, stable=True)] = torch.arange(n_t, device=match.device)
+    by_priority = torch.argsort(target_ns, stable=True)
+    priority[by_priority] = torch.arange(n_t, device=match.device)
     distance = (pred_ns.index_select(0, e_c) - target_ns.index_select(0, e_t)).abs()
     edge_order = torch.argsort(e_c, stable=True)
     edge_order = edge_order.index_select(0, torch.argsort(distance.index_select(0, edge_order), stable=True))
     e_p = priority.index_select(0, e_t).index_select(0, edge_order)
     edge_order = edge_order.index_select(0, torch.argsort(e_p, stable=True))
     e_t, e_c = e_t.index_select(0, edge_order), e_c.index_select(0, edge_order)
-    return torch.from_numpy(_first_free(e_t.numpy(), e_c.numpy(), n_t, n_p))
+    if compiled:
+        return torch.from_numpy(_first_free(e_t.numpy(), e_c.numpy(), n_t, n_p))
+    return _deferred_acceptance(priority.index_select(0, e_t), e_c, by_priority, n_p)
 
 
 _NONE = 2 ** 62  # no candidate (outside the window, or taken): above every key distance x (n_p + 1) + candidate
@@ -204,6 +226,32 @@ def _dense_rank(x: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(order).index_copy_(0, order, torch.diff(ordered, prepend=ordered[:1]).ne_(0).cumsum(0))
 
 
+def _deferred_acceptance(e_p: torch.Tensor, e_c: torch.Tensor, by_priority: torch.Tensor, n_p: int) -> torch.Tensor:
+    """`greedy_match`'s rounds on edges (target priority, candidate) sorted by (priority, preference), in
+    fixed-shape ops: a round after the last change changes nothing, so the rounds run in runs of 2, 4, 8, ...
+    and only the end of a run reads whether an edge was open (log2(rounds) host syncs, not several a round; one for
+    the one or two rounds of sparse events, at the cost of at most one round that changes nothing)."""
+    n_t, n_e = by_priority.numel(), e_p.numel()
+    device = e_p.device
+    edge, targets, candidates = (torch.arange(n, device=device) for n in (n_e, n_t, n_p))
+    holder = torch.full((n_p + 1,), n_t, dtype=torch.long, device=device)  # priority of the holder; n_p: no one's
+    matched = torch.full((n_t + 1,), -1, dtype=torch.long, device=device)  # by priority; n_t: no one's
+    run = 2
+    while True:
+        for _ in range(run):
+            # an edge is open if its target holds nothing and its candidate is free or held by a later target
+            open_ = (matched.index_select(0, e_p) < 0) & (e_p < holder.index_select(0, e_c))
+            best = torch.full((n_t,), n_e, device=device).scatter_reduce_(
+                0, e_p, torch.where(open_, edge, n_e), "amin")  # each target's preferred open edge
+            proposing = best < n_e
+            chosen = e_c.index_select(0, best.clamp(max=n_e - 1))
+            holder.scatter_reduce_(0, torch.where(proposing, chosen, n_p), torch.where(proposing, targets, n_t), "amin")
+            matched = torch.full_like(matched, -1).scatter_(0, holder[:n_p], candidates)  # one candidate a target
+        if not bool(open_.any()):
+            return torch.empty_like(matched[:n_t]).index_copy_(0, by_priority, matched[:n_t])
+        run *= 2
+
+
 @kernel._jit
 def _first_free(e_t, e_c, n_t, n_p):
     """Edges sorted by (target order, preference): each target takes its first candidate not yet taken."""
@@ -233,7 +281,8 @@ def match_by_time(target: EventFields, target_seq: torch.Tensor, pred: EventFiel
     one, or None, is the row's first valid target event). A sweep (``tolerance_ns`` a tuple) runs the detection
     matching at each of its tolerances (`_sweep_match`); the first one's matches are the detection and the pairs.
     ``event_bound``: the most events of a row of each side (host ints, `EventBatch.event_bound`): the rows are the
-    matchings' `Lanes`, no host sync (None: the keys are, their sizes read)."""
+    matchings' `Lanes` (`row_lanes`), no host sync; None (or rows too long): deferred acceptance, whose edges and rounds
+    are read."""
     sweep = tolerance_ns if isinstance(tolerance_ns, tuple) else ()
     device = target.status.device
     t_ok, p_ok = target.status == int(Status.VALID), pred.status == int(Status.VALID)
@@ -252,9 +301,7 @@ def match_by_time(target: EventFields, target_seq: torch.Tensor, pred: EventFiel
     own = torch.arange(N + M, device=device).neg_().sub_(1)
     t_key = torch.where(t_ok, detection_key(target_seq, target), own[:N])
     p_key = torch.where(p_ok, detection_key(pred_seq, pred), own[N:])
-    lanes = None if event_bound is None else Lanes(  # the rows (no key crosses two)
-        lane_table(t_abs, target_seq, num_sequences, event_bound[0]), num_sequences, event_bound[1],
-        max(sweep or [tolerance_ns]))
+    lanes = row_lanes(t_abs, target_seq, num_sequences, event_bound, max(sweep or [tolerance_ns]), len(sweep) or 1)
     if sweep:
         detections = _sweep_match(t_key, t_abs, p_key, p_abs, sweep, backend, lanes)
         found, tolerance_ns = detections[0], sweep[0]
