@@ -132,13 +132,14 @@ def greedy_match(target_key: torch.Tensor, target_ns: torch.Tensor, pred_key: to
     (target, candidate) sorted by (target order, distance, candidate), then one compiled scan takes each target's
     first free candidate: the sequential rule itself, O((n + E) log(n + E)). Elsewhere, with ``lanes`` (`Lanes`: no
     key crosses two, bounds known on the host; `row_lanes`), the same rule in fixed-shape torch ops without a host
-    sync (`_in_lanes`: the k-th targets of all lanes at once, for k = 1 .. the most targets of a lane). Without, deferred acceptance in torch ops over the edges (their number
-    read): each round every unmatched target proposes to its best candidate not held by an earlier target; a
-    candidate keeps its earliest proposer (or holder), the others propose again. All candidates rank targets by the
-    same order, so the result is the unique stable matching, which is the sequential greedy one. Each round the
-    earliest unmatched proposer of every row gets a candidate that it keeps, so there are at most as many rounds as
-    the longest row has targets; in practice the longest chain of displaced targets: 1 to 3 for sparse events, ~60
-    for a 2,000-event row of dense mouse moves. Each round costs O(E) in fixed-shape ops (`_deferred_acceptance`).
+    sync (`_in_lanes`: the k-th targets of all lanes at once, for k = 1 .. the most targets of a lane). Without,
+    deferred acceptance in torch ops over the edges (their number read): each round every unmatched target proposes
+    to its best candidate not held by an earlier target; a candidate keeps its earliest proposer (or holder), the
+    others propose again. All candidates rank targets by the same order, so the result is the unique stable
+    matching, which is the sequential greedy one. Each round the earliest unmatched proposer of every row gets a
+    candidate that it keeps, so there are at most as many rounds as the longest row has targets; in practice the
+    longest chain of displaced targets: 1 to 3 for sparse events, ~60 for a 2,000-event row of dense mouse moves.
+    Each round costs O(E) in fixed-shape ops (`_deferred_acceptance`).
     """
     n_t, n_p = target_ns.numel(), pred_ns.numel()
     match = torch.full((n_t,), -1, dtype=torch.long, device=target_ns.device)
