@@ -6,7 +6,8 @@ Two generation batches from a simulated session: 32 sequences x 64 events, and o
 (offline evaluation of a recording). The generated side drops 5 % of the events, jitters half of them by up
 to +/- 150 ms (so some go back in time) and adds a near-duplicate to 5 %. Timed, 1 thread, medians:
 `decode_batch` alone (time pairing also with ``backend="torch"``: the torch ops that run on a GPU, whose
-greedy choice is deferred acceptance in rounds), and `OWAEventMetrics.update` (decode + every metric; index pairing runs the compiled
+greedy choice is a fixed-shape loop over the rows' k-th events, deferred acceptance in rounds for rows of more than
+256 events), and `OWAEventMetrics.update` (decode + every metric; index pairing runs the compiled
 kernel, time pairing decodes each side and accumulates with torch ops), exact mode.
 """
 

@@ -12,6 +12,7 @@ from hypothesis import given, settings, strategies as st
 
 from owa_metrics import Event, OWAEventMetrics, decode_batch
 from owa_metrics.decode import greedy_match, unwrap_ns
+from owa_metrics.decode.matching import Lanes, lane_table
 from owa_metrics.events import read_recording, simulate_session
 from conftest import recording_paths
 from matching_oracle import greedy, time_oracle, unwrap
@@ -218,6 +219,31 @@ def test_greedy_match_equals_the_sequential_rule(data):
                            torch.tensor(p_key, dtype=torch.long), torch.tensor(p_ns, dtype=torch.long), tolerance,
                            backend)
         assert got.tolist() == want, backend
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.data())
+def test_greedy_match_in_row_lanes_equals_the_sequential_rule_without_a_host_sync(data):
+    """The torch path with the rows as lanes and their sizes known (what the decoder reads with its event counts):
+    no host sync, the sequential greedy matching; the keys hold the row. A huge tolerance ranks the distances."""
+    rows = data.draw(st.integers(1, 3))
+    side = st.lists(st.tuples(st.integers(0, rows - 1), st.integers(0, 2), st.integers(0, 12)), max_size=12)
+    # (row, key, time), in row order; in a row, times in any order
+    targets, cands = (sorted(data.draw(side), key=lambda e: e[0]) for _ in range(2))
+    tolerance = data.draw(st.sampled_from([0, 1, 2, 5, 2 ** 61]))
+    key = lambda events: torch.tensor([r * 10 + k for r, k, _ in events], dtype=torch.long)  # noqa: E731
+    ns = lambda events: torch.tensor([a for _, _, a in events], dtype=torch.long)  # noqa: E731
+    t_row = torch.tensor([r for r, _, _ in targets], dtype=torch.long)
+    depth = max([sum(r == row for r, _, _ in targets) for row in range(rows)])
+    width = max([sum(r == row for r, _, _ in cands) for row in range(rows)])
+    want = sequential_greedy(key(targets).tolist(), ns(targets).tolist(), key(cands).tolist(), ns(cands).tolist(),
+                             tolerance)
+    args = key(targets), ns(targets), key(cands), ns(cands)
+    with SyncCounter(host_data=True) as syncs:
+        lanes = Lanes(lane_table(args[1], t_row, rows, depth), rows, width, tolerance)
+        got = greedy_match(*args, tolerance, "torch", lanes)
+    assert got.tolist() == want
+    assert syncs.total == 0, dict(syncs.calls)
 
 
 def test_a_chain_of_100_displacements_needs_few_host_reads():

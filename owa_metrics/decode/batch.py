@@ -180,8 +180,11 @@ def _decode_with_torch(preds, target, vocab: VocabMap, alignment: Alignment, L: 
         # k-th generated event: the generated side decoded whole, the pairs read from it
         # with, per side, the most keyboard type tokens in a row: a bound on its keyboard events (`EventBatch`)
         keys = (planes[_ROLE].view(2, B, W) == int(Role.KEYBOARD)).sum(2)
-        n, n_g, *keyboard_bound = torch.cat([torch.stack([target_count.sum(), pred_count.sum()]),
-                                             keys.amax(1) if B else keys.new_zeros(2)]).tolist()
+        if not pair:  # and the most events in a row of each side: the time matching's fixed shapes (`pair_by_time`)
+            keys = torch.cat([keys, torch.stack([target_count, pred_count])])
+        n, n_g, *bounds = torch.cat([torch.stack([target_count.sum(), pred_count.sum()]),
+                                     keys.amax(1) if B else keys.new_zeros(len(keys))]).tolist()
+        keyboard_bound, event_bound = bounds[:2], tuple(bounds[2:]) or None
         seq, col = torch.nonzero_static(scans.marks, size=n + n_g).unbind(1)
         first, last, cut, slot0 = scans.spans(torch.add(col, seq, alpha=W))
         status, kind, code, values, digits = _decode_rows(planes, scans.counts, slot0, last, cut, L)
@@ -206,7 +209,7 @@ def _decode_with_torch(preds, target, vocab: VocabMap, alignment: Alignment, L: 
     else:  # the prediction is read at the target's spans, one side down
         seq, col = scans.marks[:B].nonzero().unbind(1)  # the target spans: the one host sync
         at, n, BW = torch.add(col, seq, alpha=W), seq.numel(), B * W
-        generated = g_seq = keyboard_bound = None
+        generated = g_seq = keyboard_bound = event_bound = None
         pred_count = target_count
         first, last, cut, slot0 = scans.spans(at)
         status, kind, code, values, digits = _decode_rows(planes, scans.counts, torch.cat([slot0, slot0 + BW]),
@@ -223,7 +226,8 @@ def _decode_with_torch(preds, target, vocab: VocabMap, alignment: Alignment, L: 
     status = L.pair_status[generation].index_select(0, torch.add(code_p, code_t, alpha=L.n_codes))
     return EventBatch(seq_idx=seq, status=status, target=tgt, pred=pred, target_count=target_count,
                       pred_count=pred_count, num_sequences=B, alignment=alignment, generated=generated,
-                      generated_seq=g_seq, keyboard_bound=None if keyboard_bound is None else tuple(keyboard_bound))
+                      generated_seq=g_seq, keyboard_bound=None if keyboard_bound is None else tuple(keyboard_bound),
+                      event_bound=event_bound)
 
 
 class _Scans:

@@ -113,7 +113,9 @@ class EventBatch:
     ``generated_seq`` (generation): every generated event span decoded on its own, in (row, position) order, and its row.
     ``keyboard_bound`` (generation, the torch decoder): the most keyboard type tokens in one row of the target and of
     the generated ids, a bound on a row's keyboard events of each side (host ints, read with the numbers of events);
-    None when not known.
+    None when not known. ``event_bound`` (generation by time, the torch decoder): the most events in one row of the
+    target and of the generated ids (host ints, read with them): the fixed shapes of the time matching
+    (`owa_metrics.decode.matching.Lanes`); None when not known.
     """
 
     seq_idx: torch.Tensor
@@ -128,6 +130,7 @@ class EventBatch:
     generated: Optional[EventFields] = None
     generated_seq: Optional[torch.Tensor] = None
     keyboard_bound: Optional[tuple[int, int]] = None
+    event_bound: Optional[tuple[int, int]] = None
 
     def __len__(self) -> int:
         return int(self.seq_idx.numel())

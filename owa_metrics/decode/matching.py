@@ -3,8 +3,9 @@
 Both sides are unwrapped to absolute time along each row (`unwrap_ns`), then matched with one greedy rule
 (`greedy_match`) twice: detection (key = category and detail) and, over what is left, pairing (key = kind).
 The pairs feed every existing metric; the detection matches give per-category precision / recall / F1.
-No Python loop over events or rows: torch ops, and for the greedy choice a compiled scan on the CPU or a
-bounded loop over deferred-acceptance rounds elsewhere (`greedy_match`).
+No Python loop over events or rows: torch ops, and for the greedy choice a compiled scan on the CPU or, elsewhere,
+a loop over the k-th events of all rows at once, as many steps as the longest row has events, or for long rows a
+bounded loop over deferred-acceptance rounds (`greedy_match`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import functools
 import math
 import numbers
 from dataclasses import replace
-from typing import Optional, Union
+from typing import NamedTuple, Optional, Union
 
 import numpy as np
 import torch
@@ -75,38 +76,88 @@ def unwrap_ns(seq: torch.Tensor, timestamp_ns: torch.Tensor, valid: torch.Tensor
     return torch.where(valid, total - (total - step).index_select(0, row_start), 0)
 
 
+class Lanes(NamedTuple):
+    """A schedule of `greedy_match`'s targets in lanes that no key crosses (e.g. the rows, when the keys hold the
+    row), so that lanes never compete, with bounds known on the host: ``table`` [depth x lanes], the k-th target of
+    each lane (in order of time, ties: position; n_targets: none) at row k (`lane_table`); at most ``width``
+    candidates with a target's key; no tolerance above ``tolerance_ns``."""
+
+    table: torch.Tensor
+    lanes: int
+    width: int
+    tolerance_ns: int
+
+
+def lane_table(target_ns: torch.Tensor, lane: torch.Tensor, lanes: int, depth: int) -> torch.Tensor:
+    """[depth x lanes] flat: the targets of each lane (``lane`` [n], in [0, ``lanes``), at most ``depth`` a lane) in
+    order of time, ties: position (n: none); fixed shapes, no host sync."""
+    n = target_ns.numel()
+    by_time = torch.argsort(target_ns, stable=True)
+    by_lane = by_time.index_select(0, torch.argsort(lane.index_select(0, by_time), stable=True))
+    lane = lane.index_select(0, by_lane)
+    k = torch.arange(n, device=lane.device) - torch.searchsorted(lane, lane)  # its rank in its lane
+    return torch.full((depth * lanes,), n, dtype=torch.long, device=lane.device).index_copy_(
+        0, torch.add(lane, k, alpha=lanes), by_lane)
+
+
+# `row_lanes`' limits: steps of the fixed-shape matching (5 kernels each) and entries of its tables ([steps, lanes,
+# width] int64); longer rows (offline recordings) take deferred acceptance, whose rounds follow the chains of displaced
+# targets instead of the rows' lengths
+LANE_STEPS, LANE_ENTRIES = 256, 2 ** 22
+
+
+def row_lanes(target_ns: torch.Tensor, target_seq: torch.Tensor, num_sequences: int,
+              event_bound: Optional[tuple[int, int]], tolerance_ns: int, copies: int = 1) -> Optional[Lanes]:
+    """The rows as `Lanes` (the match keys hold the row) from the most events in a row of each side (``event_bound``,
+    `EventBatch.event_bound`); None when not known, or beyond `LANE_STEPS` steps or `LANE_ENTRIES` entries of the
+    tables (x ``copies``, a sweep's)."""
+    if event_bound is None:
+        return None
+    depth, width = event_bound
+    if depth > LANE_STEPS or depth * num_sequences * width * copies > LANE_ENTRIES:
+        return None
+    return Lanes(lane_table(target_ns, target_seq, num_sequences, depth), num_sequences, width, tolerance_ns)
+
+
 def greedy_match(target_key: torch.Tensor, target_ns: torch.Tensor, pred_key: torch.Tensor, pred_ns: torch.Tensor,
-                 tolerance_ns: Union[int, torch.Tensor], backend: Backend = "auto") -> torch.Tensor:
+                 tolerance_ns: Union[int, torch.Tensor], backend: Backend = "auto", lanes: Optional[Lanes] = None
+                 ) -> torch.Tensor:
     """The greedy rule: for each target in order of time (ties: position), the still unmatched candidate with the
     same key and the smallest |a_p - a_t| <= ``tolerance_ns`` (one, or one per target) (ties: the earlier
     candidate). Both sides in position order (index order); keys include the row. Returns [n_targets] candidate
     indices (-1: none).
 
-    First the E edges (target, candidate) with the same key within the tolerance, sorted by (target order,
-    distance, candidate): a few sorts and one search, O((n + E) log(n + E)). Then, on the CPU with numba
-    (``backend`` as `decode_batch`), one compiled scan of the edges takes each target's first free candidate:
-    the sequential rule itself, O(E). Elsewhere, deferred acceptance in torch ops: each round every unmatched
-    target proposes to its best candidate not held by an earlier target; a candidate keeps its earliest proposer
-    (or holder), the others propose again. All candidates rank targets by the same order, so the result is the
-    unique stable matching, which is the sequential greedy one. Each round the earliest unmatched proposer of
-    every row gets a candidate that it keeps, so there are at most as many rounds as the longest row has targets;
-    in practice the longest chain of displaced targets: 1 to 3 for sparse events, ~60 for a 2,000-event row of
-    dense mouse moves. Each round costs O(E) in fixed-shape ops (`_deferred_acceptance`).
+    Each target's window (its key's candidates within the tolerance) is a slice of the candidates sorted by (key,
+    time): a few sorts and two searches. On the CPU with numba (``backend`` as `decode_batch`), the E edges
+    (target, candidate) sorted by (target order, distance, candidate), then one compiled scan takes each target's
+    first free candidate: the sequential rule itself, O((n + E) log(n + E)). Elsewhere, with ``lanes`` (`Lanes`: no
+    key crosses two, bounds known on the host; `row_lanes`), the same rule in fixed-shape torch ops without a host
+    sync (`_in_lanes`: the k-th targets of all lanes at once, for k = 1 .. the most targets of a lane). Without,
+    deferred acceptance in torch ops over the edges (their number read): each round every unmatched target proposes
+    to its best candidate not held by an earlier target; a candidate keeps its earliest proposer (or holder), the
+    others propose again. All candidates rank targets by the same order, so the result is the unique stable
+    matching, which is the sequential greedy one. Each round the earliest unmatched proposer of every row gets a
+    candidate that it keeps, so there are at most as many rounds as the longest row has targets; in practice the
+    longest chain of displaced targets: 1 to 3 for sparse events, ~60 for a 2,000-event row of dense mouse moves.
+    Each round costs O(E) in fixed-shape ops (`_deferred_acceptance`).
     """
     n_t, n_p = target_ns.numel(), pred_ns.numel()
     match = torch.full((n_t,), -1, dtype=torch.long, device=target_ns.device)
     if n_t == 0 or n_p == 0:
         return match
     # candidates sorted by (key, time); each target's window [a_t - tol, a_t + tol] within its key is a slice
-    group = _dense_rank(torch.cat([target_key, pred_key]))
-    rank = _dense_rank(torch.cat([pred_ns, target_ns - tolerance_ns, target_ns + tolerance_ns]))
+    group, p_group = _dense_rank(torch.cat([target_key, pred_key])).split([n_t, n_p])
+    p_rank, low, high = _dense_rank(torch.cat([pred_ns, target_ns - tolerance_ns, target_ns + tolerance_ns])).split(
+        [n_p, n_t, n_t])
     times = n_p + 2 * n_t  # more than the distinct times: (group, time rank) as one ordered number
-    sort_key = group[n_t:] * times + rank[:n_p]
+    sort_key = torch.add(p_rank, p_group, alpha=times)
     order = torch.argsort(sort_key, stable=True)
     sorted_key = sort_key.index_select(0, order)
-    lo = torch.searchsorted(sorted_key, group[:n_t] * times + rank[n_p:n_p + n_t])
-    hi = torch.searchsorted(sorted_key, group[:n_t] * times + rank[n_p + n_t:], right=True)
-    count = hi - lo
+    lo = torch.searchsorted(sorted_key, torch.add(low, group, alpha=times))
+    count = torch.searchsorted(sorted_key, torch.add(high, group, alpha=times), right=True) - lo
+    compiled = backend != "torch" and target_ns.device.type == "cpu" and kernel.available()
+    if not compiled and lanes is not None:
+        return _in_lanes(pred_ns, target_ns, order, lo, count, lanes) if lanes.width else match
     e_t = torch.repeat_interleave(torch.arange(n_t, device=count.device), count)
     n_e = e_t.numel()
     if n_e == 0:
@@ -123,9 +174,43 @@ def greedy_match(target_key: torch.Tensor, target_ns: torch.Tensor, pred_key: to
     e_p = priority.index_select(0, e_t).index_select(0, edge_order)
     edge_order = edge_order.index_select(0, torch.argsort(e_p, stable=True))
     e_t, e_c = e_t.index_select(0, edge_order), e_c.index_select(0, edge_order)
-    if backend != "torch" and e_t.device.type == "cpu" and kernel.available():
+    if compiled:
         return torch.from_numpy(_first_free(e_t.numpy(), e_c.numpy(), n_t, n_p))
     return _deferred_acceptance(priority.index_select(0, e_t), e_c, by_priority, n_p)
+
+
+_NONE = 2 ** 62  # no candidate (outside the window, or taken): above every key distance x (n_p + 1) + candidate
+
+
+def _in_lanes(pred_ns: torch.Tensor, target_ns: torch.Tensor, order: torch.Tensor, lo: torch.Tensor,
+              count: torch.Tensor, lanes: Lanes) -> torch.Tensor:
+    """`greedy_match`'s rule in fixed shapes, without a host sync: each target of ``lanes.table`` with its window
+    (``count`` candidates from ``lo`` in the sorted candidates ``order``) as keys distance x (n_p + 1) + candidate,
+    a table [depth, lanes, width]. Step k: the k-th target of every lane takes its free candidate of smallest key (one
+    ``min``), which is then taken: ``depth`` steps of 5 ops on [lanes, width] entries."""
+    n_t, n_p, device = target_ns.numel(), pred_ns.numel(), target_ns.device
+    L, K_w = lanes.lanes, lanes.width
+    K = lanes.table.numel() // L
+    lo_t, count_t, a_t = torch.nn.functional.pad(torch.stack([lo, count, target_ns], 1), (0, 0, 0, 1)).index_select(
+        0, lanes.table).view(K, L, 3).split(1, 2)
+    w = torch.arange(K_w, device=device)
+    outside = w >= count_t
+    slot = (lo_t + w).masked_fill_(outside, n_p)  # [K, L, K_w]: the candidates' slots in ``order`` (n_p: none)
+    order = torch.nn.functional.pad(order, (0, 1))  # (slot n_p: a candidate whose key is none)
+    candidate = order.index_select(0, slot.view(-1))  # in place from here: the tables are the largest tensors
+    distance = pred_ns.index_select(0, candidate).view_as(slot).sub_(a_t).abs_()
+    if lanes.tolerance_ns * (n_p + 1) + n_p >= _NONE:  # distance x (n_p + 1) would overflow: its rank instead
+        distance = _dense_rank(distance.view(-1)).view_as(distance)
+    key = candidate.view_as(slot).add_(distance, alpha=n_p + 1).masked_fill_(outside, _NONE)
+    free = torch.arange(n_p + 1, device=device) < n_p  # slot n_p: no candidate
+    best, chosen = torch.empty((2, K, L, 1), dtype=torch.long, device=device)
+    at, taken = torch.empty((L, 1), dtype=torch.long, device=device), free.new_zeros((L, 1))
+    for slots, keys, best_k, chosen_k in zip(slot, key, best, chosen):
+        torch.min(torch.where(free.take(slots), keys, _NONE), 1, keepdim=True, out=(best_k, at))
+        torch.gather(slots, 1, at, out=chosen_k)  # none open: a taken slot (or n_p), which stays taken
+        free.put_(chosen_k, taken)
+    found = torch.where(best < _NONE, order.take(chosen), -1)
+    return torch.empty(n_t + 1, dtype=torch.long, device=device).index_copy_(0, lanes.table, found.view(-1))[:n_t]
 
 
 @functools.lru_cache(maxsize=16)
@@ -139,9 +224,7 @@ def _dense_rank(x: torch.Tensor) -> torch.Tensor:
     sort, without a host sync."""
     order = torch.argsort(x)
     ordered = x.index_select(0, order)
-    new = torch.ones_like(ordered, dtype=torch.long)
-    torch.ne(ordered[1:], ordered[:-1], out=new[1:])
-    return torch.empty_like(order).index_copy_(0, order, new.cumsum(0) - 1)
+    return torch.empty_like(order).index_copy_(0, order, torch.diff(ordered, prepend=ordered[:1]).ne_(0).cumsum(0))
 
 
 def _deferred_acceptance(e_p: torch.Tensor, e_c: torch.Tensor, by_priority: torch.Tensor, n_p: int) -> torch.Tensor:
@@ -192,11 +275,15 @@ def detection_key(seq: torch.Tensor, side: EventFields) -> torch.Tensor:
 
 def match_by_time(target: EventFields, target_seq: torch.Tensor, pred: EventFields, pred_seq: torch.Tensor,
                   num_sequences: int, window_ns: int, tolerance_ns: Union[int, tuple],
-                  origin_ns: Optional[torch.Tensor] = None, backend: Backend = "auto") -> TimeMatching:
+                  origin_ns: Optional[torch.Tensor] = None, backend: Backend = "auto",
+                  event_bound: Optional[tuple[int, int]] = None) -> TimeMatching:
     """Detection matching (key = category and detail), then pairing (key = kind) over what is left, both by
     `greedy_match` on the absolute times `unwrap_ns` from each row's origin (``origin_ns`` [B]; a negative
     one, or None, is the row's first valid target event). A sweep (``tolerance_ns`` a tuple) runs the detection
-    matching at each of its tolerances (`_sweep_match`); the first one's matches are the detection and the pairs."""
+    matching at each of its tolerances (`_sweep_match`); the first one's matches are the detection and the pairs.
+    ``event_bound``: the most events of a row of each side (host ints, `EventBatch.event_bound`): the rows are the
+    matchings' `Lanes` (`row_lanes`), no host sync; None (or rows too long): deferred acceptance, whose edges and rounds
+    are read."""
     sweep = tolerance_ns if isinstance(tolerance_ns, tuple) else ()
     device = target.status.device
     t_ok, p_ok = target.status == int(Status.VALID), pred.status == int(Status.VALID)
@@ -207,24 +294,26 @@ def match_by_time(target: EventFields, target_seq: torch.Tensor, pred: EventFiel
     origin = torch.cat([target.timestamp_ns, target.timestamp_ns.new_zeros(1)]).index_select(0, first_valid)
     if origin_ns is not None:
         origin = torch.where(origin_ns >= 0, origin_ns, origin)
-    t_abs = unwrap_ns(target_seq, target.timestamp_ns, t_ok, origin, window_ns)
-    p_abs = unwrap_ns(pred_seq, pred.timestamp_ns, p_ok, origin, window_ns)
+    t_abs, p_abs = unwrap_ns(torch.cat([target_seq, pred_seq + num_sequences]), torch.cat(
+        [target.timestamp_ns, pred.timestamp_ns]), torch.cat([t_ok, p_ok]), origin.repeat(2), window_ns).split([N, M])
 
     # every event of both sides, fixed shapes (no host read): an event that takes no part (invalid; for the pairing
     # by kind, detected or used) gets a key of its own (negative, distinct), which meets nothing
     own = torch.arange(N + M, device=device).neg_().sub_(1)
     t_key = torch.where(t_ok, detection_key(target_seq, target), own[:N])
     p_key = torch.where(p_ok, detection_key(pred_seq, pred), own[N:])
+    lanes = row_lanes(t_abs, target_seq, num_sequences, event_bound, max(sweep or [tolerance_ns]), len(sweep) or 1)
     if sweep:
-        detections = _sweep_match(t_key, t_abs, p_key, p_abs, sweep, backend)
+        detections = _sweep_match(t_key, t_abs, p_key, p_abs, sweep, backend, lanes)
         found, tolerance_ns = detections[0], sweep[0]
     else:
-        found = greedy_match(t_key, t_abs, p_key, p_abs, tolerance_ns, backend)
+        found = greedy_match(t_key, t_abs, p_key, p_abs, tolerance_ns, backend, lanes)
     detection = detections[0].clone() if sweep else found
     used = _marked(detection, M)
     kind_key = lambda seq, side: seq * _ROW_SHIFT + side.kind  # noqa: E731
     by_kind = greedy_match(torch.where(t_ok & (found < 0), kind_key(target_seq, target), own[:N]), t_abs,
-                           torch.where(p_ok & ~used, kind_key(pred_seq, pred), own[N:]), p_abs, tolerance_ns, backend)
+                           torch.where(p_ok & ~used, kind_key(pred_seq, pred), own[N:]), p_abs, tolerance_ns, backend,
+                           lanes)
     paired = torch.where(by_kind >= 0, by_kind, detection)
 
     swept = _detection_counts(target, pred, t_ok, detections if sweep else detection[None])
@@ -239,16 +328,20 @@ def match_by_time(target: EventFields, target_seq: torch.Tensor, pred: EventFiel
 
 
 def _sweep_match(t_key: torch.Tensor, t_ns: torch.Tensor, p_key: torch.Tensor, p_ns: torch.Tensor,
-                 sweep: tuple[int, ...], backend: Backend) -> torch.Tensor:
+                 sweep: tuple[int, ...], backend: Backend, lanes: Optional[Lanes] = None) -> torch.Tensor:
     """[len(sweep), n_t]: `greedy_match` at each tolerance of ``sweep``, in one call: S copies of both sides, each
     copy's keys its own (key x S + copy), so that no copy meets another's and each one's matches are those of a
-    match at its tolerance alone. Candidate indices of the original side (-1: none)."""
+    match at its tolerance alone (each copy's ``lanes`` its own). Candidate indices of the original side (-1: none)."""
     S, n_t, n_p = len(sweep), len(t_key), len(p_key)
     copy = torch.arange(S, device=t_key.device)[:, None]
     group = _dense_rank(torch.cat([t_key, p_key])) * S
     tolerance = _on_device(sweep, t_key.device)[:, None].expand(S, n_t).reshape(-1)
+    if lanes is not None:  # each copy's lanes its own: [depth, S x lanes]
+        table = lanes.table.view(-1, 1, lanes.lanes)
+        table = torch.where(table < n_t, table + copy.view(1, S, 1) * n_t, S * n_t)
+        lanes = lanes._replace(table=table.view(-1), lanes=lanes.lanes * S)
     found = greedy_match((group[:n_t] + copy).view(-1), t_ns.repeat(S), (group[n_t:] + copy).view(-1),
-                         p_ns.repeat(S), tolerance, backend).view(S, n_t)
+                         p_ns.repeat(S), tolerance, backend, lanes).view(S, n_t)
     return torch.where(found >= 0, found - copy * n_p, -1)
 
 
@@ -289,7 +382,7 @@ def pair_by_time(true_batch: EventBatch, gen_batch: EventBatch, window_ns: int, 
                              f"{tuple(origin_ns.shape)}")
         origin_ns = origin_ns.reshape(-1).expand(B)
     found = match_by_time(true, true_batch.seq_idx, gen, gen_batch.seq_idx, B, window_ns, tolerance_ns, origin_ns,
-                          backend)
+                          backend, true_batch.event_bound)
     pred = _with_blank_row(gen).take(torch.where(found.paired >= 0, found.paired, len(gen.status)))
     status = torch.where(true.status != int(Status.VALID), int(Status.INVALID_TARGET),
                          torch.where((pred.status == int(Status.VALID)) & (pred.kind != true.kind),
