@@ -19,8 +19,9 @@ in float64, exact below 2**53; they add across batches, files and ranks); `d2e_k
 
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Optional, Sequence
 
 import torch
@@ -31,37 +32,42 @@ STATES = ("num_bins", "duration_ns", "move_bins",
           "abs_tx", "abs_px", "abs_ty", "abs_py",
           "button_right", "button_values", "button_empty_bins", "key_right", "key_values", "key_empty_bins")
 S = {name: i for i, name in enumerate(STATES)}
-# RawMouseEvent.ButtonFlags: left, right, middle (down, up); the names upstream counts
+# RawMouseEvent.ButtonFlags: left, right, middle (down, up); the names upstream counts (bit i of button_flags)
 BUTTONS = (("left_down", 0x001), ("left_up", 0x002), ("right_down", 0x004), ("right_up", 0x008),
            ("middle_down", 0x010), ("middle_up", 0x020))
-_BUTTON_BITS = torch.tensor([bit for _, bit in BUTTONS])
-_KEY_NAMES = 1 << 20  # key name codes (vk * 2 + action) below this: one int64 (bin, name) key
+_KEY_NAME_BITS = 20  # key name codes (vk * 2 + action) below 2**20: one int64 ((bin, name), side) key
+_NO_RUN = torch.iinfo(torch.long).max  # the sort key of an event that counts nowhere, and of the runs past the last
 KEY_PREFIX = "d2e"
 
 
 @dataclass
 class D2EEvents:
-    """One side's events of B sequences (int64 [n] each): keyboard (its sequence, time in ns on the sequence's axis,
-    ``vk * 2 + action``, action 0 press / 1 release) and raw mouse (sequence, time, dx, dy, button_flags)."""
+    """One side's events of B sequences ([n] each): the sequence, the time in ns on the sequence's axis, whether it
+    is a keyboard event (else raw mouse), ``vk * 2 + action`` (keyboard; action 0 press / 1 release), dx, dy and
+    button_flags (mouse), and whether it counts (one that does not is ignored: fixed shapes, nothing selected)."""
 
-    key_seq: torch.Tensor
-    key_ns: torch.Tensor
+    seq: torch.Tensor
+    ns: torch.Tensor
+    is_key: torch.Tensor
     key_code: torch.Tensor
-    mouse_seq: torch.Tensor
-    mouse_ns: torch.Tensor
     dx: torch.Tensor
     dy: torch.Tensor
     button_flags: torch.Tensor
+    counts: torch.Tensor
 
     @classmethod
     def of(cls, key_ns, vk, action, mouse_ns, dx, dy, button_flags, key_seq=None, mouse_seq=None,
            device=None) -> "D2EEvents":
-        """From arrays (numpy or torch; one sequence when ``*_seq`` is None)."""
+        """From arrays of keyboard and of mouse events (numpy or torch; one sequence when ``*_seq`` is None)."""
         t = lambda x: torch.as_tensor(x, dtype=torch.long, device=device).reshape(-1)  # noqa: E731
         key_ns, mouse_ns = t(key_ns), t(mouse_ns)
-        return cls(t(key_seq) if key_seq is not None else torch.zeros_like(key_ns), key_ns, t(vk) * 2 + t(action),
-                   t(mouse_seq) if mouse_seq is not None else torch.zeros_like(mouse_ns), mouse_ns, t(dx), t(dy),
-                   t(button_flags))
+        seq = lambda s, ns: t(s) if s is not None else torch.zeros_like(ns)  # noqa: E731
+        no_key, no_mouse = torch.zeros_like(mouse_ns), torch.zeros_like(key_ns)
+        return cls(torch.cat([seq(key_seq, key_ns), seq(mouse_seq, mouse_ns)]), torch.cat([key_ns, mouse_ns]),
+                   torch.cat([torch.ones_like(key_ns, dtype=torch.bool), torch.zeros_like(mouse_ns, dtype=torch.bool)]),
+                   torch.cat([t(vk) * 2 + t(action), no_key]), torch.cat([no_mouse, t(dx)]),
+                   torch.cat([no_mouse, t(dy)]), torch.cat([no_mouse, t(button_flags)]),
+                   torch.ones(len(key_ns) + len(mouse_ns), dtype=torch.bool, device=key_ns.device))
 
 
 def shift_rows(bin_shifts: Sequence[int] = ()) -> tuple[int, ...]:
@@ -86,94 +92,115 @@ def num_bins(start_ns: torch.Tensor, end_ns: torch.Tensor, bin_ns: int) -> torch
 def d2e_states(truth: D2EEvents, pred: D2EEvents, start_ns: torch.Tensor, end_ns: torch.Tensor, bin_ns: int,
                shifts: Sequence[int] = (0,), group: Optional[torch.Tensor] = None, groups: int = 1) -> torch.Tensor:
     """[len(shifts), len(STATES)] float64: the sums of `STATES` over B sequences with ranges [start_ns, end_ns) [B]
-    (a range with end <= start has no bins), comparing true bin i with predicted bin i + k at each shift k. Torch
-    ops on the events' device; the numbers of bins and of distinct (bin, name) keys are read on the host. ``group``
+    (a range with end <= start has no bins), comparing true bin i with predicted bin i + k at each shift k. ``group``
     [B]: each sequence's group in [0, groups) (a tag): the sums by group, [groups, len(shifts), len(STATES)], in the
-    same pass (each bin's sums scattered to its sequence's group)."""
+    same pass.
+
+    Torch ops on the events' device in shapes known without a read (the numbers of events, sequences, shifts and
+    groups): no host sync. The bins of all sequences are numbered in a row; both sides' events are sorted by
+    (bin, side), and the keyboard events by (bin, key name, side); each run of one key is summed (its moves' dx and
+    dy, its moves, its count of each button name, its keyboard events; a key name's count), and a true run of bin i
+    finds the predicted run of bin i + k by a binary search."""
     device = start_ns.device
     grouped, group = group is not None, (group if group is not None else torch.zeros_like(start_ns)).long()
     start_ns, end_ns = start_ns.long(), end_ns.long()
+    ks, to_states = _constants(tuple(int(k) for k in shifts), device)
     nb = num_bins(start_ns, end_ns, bin_ns)
-    offsets = nb.cumsum(0) - nb
-    total = int(nb.sum())
-    duration = torch.zeros(groups, dtype=torch.float64, device=device).index_add_(
-        0, group, (end_ns - start_ns).clamp(min=0).double())
-    bin_seq = torch.repeat_interleave(torch.arange(len(nb), device=device), nb)
-    bin_group = group.index_select(0, bin_seq)
-    by_group = (bin_group == torch.arange(groups, device=device)[:, None]).double()  # [groups, bins]
-    bin_local = torch.arange(total, device=device) - offsets.index_select(0, bin_seq)
-    bin_count = nb.index_select(0, bin_seq)
+    offsets = nb.cumsum(0) - nb  # each sequence's first bin in the numbering of all bins
+    in_group = (group == torch.arange(groups, device=device)[:, None]).double()  # [groups, B]
+    n_valid = in_group @ (nb[:, None] - ks.abs()).clamp(min=0).double()  # [groups, shifts]: the bins compared
+    duration = in_group @ (end_ns - start_ns).clamp(min=0).double()
 
-    per_seq = torch.stack([start_ns, end_ns, offsets, nb], 1)
-
-    def place(seq, t):  # each event's global bin (-1: outside its range), its bin in its sequence, its bins
-        start, end, offset, count = per_seq.index_select(0, seq).unbind(1)
-        local = torch.div(t - start, bin_ns, rounding_mode="floor")
-        return torch.where((t >= start) & (t < end), offset + local, -1), local, count
-
-    sides = []
-    for ev in (truth, pred):
-        g, local, count = place(ev.mouse_seq, ev.mouse_ns)
-        at = torch.where((g >= 0) & (ev.button_flags == 0), g, total)  # a spare last bin takes what is not a move
-        sums = torch.stack([torch.bincount(at, ev.dx.double(), total + 1), torch.bincount(at, ev.dy.double(), total + 1)],
-                           1)[:total].double()  # integers, exact in float64 (no event: bincount gives int64)
-        has = torch.bincount(at, minlength=total + 1)[:total] > 0
-        kg, klocal, kcount = place(ev.key_seq, ev.key_ns)
-        bits = ((ev.button_flags[:, None] & _BUTTON_BITS.to(device)) != 0) & (g >= 0)[:, None]
-        b_event, b_name = bits.nonzero(as_tuple=True)
-        sides.append(dict(sums=sums, has=has,
-                          keys=(kg, klocal, kcount, ev.key_code, _KEY_NAMES),
-                          buttons=(g.index_select(0, b_event), local.index_select(0, b_event),
-                                   count.index_select(0, b_event), b_name, len(BUTTONS))))
-    rows = []
-    for k in shifts:
-        k = int(k)
-        valid = (bin_local + k >= 0) & (bin_local + k < bin_count)  # true bins with a predicted bin k later
-        if k:
-            later = (torch.arange(total, device=device) + k).clamp(0, max(total - 1, 0))  # valid: the same sequence
-            p, p_has = sides[1]["sums"].index_select(0, later), sides[1]["has"].index_select(0, later)
-        else:
-            p, p_has = sides[1]["sums"], sides[1]["has"]
-        t = sides[0]["sums"]
-        pearson = (valid & (sides[0]["has"] | p_has)).double()
-        # over the Pearson bins: tx ty px py, their squares, tx px, ty py; over every compared bin: |tx| |ty| |px| |py|
-        moves = (by_group * pearson) @ torch.cat([t, p, t * t, p * p, t * p], 1)  # [groups, 10]
-        absolute = (by_group * valid) @ torch.cat([t, p], 1).abs()
-        n_valid = by_group @ valid.double()
-        counts = [_count_agreement(sides[0][kind], sides[1][kind], k, n_valid, bin_group, groups)
-                  for kind in ("buttons", "keys")]
-        x, y = moves.view(groups, 5, 2).unbind(2)  # per axis: Σt, Σp, Σt², Σp², Σtp
-        head = torch.stack([n_valid, duration, by_group @ pearson], 1)
-        rows.append(torch.cat([head, x, y, absolute[:, [0, 2, 1, 3]], torch.stack([*counts[0], *counts[1]], 1)], 1))
-    out = torch.stack(rows, 1)  # integers in float64: exact whatever the order of the sums
+    if len(start_ns) == 0:
+        return torch.zeros((groups, len(ks), len(STATES)) if grouped else (len(ks), len(STATES)), dtype=torch.float64,
+                           device=device)
+    ev = D2EEvents(*(torch.cat([getattr(truth, f.name), getattr(pred, f.name)]) for f in fields(D2EEvents)))
+    seq, side = ev.seq.long(), (torch.arange(len(ev.ns), device=device) >= len(truth.ns)).long()
+    start, end, first_bin = torch.stack([start_ns, end_ns, offsets], 1).index_select(0, seq).unbind(1)
+    inside = ev.counts & (ev.ns >= start) & (ev.ns < end)
+    at_bin = first_bin + torch.div(ev.ns - start, bin_ns, rounding_mode="floor")
+    mouse, key = inside & ~ev.is_key, inside & ev.is_key
+    move = mouse & (ev.button_flags == 0)
+    bits = ((ev.button_flags[:, None] >> torch.arange(len(BUTTONS), device=device)) & 1).bool() & mouse[:, None]
+    # the runs of (bin, side): the moves' dx and dy sums, the moves, each button name's count, the keyboard events
+    bin_keys, per_bin = _runs(torch.where(inside, at_bin * 2 + side, _NO_RUN), torch.cat(
+        [torch.stack([torch.where(move, ev.dx, 0), torch.where(move, ev.dy, 0), move.long()], 1), bits.long(),
+         key.long()[:, None]], 1).double())
+    valid, found, met, run_group = _meet(bin_keys, 0, offsets, nb, ks, group, groups)
+    mine, other = per_bin[None], per_bin[met]  # [shifts, runs, 10]: the run, the predicted run its true one met
+    own_b, other_b = mine[..., 3:9] > 0, other[..., 3:9] > 0
+    xy, sides = per_bin[:, :2], torch.stack([1 - bin_keys.remainder(2), bin_keys.remainder(2)], 1).double()
+    each = torch.cat([per_bin[:, 2:3] > 0, (torch.cat([xy, xy * xy, xy.abs()], 1)[:, :, None] * sides[:, None]
+                                             ).flatten(1), own_b[0].sum(1, keepdim=True), own_b[0].any(1, keepdim=True),
+                      per_bin[:, 9:10] > 0], 1).double()  # [runs, 16]
+    both = torch.cat([torch.stack([(mine[..., 2] > 0) & (other[..., 2] > 0), (own_b & other_b).sum(-1),
+                                   ((mine[..., 3:9] == other[..., 3:9]) & own_b).sum(-1),
+                                   own_b.any(-1) & other_b.any(-1), (mine[..., 9] > 0) & (other[..., 9] > 0)], -1),
+                      mine[..., :2] * other[..., :2]], -1).double()  # [shifts, runs, 7]
+    # the runs of (bin, key name, side): each one's count
+    name_keys, per_name = _runs(torch.where(key, ((at_bin << _KEY_NAME_BITS) + ev.key_code) * 2 + side, _NO_RUN),
+                                key.double()[:, None])
+    n_valid_names, name_found, name_met, name_group = _meet(name_keys, _KEY_NAME_BITS, offsets, nb, ks, group, groups)
+    count = per_name[:, 0]
+    names = name_group @ torch.stack([n_valid_names, name_found, name_found & (count[name_met] == count)], -1).double()
+    parts = torch.cat([(valid.double()[:, None] * run_group) @ each, (found.double()[:, None] * run_group) @ both,
+                       names, n_valid.T[:, :, None], duration[None, :, None].expand(len(ks), groups, 1)], -1)
+    out = (parts @ to_states).transpose(0, 1)  # integers in float64: exact whatever the order of the sums
     return out if grouped else out[0]
 
 
-def _count_agreement(truth: tuple, pred: tuple, k: int, n_valid: torch.Tensor, bin_group: torch.Tensor,
-                     groups: int) -> list[torch.Tensor]:
-    """(right, values, empty bins) [groups] of one kind of names at shift k: over the distinct (true bin, name) keys
-    of both sides, right where the two counts are equal; the compared bins with no key; each by the group of the
-    true bin's sequence (``bin_group``)."""
-    keys, sides = [], []
-    for side, (g, local, count, name, n_names) in enumerate((truth, pred)):
-        moved = k if side else -k  # a predicted event in bin j compares in true bin j - k; a true bin i needs i + k
-        keep = (g >= 0) & (local - moved >= 0) & (local - moved < count)
-        true_bin = g - k if side else g
-        keys.append((true_bin * n_names + name)[keep])
-        sides.append(torch.full_like(keys[-1], side))
-    n_names = truth[4]
-    both = torch.cat(keys)
-    distinct, inverse = torch.unique(both, return_inverse=True)
-    side = torch.cat(sides)
-    per = torch.zeros((len(distinct), 2), dtype=torch.long, device=both.device).index_put_(
-        (inverse, side), torch.ones_like(side), accumulate=True)
-    key_group = bin_group.index_select(0, torch.div(distinct, n_names, rounding_mode="floor"))
-    named_bins = torch.unique(torch.div(distinct, n_names, rounding_mode="floor"))
-    sums = torch.zeros((3, groups), dtype=torch.float64, device=both.device)
-    sums[0].index_add_(0, key_group, (per[:, 0] == per[:, 1]).double())
-    sums[1].index_add_(0, key_group, torch.ones_like(key_group, dtype=torch.float64))
-    sums[2].index_add_(0, bin_group.index_select(0, named_bins), torch.ones_like(named_bins, dtype=torch.float64))
-    return [sums[0], sums[1], n_valid - sums[2]]
+# the columns of `d2e_states`' parts: (column, state, sign); each state is a sum of its columns
+_PARTS = (  # over the valid runs of (bin, side): a move; the true / predicted x, y, their squares and |x|, |y|; ...
+    (0, "move_bins", 1), (1, "sum_tx", 1), (2, "sum_px", 1), (3, "sum_ty", 1), (4, "sum_py", 1), (5, "sum_tx2", 1),
+    (6, "sum_px2", 1), (7, "sum_ty2", 1), (8, "sum_py2", 1), (9, "abs_tx", 1), (10, "abs_px", 1), (11, "abs_ty", 1),
+    (12, "abs_py", 1),
+    (13, "button_values", 1), (14, "button_empty_bins", -1), (15, "key_empty_bins", -1),  # names; a name; a key
+    # over the true runs that met a predicted one: both moved (counted twice above), both saw a button name, it
+    # counted the same, both saw a name, both a key, the products x and y
+    (16, "move_bins", -1), (17, "button_values", -1), (18, "button_right", 1), (19, "button_empty_bins", 1),
+    (20, "key_empty_bins", 1), (21, "sum_txpx", 1), (22, "sum_typy", 1),
+    # key names: valid runs, true runs that met one (counted twice), with the same count
+    (23, "key_values", 1), (24, "key_values", -1), (25, "key_right", 1),
+    (26, "num_bins", 1), (26, "button_empty_bins", 1), (26, "key_empty_bins", 1), (27, "duration_ns", 1))
+
+
+@functools.lru_cache(maxsize=None)
+def _constants(shifts: tuple, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The shifts [S] and the map from `d2e_states`' parts to `STATES` [28, len(STATES)] on ``device``; cached (no
+    copy to a GPU per update)."""
+    to_states = torch.zeros((1 + max(c for c, _, _ in _PARTS), len(STATES)), dtype=torch.float64)
+    for column, state, sign in _PARTS:
+        to_states[column, S[state]] = sign
+    return torch.tensor(shifts, dtype=torch.long).to(device), to_states.to(device)
+
+
+def _runs(key: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(keys [n + 1], sums [n + 1, c])``: the runs of equal keys of ``key`` [n] sorted, at most n: each one's key
+    (ascending; `_NO_RUN` past the last run) and the sums of ``values`` [n, c] over its entries."""
+    key, order = torch.sort(key)
+    new = torch.ones_like(key, dtype=torch.bool)
+    new[1:] = key[1:] != key[:-1]
+    run = new.cumsum(0) - 1
+    keys = torch.full((len(key) + 1,), _NO_RUN, dtype=torch.long, device=key.device).scatter_(0, run, key)
+    return keys, values.new_zeros((len(key) + 1, values.shape[1])).index_add_(0, run, values.index_select(0, order))
+
+
+def _meet(keys: torch.Tensor, name_bits: int, offsets: torch.Tensor, nb: torch.Tensor, ks: torch.Tensor,
+          group: torch.Tensor, groups: int) -> tuple[torch.Tensor, ...]:
+    """Runs of `_runs` with keys ``((bin << name_bits) + name) * 2 + side`` (side 0 true, 1 predicted) at each shift
+    k of ``ks`` [S]: ``valid`` [S, runs] (a true run of bin i of a sequence with a bin i + k, a predicted run of bin j
+    with a bin j - k), ``found`` [S, runs] (a valid true run of bin i with a predicted run of bin i + k and the same
+    name), ``met`` [S, runs] (that run), and each run's sequence's group [groups, runs] (one-hot, float64)."""
+    real, side = keys != _NO_RUN, keys.remainder(2)
+    at_bin = keys >> (1 + name_bits)
+    seq = (torch.searchsorted(offsets, at_bin, right=True) - 1).clamp(min=0)  # the sequence whose bins hold it
+    moved = at_bin - offsets.index_select(0, seq) + ks[:, None] * (1 - 2 * side)
+    valid = real & (moved >= 0) & (moved < nb.index_select(0, seq))
+    true_valid = valid & (side == 0)
+    wanted = torch.where(true_valid, keys + ks[:, None] * (2 << name_bits) + 1, -1)
+    met = torch.searchsorted(keys, wanted)  # < len(keys): the last key is _NO_RUN
+    found = true_valid & (keys[met] == wanted)
+    return valid, found, met, (group.index_select(0, seq) == torch.arange(groups, device=keys.device)[:, None]).double()
 
 
 def d2e_keys(states: torch.Tensor, empty_bins_as_correct: bool = False, shifts: Sequence[int] = (0,),
@@ -287,12 +314,10 @@ def batch_events(batch, window_ns: int) -> tuple[D2EEvents, D2EEvents, torch.Ten
     start, end = torch.where(end > low, start, 0), torch.where(end > low, end, 0)  # no valid target: no bins
     sides = []
     for f, s, ok, ns in ((t, seq, t_ok, t_ns), (p, p_seq, p_ok, p_ns)):
-        key = (ok & (f.category == int(Category.KEYBOARD))).nonzero().squeeze(1)
-        mouse = (ok & ((f.category == int(Category.MOUSE_OP)) | (f.category == int(Category.MOUSE_NOP)))).nonzero(
-        ).squeeze(1)
-        pick = lambda x, at: x.index_select(0, at).long()  # noqa: E731
-        sides.append(D2EEvents(pick(s, key), pick(ns, key), pick(f.vk * 2 + f.action, key), pick(s, mouse),
-                               pick(ns, mouse), pick(f.dx, mouse), pick(f.dy, mouse), pick(f.button_flags, mouse)))
+        key = f.category == int(Category.KEYBOARD)
+        mouse = (f.category == int(Category.MOUSE_OP)) | (f.category == int(Category.MOUSE_NOP))
+        sides.append(D2EEvents(s, ns.long(), key, (f.vk * 2 + f.action).long(), f.dx.long(), f.dy.long(),
+                               f.button_flags.long(), ok & (key | mouse)))
     return sides[0], sides[1], start, end
 
 
