@@ -35,7 +35,7 @@ S = {name: i for i, name in enumerate(STATES)}
 # RawMouseEvent.ButtonFlags: left, right, middle (down, up); the names upstream counts (bit i of button_flags)
 BUTTONS = (("left_down", 0x001), ("left_up", 0x002), ("right_down", 0x004), ("right_up", 0x008),
            ("middle_down", 0x010), ("middle_up", 0x020))
-_KEY_NAME_BITS = 20  # key name codes (vk * 2 + action) below 2**20: one int64 ((bin, name), side) key
+_NAME_BITS = 20  # key name codes (vk * 2 + action) + 1 below 2**20, bins below 2**42: one int64 key per entry
 _NO_RUN = torch.iinfo(torch.long).max  # the sort key of an event that counts nowhere, and of the runs past the last
 KEY_PREFIX = "d2e"
 
@@ -115,92 +115,98 @@ def d2e_states(truth: D2EEvents, pred: D2EEvents, start_ns: torch.Tensor, end_ns
         return torch.zeros((groups, len(ks), len(STATES)) if grouped else (len(ks), len(STATES)), dtype=torch.float64,
                            device=device)
     ev = D2EEvents(*(torch.cat([getattr(truth, f.name), getattr(pred, f.name)]) for f in fields(D2EEvents)))
-    seq, side = ev.seq.long(), (torch.arange(len(ev.ns), device=device) >= len(truth.ns)).long()
-    start, end, first_bin = torch.stack([start_ns, end_ns, offsets], 1).index_select(0, seq).unbind(1)
+    side = (torch.arange(len(ev.ns), device=device) >= len(truth.ns)).long()
+    start, end, first_bin = torch.stack([start_ns, end_ns, offsets], 1).index_select(0, ev.seq).unbind(1)
     inside = ev.counts & (ev.ns >= start) & (ev.ns < end)
     at_bin = first_bin + torch.div(ev.ns - start, bin_ns, rounding_mode="floor")
     mouse, key = inside & ~ev.is_key, inside & ev.is_key
     move = mouse & (ev.button_flags == 0)
     bits = ((ev.button_flags[:, None] >> torch.arange(len(BUTTONS), device=device)) & 1).bool() & mouse[:, None]
-    # the runs of (bin, side): the moves' dx and dy sums, the moves, each button name's count, the keyboard events
-    bin_keys, per_bin = _runs(torch.where(inside, at_bin * 2 + side, _NO_RUN), torch.cat(
-        [torch.stack([torch.where(move, ev.dx, 0), torch.where(move, ev.dy, 0), move.long()], 1), bits.long(),
-         key.long()[:, None]], 1).double())
-    valid, found, met, run_group = _meet(bin_keys, 0, offsets, nb, ks, group, groups)
-    mine, other = per_bin[None], per_bin[met]  # [shifts, runs, 10]: the run, the predicted run its true one met
-    own_b, other_b = mine[..., 3:9] > 0, other[..., 3:9] > 0
-    xy, sides = per_bin[:, :2], torch.stack([1 - bin_keys.remainder(2), bin_keys.remainder(2)], 1).double()
-    each = torch.cat([per_bin[:, 2:3] > 0, (torch.cat([xy, xy * xy, xy.abs()], 1)[:, :, None] * sides[:, None]
-                                             ).flatten(1), own_b[0].sum(1, keepdim=True), own_b[0].any(1, keepdim=True),
-                      per_bin[:, 9:10] > 0], 1).double()  # [runs, 16]
-    both = torch.cat([torch.stack([(mine[..., 2] > 0) & (other[..., 2] > 0), (own_b & other_b).sum(-1),
-                                   ((mine[..., 3:9] == other[..., 3:9]) & own_b).sum(-1),
-                                   own_b.any(-1) & other_b.any(-1), (mine[..., 9] > 0) & (other[..., 9] > 0)], -1),
-                      mine[..., :2] * other[..., :2]], -1).double()  # [shifts, runs, 7]
-    # the runs of (bin, key name, side): each one's count
-    name_keys, per_name = _runs(torch.where(key, ((at_bin << _KEY_NAME_BITS) + ev.key_code) * 2 + side, _NO_RUN),
-                                key.double()[:, None])
-    n_valid_names, name_found, name_met, name_group = _meet(name_keys, _KEY_NAME_BITS, offsets, nb, ks, group, groups)
-    count = per_name[:, 0]
-    names = name_group @ torch.stack([n_valid_names, name_found, name_found & (count[name_met] == count)], -1).double()
-    parts = torch.cat([(valid.double()[:, None] * run_group) @ each, (found.double()[:, None] * run_group) @ both,
-                       names, n_valid.T[:, :, None], duration[None, :, None].expand(len(ks), groups, 1)], -1)
+    # each event's entry of its (bin, side): dx, dy, a move, its button names, a keyboard event; and a keyboard
+    # event's second entry, of its (bin, key name, side): a name (`_VALUES`)
+    entry = torch.cat([torch.stack([torch.where(move, ev.dx, 0), torch.where(move, ev.dy, 0), move], 1), bits,
+                       key[:, None]], 1)
+    bin_key = torch.where(inside, (at_bin << _NAME_BITS + 1) + side, _NO_RUN)
+    keys, runs = _runs(torch.cat([bin_key, torch.where(key, bin_key + (ev.key_code + 1) * 2, _NO_RUN)]), torch.cat(
+        [torch.nn.functional.pad(entry, (0, 1)), torch.nn.functional.pad(key[:, None], (len(_VALUES) - 1, 0))]))
+    valid, found, met, run_group = _meet(keys, offsets, nb, ks, group, groups)
+    at = runs[met]  # [shifts, runs, values]: the predicted run a true one met
+    dxy, has, has_at = runs[:, :2], runs[:, 2:] > 0, at[..., 2:] > 0
+    button, button_at = has[:, 1:1 + len(BUTTONS)].any(1), has_at[..., 1:1 + len(BUTTONS)].any(-1)
+    each = torch.cat([dxy, dxy * dxy, dxy.abs(), has, button[:, None]], 1)  # `_EACH`
+    both = torch.cat([has & has_at, (runs[:, 3:] == at[..., 3:]) & has[:, 1:], (button & button_at)[..., None],
+                      dxy * at[..., :2]], -1)  # `_BOTH`
+    parts = torch.cat([((valid[:, None] * run_group) @ each).view(len(ks), groups, -1),
+                       (found[:, None] * run_group.view(groups, 2, -1).sum(1)) @ both,
+                       n_valid.T[:, :, None], duration[None, :, None].expand(len(ks), groups, 1)], -1)
     out = (parts @ to_states).transpose(0, 1)  # integers in float64: exact whatever the order of the sums
     return out if grouped else out[0]
 
 
-# the columns of `d2e_states`' parts: (column, state, sign); each state is a sum of its columns
-_PARTS = (  # over the valid runs of (bin, side): a move; the true / predicted x, y, their squares and |x|, |y|; ...
-    (0, "move_bins", 1), (1, "sum_tx", 1), (2, "sum_px", 1), (3, "sum_ty", 1), (4, "sum_py", 1), (5, "sum_tx2", 1),
-    (6, "sum_px2", 1), (7, "sum_ty2", 1), (8, "sum_py2", 1), (9, "abs_tx", 1), (10, "abs_px", 1), (11, "abs_ty", 1),
-    (12, "abs_py", 1),
-    (13, "button_values", 1), (14, "button_empty_bins", -1), (15, "key_empty_bins", -1),  # names; a name; a key
-    # over the true runs that met a predicted one: both moved (counted twice above), both saw a button name, it
-    # counted the same, both saw a name, both a key, the products x and y
-    (16, "move_bins", -1), (17, "button_values", -1), (18, "button_right", 1), (19, "button_empty_bins", 1),
-    (20, "key_empty_bins", 1), (21, "sum_txpx", 1), (22, "sum_typy", 1),
-    # key names: valid runs, true runs that met one (counted twice), with the same count
-    (23, "key_values", 1), (24, "key_values", -1), (25, "key_right", 1),
-    (26, "num_bins", 1), (26, "button_empty_bins", 1), (26, "key_empty_bins", 1), (27, "duration_ns", 1))
+# the values of an entry of `d2e_states` (integers), summed over each run of one key
+_VALUES = ("dx", "dy", "move", *(name for name, _ in BUTTONS), "key", "name")
+# a valid run's columns (by side: name_t, name_p): x, y, their squares and absolute values; a move, each button name,
+# a keyboard event, a key name; a button name
+_EACH = ("dx", "dy", "dx2", "dy2", "adx", "ady", *(f"has_{name}" for name in _VALUES[2:]), "button")
+# a true run's that met a predicted one: both had (a move, each button name, a key, the key name), the same count
+# (each button name, keys, the key name), both had a button name; the products of x and of y
+_BOTH = (*(f"both_{name}" for name in _VALUES[2:]), *(f"same_{name}" for name in _VALUES[3:]), "both_button",
+         "dxdx", "dydy")
+_PARTS = (*(f"{name}_{s}" for s in "tp" for name in _EACH), *_BOTH, "n_valid", "duration")
+_BUTTON_SUMS = " ".join(f"+has_{name}_t +has_{name}_p -both_{name}" for name, _ in BUTTONS)
+_STATE_PARTS = {  # each state as a sum of `_PARTS` columns (both sides' runs count one met pair twice)
+    "num_bins": "+n_valid", "duration_ns": "+duration", "move_bins": "+has_move_t +has_move_p -both_move",
+    **{f"{s}_{side}{axis}{sq}": f"+d{axis}{sq}_{side}" for s, sq in (("sum", ""), ("sum", "2"))
+       for axis in "xy" for side in "tp"},
+    **{f"abs_{side}{axis}": f"+ad{axis}_{side}" for axis in "xy" for side in "tp"},
+    "sum_txpx": "+dxdx", "sum_typy": "+dydy",
+    "button_right": " ".join(f"+same_{name}" for name, _ in BUTTONS), "button_values": _BUTTON_SUMS,
+    "button_empty_bins": "+n_valid -button_t -button_p +both_button",
+    "key_right": "+same_name", "key_values": "+has_name_t +has_name_p -both_name",
+    "key_empty_bins": "+n_valid -has_key_t -has_key_p +both_key"}
 
 
 @functools.lru_cache(maxsize=None)
 def _constants(shifts: tuple, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The shifts [S] and the map from `d2e_states`' parts to `STATES` [28, len(STATES)] on ``device``; cached (no
-    copy to a GPU per update)."""
-    to_states = torch.zeros((1 + max(c for c, _, _ in _PARTS), len(STATES)), dtype=torch.float64)
-    for column, state, sign in _PARTS:
-        to_states[column, S[state]] = sign
+    """The shifts [S] and the map from `d2e_states`' parts to `STATES` [len(_PARTS), len(STATES)] on ``device``;
+    cached (no copy to a GPU per update)."""
+    to_states = torch.zeros((len(_PARTS), len(STATES)), dtype=torch.float64)
+    for state, terms in _STATE_PARTS.items():
+        for term in terms.split():
+            to_states[_PARTS.index(term[1:]), S[state]] += 1 if term[0] == "+" else -1
     return torch.tensor(shifts, dtype=torch.long).to(device), to_states.to(device)
 
 
 def _runs(key: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(keys [n + 1], sums [n + 1, c])``: the runs of equal keys of ``key`` [n] sorted, at most n: each one's key
-    (ascending; `_NO_RUN` past the last run) and the sums of ``values`` [n, c] over its entries."""
+    (ascending; `_NO_RUN` past the last run) and the sums of ``values`` [n, c] over its entries (float64)."""
     key, order = torch.sort(key)
     new = torch.ones_like(key, dtype=torch.bool)
     new[1:] = key[1:] != key[:-1]
     run = new.cumsum(0) - 1
     keys = torch.full((len(key) + 1,), _NO_RUN, dtype=torch.long, device=key.device).scatter_(0, run, key)
-    return keys, values.new_zeros((len(key) + 1, values.shape[1])).index_add_(0, run, values.index_select(0, order))
+    sums = torch.zeros((len(key) + 1, values.shape[1]), dtype=torch.float64, device=key.device)
+    return keys, sums.index_add_(0, run, values.index_select(0, order).double())
 
 
-def _meet(keys: torch.Tensor, name_bits: int, offsets: torch.Tensor, nb: torch.Tensor, ks: torch.Tensor,
-          group: torch.Tensor, groups: int) -> tuple[torch.Tensor, ...]:
-    """Runs of `_runs` with keys ``((bin << name_bits) + name) * 2 + side`` (side 0 true, 1 predicted) at each shift
-    k of ``ks`` [S]: ``valid`` [S, runs] (a true run of bin i of a sequence with a bin i + k, a predicted run of bin j
-    with a bin j - k), ``found`` [S, runs] (a valid true run of bin i with a predicted run of bin i + k and the same
-    name), ``met`` [S, runs] (that run), and each run's sequence's group [groups, runs] (one-hot, float64)."""
-    real, side = keys != _NO_RUN, keys.remainder(2)
-    at_bin = keys >> (1 + name_bits)
+def _meet(keys: torch.Tensor, offsets: torch.Tensor, nb: torch.Tensor, ks: torch.Tensor, group: torch.Tensor,
+          groups: int) -> tuple[torch.Tensor, ...]:
+    """Runs of `_runs` with keys ``((bin << _NAME_BITS) + name) * 2 + side`` (side 0 true, 1 predicted; bin: all
+    sequences' bins numbered in a row), at each shift k of ``ks`` [S]: ``valid`` [S, runs] (a true run of bin i of a
+    sequence with a bin i + k, a predicted run of bin j with a bin j - k), ``found`` [S, runs] (a valid true run of
+    bin i with a predicted run of bin i + k and the same name), ``met`` [S, runs] (that run), all float64 but
+    ``met``, and each run's group and side [2 * groups, runs] (one-hot)."""
+    real, side = keys != _NO_RUN, keys & 1
+    at_bin = keys >> _NAME_BITS + 1
     seq = (torch.searchsorted(offsets, at_bin, right=True) - 1).clamp(min=0)  # the sequence whose bins hold it
     moved = at_bin - offsets.index_select(0, seq) + ks[:, None] * (1 - 2 * side)
     valid = real & (moved >= 0) & (moved < nb.index_select(0, seq))
     true_valid = valid & (side == 0)
-    wanted = torch.where(true_valid, keys + ks[:, None] * (2 << name_bits) + 1, -1)
+    wanted = torch.where(true_valid, keys + ks[:, None] * (2 << _NAME_BITS) + 1, -1)
     met = torch.searchsorted(keys, wanted)  # < len(keys): the last key is _NO_RUN
     found = true_valid & (keys[met] == wanted)
-    return valid, found, met, (group.index_select(0, seq) == torch.arange(groups, device=keys.device)[:, None]).double()
+    run_group = group.index_select(0, seq) * 2 + side == torch.arange(2 * groups, device=keys.device)[:, None]
+    return valid.double(), found.double(), met, run_group.double()
 
 
 def d2e_keys(states: torch.Tensor, empty_bins_as_correct: bool = False, shifts: Sequence[int] = (0,),
