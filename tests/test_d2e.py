@@ -119,14 +119,16 @@ def test_mcap_route_equals_the_protocol_on_synthetic_pairs(tmp_path, bin_ms):
     assert keys["d2e/num_bins"] == -(-2345 // bin_ms)
 
 
-def test_bins_of_many_sequences_in_fixed_shapes_equal_the_protocol_per_sequence():
+def test_bins_of_many_sequences_in_fixed_shapes_equal_the_protocol_per_sequence(monkeypatch):
     """Issue 34: the torch bins of several sequences at once, each its own group (a tag), with no host read (the
     counter of scripts/count_ops.py sees none): each group's keys at every shift equal the protocol over that
     sequence alone (the oracle), the ungrouped sums the groups' sums. The sequences: ranges on their own axes (one
     at negative times, one empty, one that ends inside a bin), events outside the ranges and exactly at their ends,
     several button bits in one message, wheel messages, a side with no events in a sequence, key names colliding
-    across sequences and bins, and events that do not count (left out of the oracle)."""
+    across sequences and bins, and events that do not count (left out of the oracle). In blocks (a long recording's
+    size), the same sums."""
     from count_ops import SyncCounter
+    from owa_metrics.functional import d2e as d2e_module
     from owa_metrics.functional.d2e import D2EEvents, d2e_states
 
     rng = np.random.default_rng(7)
@@ -166,6 +168,9 @@ def test_bins_of_many_sequences_in_fixed_shapes_equal_the_protocol_per_sequence(
         pooled = d2e_states(*sides, start, end, bin_ms * MS, shifts)
     assert syncs.total == 0, dict(syncs.calls)
     assert torch.equal(pooled, by_group.sum(0))
+    monkeypatch.setattr(d2e_module, "_PAIRS", 50)  # long recordings: blocks of (shift, run) pairs, a few shifts each
+    assert torch.equal(d2e_states(*sides, start, end, bin_ms * MS, shifts, torch.arange(len(ranges)), len(ranges)),
+                       by_group)
     for b, (lo, hi) in enumerate(ranges):
         if hi <= lo:
             assert not by_group[b].any()

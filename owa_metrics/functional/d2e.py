@@ -25,6 +25,7 @@ from dataclasses import dataclass, fields
 from typing import Optional, Sequence
 
 import torch
+import torch.nn.functional as F
 
 STATES = ("num_bins", "duration_ns", "move_bins",
           "sum_tx", "sum_px", "sum_tx2", "sum_px2", "sum_txpx",
@@ -35,7 +36,8 @@ S = {name: i for i, name in enumerate(STATES)}
 # RawMouseEvent.ButtonFlags: left, right, middle (down, up); the names upstream counts (bit i of button_flags)
 BUTTONS = (("left_down", 0x001), ("left_up", 0x002), ("right_down", 0x004), ("right_up", 0x008),
            ("middle_down", 0x010), ("middle_up", 0x020))
-_NAME_BITS = 20  # key name codes (vk * 2 + action) + 1 below 2**20, bins below 2**42: one int64 key per entry
+_NAME_BITS = 20  # key name codes (vk * 2 + action) + 1 below 2**20, bins below 2**42: one int64 key per event
+_NAMES = 1 << _NAME_BITS
 _NO_RUN = torch.iinfo(torch.long).max  # the sort key of an event that counts nowhere, and of the runs past the last
 KEY_PREFIX = "d2e"
 
@@ -98,9 +100,9 @@ def d2e_states(truth: D2EEvents, pred: D2EEvents, start_ns: torch.Tensor, end_ns
 
     Torch ops on the events' device in shapes known without a read (the numbers of events, sequences, shifts and
     groups): no host sync. The bins of all sequences are numbered in a row; both sides' events are sorted by
-    (bin, side), and the keyboard events by (bin, key name, side); each run of one key is summed (its moves' dx and
-    dy, its moves, its count of each button name, its keyboard events; a key name's count), and a true run of bin i
-    finds the predicted run of bin i + k by a binary search."""
+    (bin, side, name) (name: 0 for a mouse event, its key name + 1 for a keyboard one), each run of one such key
+    summed (`_VALUES`), and a true run of bin i meets the predicted run of bin i + k (same name) by a binary search.
+    Bins below 2**42, key names (vk * 2 + action) below 2**20 - 1."""
     device = start_ns.device
     grouped, group = group is not None, (group if group is not None else torch.zeros_like(start_ns)).long()
     start_ns, end_ns = start_ns.long(), end_ns.long()
@@ -108,12 +110,13 @@ def d2e_states(truth: D2EEvents, pred: D2EEvents, start_ns: torch.Tensor, end_ns
     nb = num_bins(start_ns, end_ns, bin_ns)
     offsets = nb.cumsum(0) - nb  # each sequence's first bin in the numbering of all bins
     in_group = (group == torch.arange(groups, device=device)[:, None]).double()  # [groups, B]
-    n_valid = in_group @ (nb[:, None] - ks.abs()).clamp(min=0).double()  # [groups, shifts]: the bins compared
-    duration = in_group @ (end_ns - start_ns).clamp(min=0).double()
+    per_seq = in_group @ torch.cat([(nb[:, None] - ks.abs()).clamp(min=0), (end_ns - start_ns).clamp(min=0)[:, None]],
+                                   1).double()  # [groups, shifts + 1]: the bins compared at each shift, the duration
+    parts = torch.zeros((len(ks), groups, len(_PARTS)), dtype=torch.float64, device=device)
+    parts[..., -2:] = torch.stack([per_seq[:, :-1].T, per_seq[:, -1:].T.expand(len(ks), groups)], -1)
+    if len(start_ns) == 0 or len(truth.ns) + len(pred.ns) == 0:
+        return _by_state(parts, to_states, grouped)
 
-    if len(start_ns) == 0:
-        return torch.zeros((groups, len(ks), len(STATES)) if grouped else (len(ks), len(STATES)), dtype=torch.float64,
-                           device=device)
     ev = D2EEvents(*(torch.cat([getattr(truth, f.name), getattr(pred, f.name)]) for f in fields(D2EEvents)))
     side = (torch.arange(len(ev.ns), device=device) >= len(truth.ns)).long()
     start, end, first_bin = torch.stack([start_ns, end_ns, offsets], 1).index_select(0, ev.seq).unbind(1)
@@ -121,49 +124,80 @@ def d2e_states(truth: D2EEvents, pred: D2EEvents, start_ns: torch.Tensor, end_ns
     at_bin = first_bin + torch.div(ev.ns - start, bin_ns, rounding_mode="floor")
     mouse, key = inside & ~ev.is_key, inside & ev.is_key
     move = mouse & (ev.button_flags == 0)
-    bits = ((ev.button_flags[:, None] >> torch.arange(len(BUTTONS), device=device)) & 1).bool() & mouse[:, None]
-    # each event's entry of its (bin, side): dx, dy, a move, its button names, a keyboard event; and a keyboard
-    # event's second entry, of its (bin, key name, side): a name (`_VALUES`)
-    entry = torch.cat([torch.stack([torch.where(move, ev.dx, 0), torch.where(move, ev.dy, 0), move], 1), bits,
-                       key[:, None]], 1)
-    bin_key = torch.where(inside, (at_bin << _NAME_BITS + 1) + side, _NO_RUN)
-    keys, runs = _runs(torch.cat([bin_key, torch.where(key, bin_key + (ev.key_code + 1) * 2, _NO_RUN)]), torch.cat(
-        [torch.nn.functional.pad(entry, (0, 1)), torch.nn.functional.pad(key[:, None], (len(_VALUES) - 1, 0))]))
-    valid, found, met, run_group = _meet(keys, offsets, nb, ks, group, groups)
-    at = runs[met]  # [shifts, runs, values]: the predicted run a true one met
-    dxy, has, has_at = runs[:, :2], runs[:, 2:] > 0, at[..., 2:] > 0
-    button, button_at = has[:, 1:1 + len(BUTTONS)].any(1), has_at[..., 1:1 + len(BUTTONS)].any(-1)
-    each = torch.cat([dxy, dxy * dxy, dxy.abs(), has, button[:, None]], 1)  # `_EACH`
-    both = torch.cat([has & has_at, (runs[:, 3:] == at[..., 3:]) & has[:, 1:], (button & button_at)[..., None],
-                      dxy * at[..., :2]], -1)  # `_BOTH`
-    parts = torch.cat([((valid[:, None] * run_group) @ each).view(len(ks), groups, -1),
-                       (found[:, None] * run_group.view(groups, 2, -1).sum(1)) @ both,
-                       n_valid.T[:, :, None], duration[None, :, None].expand(len(ks), groups, 1)], -1)
+    bits = ((ev.button_flags[:, None] >> torch.arange(len(BUTTONS), device=device)) & 1) * mouse[:, None]
+    keys, runs = _runs(torch.where(inside, (at_bin * 2 + side) * _NAMES + torch.where(ev.is_key, ev.key_code + 1, 0),
+                                   _NO_RUN),
+                       torch.cat([move[:, None], bits, bits.any(1, keepdim=True), key[:, None], torch.stack(
+                           [ev.dx * move, ev.dy * move], 1)], 1))
+    # each run: its side, sequence (whose bins hold its bin), place in the sequence, group and side; the first of
+    # its bin and side among the key names' runs (the runs of one bin and side: the mouse's, then the names')
+    real, name, bin_side = keys != _NO_RUN, keys & (_NAMES - 1), keys >> _NAME_BITS
+    side, at_bin = bin_side & 1, bin_side >> 1
+    seq = (torch.searchsorted(offsets, at_bin, right=True) - 1).clamp(min=0)
+    local, count = at_bin - offsets.index_select(0, seq), nb.index_select(0, seq)
+    run_group = (group.index_select(0, seq) * 2 + side == torch.arange(2 * groups, device=device)[:, None]).double()
+    first_name = (name > 0) & real & ((bin_side != F.pad(bin_side[:-1], (1, 0), value=-1)) |
+                                      (F.pad(name[:-1], (1, 0)) == 0))
+    has, xy = (runs > 0)[:, :-2].double(), runs[:, -2:]  # [runs, 9]: a move, each button name, any, a key name
+    each = torch.cat([has, xy, runs[:, 1:-2], xy * xy, xy.abs(), first_name.double()[:, None]], 1)  # `_EACH`
+    n = len(keys)  # blocks of (shift, run) pairs of bounded size: one block at training sizes
+    block = min(n, _PAIRS)
+    per = max(1, _PAIRS // block)
+    for s0 in range(0, len(ks), per):
+        k = ks[s0:s0 + per, None]
+        for r0 in range(0, n, block):
+            r = slice(r0, r0 + block)
+            moved = local[r] + k * (1 - 2 * side[r])
+            valid = real[r] & (moved >= 0) & (moved < count[r])
+            true_valid = valid & (side[r] == 0)
+            wanted = torch.where(true_valid, keys[r] + (2 * k + 1) * _NAMES, -1)
+            met = torch.searchsorted(keys, wanted)  # < n: the last key is _NO_RUN
+            found = true_valid & (keys.take(met) == wanted)
+            # a true key name's first run of its bin i: does the prediction have a key name in bin i + k?
+            first_wanted = torch.where(true_valid & first_name[r], (bin_side[r] + 2 * k + 1) * _NAMES + 1, -1)
+            names_met = keys.take(torch.searchsorted(keys, first_wanted)) >> _NAME_BITS == first_wanted >> _NAME_BITS
+            flat, truth_group = met.flatten(), run_group[::2, r]
+            met_found = found.double()[:, None] * truth_group  # [shifts, groups, runs]
+            other = each.index_select(0, flat).view(*met.shape, -1)
+            parts[s0:s0 + per, :, :-2] += torch.cat([
+                ((valid.double()[:, None] * run_group[:, r]) @ each[r]).view(len(k), groups, -1),
+                met_found @ (each[r, :11] * other[..., :11]),
+                met_found @ ((each[r, 11:19] == other[..., 11:19]) * has[r, 1:]),
+                (names_met.double()[:, None] * truth_group).sum(-1, keepdim=True)], -1)
+    return _by_state(parts, to_states, grouped)
+
+
+def _by_state(parts: torch.Tensor, to_states: torch.Tensor, grouped: bool) -> torch.Tensor:
     out = (parts @ to_states).transpose(0, 1)  # integers in float64: exact whatever the order of the sums
     return out if grouped else out[0]
 
 
-# the values of an entry of `d2e_states` (integers), summed over each run of one key
-_VALUES = ("dx", "dy", "move", *(name for name, _ in BUTTONS), "key", "name")
-# a valid run's columns (by side: name_t, name_p): x, y, their squares and absolute values; a move, each button name,
-# a keyboard event, a key name; a button name
-_EACH = ("dx", "dy", "dx2", "dy2", "adx", "ady", *(f"has_{name}" for name in _VALUES[2:]), "button")
-# a true run's that met a predicted one: both had (a move, each button name, a key, the key name), the same count
-# (each button name, keys, the key name), both had a button name; the products of x and of y
-_BOTH = (*(f"both_{name}" for name in _VALUES[2:]), *(f"same_{name}" for name in _VALUES[3:]), "both_button",
-         "dxdx", "dydy")
+# the values summed over a run of (bin, side, name) (integers): its moves, its count of each button name and of
+# events with any (mouse: name 0), its keyboard events (a key name's run), dx and dy of its moves
+_VALUES = ("move", *(name for name, _ in BUTTONS), "button", "name", "dx", "dy")
+# a valid run's columns (by side: name_t, name_p): whether it has each of `_VALUES` but x, y; x, y; its counts (unused;
+# a met pair compares them); the squares and absolute values of x, y; the first key name's run of its bin and side
+# (its bin has a key name)
+_EACH = (*(f"has_{name}" for name in _VALUES[:-2]), "dx", "dy", *(f"n_{name}" for name in _VALUES[1:-2]), "dx2", "dy2",
+         "adx", "ady", "key")
+# a valid true run's that met a predicted one (same bin + k and name): both have each of `_VALUES` but x, y; the
+# products x x', y y'; the same count of each (one of them unused: any button); and: the prediction has a key name in
+# bin i + k where this run is its bin's first key name
+_BOTH = (*(f"both_{name}" for name in _VALUES[:-2]), "dxdx", "dydy", *(f"same_{name}" for name in _VALUES[1:-2]),
+         "both_key")
 _PARTS = (*(f"{name}_{s}" for s in "tp" for name in _EACH), *_BOTH, "n_valid", "duration")
-_BUTTON_SUMS = " ".join(f"+has_{name}_t +has_{name}_p -both_{name}" for name, _ in BUTTONS)
-_STATE_PARTS = {  # each state as a sum of `_PARTS` columns (both sides' runs count one met pair twice)
+_STATE_PARTS = {  # each state as a sum of `_PARTS` columns (a true run that met a predicted one counts twice)
     "num_bins": "+n_valid", "duration_ns": "+duration", "move_bins": "+has_move_t +has_move_p -both_move",
     **{f"{s}_{side}{axis}{sq}": f"+d{axis}{sq}_{side}" for s, sq in (("sum", ""), ("sum", "2"))
        for axis in "xy" for side in "tp"},
     **{f"abs_{side}{axis}": f"+ad{axis}_{side}" for axis in "xy" for side in "tp"},
     "sum_txpx": "+dxdx", "sum_typy": "+dydy",
-    "button_right": " ".join(f"+same_{name}" for name, _ in BUTTONS), "button_values": _BUTTON_SUMS,
-    "button_empty_bins": "+n_valid -button_t -button_p +both_button",
+    "button_right": " ".join(f"+same_{name}" for name, _ in BUTTONS),
+    "button_values": " ".join(f"+has_{name}_t +has_{name}_p -both_{name}" for name, _ in BUTTONS),
+    "button_empty_bins": "+n_valid -has_button_t -has_button_p +both_button",
     "key_right": "+same_name", "key_values": "+has_name_t +has_name_p -both_name",
-    "key_empty_bins": "+n_valid -has_key_t -has_key_p +both_key"}
+    "key_empty_bins": "+n_valid -key_t -key_p +both_key"}
+_PAIRS = 1 << 20  # (shift, run) pairs a block of `d2e_states` holds at most
 
 
 @functools.lru_cache(maxsize=None)
@@ -187,26 +221,6 @@ def _runs(key: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.
     keys = torch.full((len(key) + 1,), _NO_RUN, dtype=torch.long, device=key.device).scatter_(0, run, key)
     sums = torch.zeros((len(key) + 1, values.shape[1]), dtype=torch.float64, device=key.device)
     return keys, sums.index_add_(0, run, values.index_select(0, order).double())
-
-
-def _meet(keys: torch.Tensor, offsets: torch.Tensor, nb: torch.Tensor, ks: torch.Tensor, group: torch.Tensor,
-          groups: int) -> tuple[torch.Tensor, ...]:
-    """Runs of `_runs` with keys ``((bin << _NAME_BITS) + name) * 2 + side`` (side 0 true, 1 predicted; bin: all
-    sequences' bins numbered in a row), at each shift k of ``ks`` [S]: ``valid`` [S, runs] (a true run of bin i of a
-    sequence with a bin i + k, a predicted run of bin j with a bin j - k), ``found`` [S, runs] (a valid true run of
-    bin i with a predicted run of bin i + k and the same name), ``met`` [S, runs] (that run), all float64 but
-    ``met``, and each run's group and side [2 * groups, runs] (one-hot)."""
-    real, side = keys != _NO_RUN, keys & 1
-    at_bin = keys >> _NAME_BITS + 1
-    seq = (torch.searchsorted(offsets, at_bin, right=True) - 1).clamp(min=0)  # the sequence whose bins hold it
-    moved = at_bin - offsets.index_select(0, seq) + ks[:, None] * (1 - 2 * side)
-    valid = real & (moved >= 0) & (moved < nb.index_select(0, seq))
-    true_valid = valid & (side == 0)
-    wanted = torch.where(true_valid, keys + ks[:, None] * (2 << _NAME_BITS) + 1, -1)
-    met = torch.searchsorted(keys, wanted)  # < len(keys): the last key is _NO_RUN
-    found = true_valid & (keys[met] == wanted)
-    run_group = group.index_select(0, seq) * 2 + side == torch.arange(2 * groups, device=keys.device)[:, None]
-    return valid.double(), found.double(), met, run_group.double()
 
 
 def d2e_keys(states: torch.Tensor, empty_bins_as_correct: bool = False, shifts: Sequence[int] = (0,),
