@@ -291,8 +291,9 @@ def best_shift(by_shift: dict[int, dict[str, float]]) -> Optional[int]:
 
 # ------------------------------------------------------------------------------------------ decoded token sequences
 def batch_events(batch, window_ns: int) -> tuple[D2EEvents, D2EEvents, torch.Tensor, torch.Tensor]:
-    """``(truth, pred, start_ns, end_ns)`` of a decoded `EventBatch`: each side's valid keyboard and mouse events on
-    the row's time axis, and each row's range.
+    """``(truth, pred, start_ns, end_ns)`` of a decoded `EventBatch`: each side's events on the row's time axis (all
+    of them, those that count: its valid keyboard and mouse events; nothing selected, no host read), and each row's
+    range.
 
     Times: with time pairing, the matching's absolute times (from the row's origin); otherwise the target's
     timestamps unwrapped along the row from its first valid target event (`unwrap_ns`), the generated ones likewise
