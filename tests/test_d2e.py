@@ -7,6 +7,8 @@ files' messages), on the real recordings and on synthetic pairs; the token route
 import contextlib
 import io
 import json
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,6 +23,7 @@ from owa_metrics.schema import Event
 from conftest import recording_paths
 from d2e_oracle import oracle, oracle_events, read_real, write_mcap
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))  # count_ops: the host reads
 MS = 1_000_000
 SHIFTS = tuple(range(-3, 4))
 
@@ -114,6 +117,70 @@ def test_mcap_route_equals_the_protocol_on_synthetic_pairs(tmp_path, bin_ms):
     assert "d2e/mouse_move/pearson_x" not in keys and "d2e/mouse_move/scale_ratio_x" not in keys  # no moves: none
     assert keys["d2e/duration_s"] == pytest.approx(2.345, abs=1e-12)
     assert keys["d2e/num_bins"] == -(-2345 // bin_ms)
+
+
+def test_bins_of_many_sequences_in_fixed_shapes_equal_the_protocol_per_sequence(monkeypatch):
+    """Issue 34: the torch bins of several sequences at once, each its own group (a tag), with no host read (the
+    counter of scripts/count_ops.py sees none): each group's keys at every shift equal the protocol over that
+    sequence alone (the oracle), the ungrouped sums the groups' sums. The sequences: ranges on their own axes (one
+    at negative times, one empty, one that ends inside a bin), events outside the ranges and exactly at their ends,
+    several button bits in one message, wheel messages, a side with no events in a sequence, key names colliding
+    across sequences and bins, and events that do not count (left out of the oracle). In blocks (a long recording's
+    size), the same sums."""
+    from count_ops import SyncCounter
+    from owa_metrics.functional import d2e as d2e_module
+    from owa_metrics.functional.d2e import D2EEvents, d2e_states
+
+    rng = np.random.default_rng(7)
+    bin_ms, shifts = 50, (-2, -1, 0, 1, 3)
+    ranges = [(0, 2_000 * MS), (-1_234 * MS, 1_001 * MS), (500 * MS, 500 * MS), (10 * MS, 437 * MS)]
+    sides, oracle_sides = [], []
+    for side in range(2):
+        cols, oracle_events_by_seq = {k: [] for k in ("seq", "ns", "is_key", "key_code", "dx", "dy", "flags", "ok")}, []
+        for b, (start, end) in enumerate(ranges):
+            events = []
+            n = 0 if (side, b) == (1, 3) else int(rng.integers(20, 80))
+            times = rng.integers(start - 200 * MS, max(end, start) + 200 * MS, n).tolist() + [start, end] * (n > 0)
+            for t in times:
+                r, ok = rng.random(), rng.random() > 0.1
+                if r < 0.35:
+                    vk, action = int(rng.choice([65, 66, 13])), int(rng.integers(2))
+                    row = (b, t, True, vk * 2 + action, 0, 0, 0, ok)
+                    d = ("keyboard", {"event_type": ["press", "release"][action], "vk": vk})
+                else:
+                    flags = int(rng.choice([0, 0, 0, 0x001, 0x002 | 0x004, 0x001 | 0x008 | 0x020, 0x010, 0x400, 0x800]))
+                    dx, dy = int(rng.integers(-30, 31)), int(rng.integers(-20, 21))
+                    row = (b, t, False, 0, dx, dy, flags, ok)
+                    d = ("mouse/raw", {"dx": dx, "dy": dy, "button_flags": flags})
+                for k, v in zip(cols, row):
+                    cols[k].append(v)
+                if ok:
+                    events.append((t, d[0], type("Decoded", (), d[1])()))
+            oracle_events_by_seq.append(events)
+        order = rng.permutation(len(cols["ns"]))  # any order of the events
+        t = {k: torch.tensor(v)[order] for k, v in cols.items()}
+        sides.append(D2EEvents(t["seq"], t["ns"], t["is_key"], t["key_code"], t["dx"], t["dy"], t["flags"], t["ok"]))
+        oracle_sides.append(oracle_events_by_seq)
+    start, end = (torch.tensor(x) for x in zip(*ranges))
+    d2e_states(*sides, start, end, bin_ms * MS, shifts)  # the shifts are copied to the device once (cached)
+    with SyncCounter(host_data=True) as syncs:
+        by_group = d2e_states(*sides, start, end, bin_ms * MS, shifts, torch.arange(len(ranges)), len(ranges))
+        pooled = d2e_states(*sides, start, end, bin_ms * MS, shifts)
+    assert syncs.total == 0, dict(syncs.calls)
+    assert torch.equal(pooled, by_group.sum(0))
+    monkeypatch.setattr(d2e_module, "_PAIRS", 50)  # long recordings: blocks of (shift, run) pairs, a few shifts each
+    assert torch.equal(d2e_states(*sides, start, end, bin_ms * MS, shifts, torch.arange(len(ranges)), len(ranges)),
+                       by_group)
+    for b, (lo, hi) in enumerate(ranges):
+        if hi <= lo:
+            assert not by_group[b].any()
+            continue
+        for empty in (False, True):
+            keys = d2e_keys(by_group[b], empty, shifts)
+            for k in shifts:
+                want = oracle_events(oracle_sides[0][b], oracle_sides[1][b], lo, hi, bin_ms, empty, shift=k)
+                assert keys["d2e/duration_s"] == want.pop("duration_s")
+                _same(_at_shift(keys, k), want)
 
 
 def test_a_hand_computed_pair(tmp_path):

@@ -19,11 +19,13 @@ in float64, exact below 2**53; they add across batches, files and ranks); `d2e_k
 
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Optional, Sequence
 
 import torch
+import torch.nn.functional as F
 
 STATES = ("num_bins", "duration_ns", "move_bins",
           "sum_tx", "sum_px", "sum_tx2", "sum_px2", "sum_txpx",
@@ -31,37 +33,43 @@ STATES = ("num_bins", "duration_ns", "move_bins",
           "abs_tx", "abs_px", "abs_ty", "abs_py",
           "button_right", "button_values", "button_empty_bins", "key_right", "key_values", "key_empty_bins")
 S = {name: i for i, name in enumerate(STATES)}
-# RawMouseEvent.ButtonFlags: left, right, middle (down, up); the names upstream counts
+# RawMouseEvent.ButtonFlags: left, right, middle (down, up); the names upstream counts (bit i of button_flags)
 BUTTONS = (("left_down", 0x001), ("left_up", 0x002), ("right_down", 0x004), ("right_up", 0x008),
            ("middle_down", 0x010), ("middle_up", 0x020))
-_BUTTON_BITS = torch.tensor([bit for _, bit in BUTTONS])
-_KEY_NAMES = 1 << 20  # key name codes (vk * 2 + action) below this: one int64 (bin, name) key
+_NAME_BITS = 20  # key name codes (vk * 2 + action) + 1 below 2**20, bins below 2**42: one int64 key per event
+_NAMES = 1 << _NAME_BITS
+_NO_RUN = torch.iinfo(torch.long).max  # the sort key of an event that counts nowhere, and of the runs past the last
 KEY_PREFIX = "d2e"
 
 
 @dataclass
 class D2EEvents:
-    """One side's events of B sequences (int64 [n] each): keyboard (its sequence, time in ns on the sequence's axis,
-    ``vk * 2 + action``, action 0 press / 1 release) and raw mouse (sequence, time, dx, dy, button_flags)."""
+    """One side's events of B sequences ([n] each): the sequence, the time in ns on the sequence's axis, whether it
+    is a keyboard event (else raw mouse), ``vk * 2 + action`` (keyboard; action 0 press / 1 release), dx, dy and
+    button_flags (mouse), and whether it counts (one that does not is ignored: fixed shapes, nothing selected)."""
 
-    key_seq: torch.Tensor
-    key_ns: torch.Tensor
+    seq: torch.Tensor
+    ns: torch.Tensor
+    is_key: torch.Tensor
     key_code: torch.Tensor
-    mouse_seq: torch.Tensor
-    mouse_ns: torch.Tensor
     dx: torch.Tensor
     dy: torch.Tensor
     button_flags: torch.Tensor
+    counts: torch.Tensor
 
     @classmethod
     def of(cls, key_ns, vk, action, mouse_ns, dx, dy, button_flags, key_seq=None, mouse_seq=None,
            device=None) -> "D2EEvents":
-        """From arrays (numpy or torch; one sequence when ``*_seq`` is None)."""
+        """From arrays of keyboard and of mouse events (numpy or torch; one sequence when ``*_seq`` is None)."""
         t = lambda x: torch.as_tensor(x, dtype=torch.long, device=device).reshape(-1)  # noqa: E731
         key_ns, mouse_ns = t(key_ns), t(mouse_ns)
-        return cls(t(key_seq) if key_seq is not None else torch.zeros_like(key_ns), key_ns, t(vk) * 2 + t(action),
-                   t(mouse_seq) if mouse_seq is not None else torch.zeros_like(mouse_ns), mouse_ns, t(dx), t(dy),
-                   t(button_flags))
+        seq = lambda s, ns: t(s) if s is not None else torch.zeros_like(ns)  # noqa: E731
+        no_key, no_mouse = torch.zeros_like(mouse_ns), torch.zeros_like(key_ns)
+        return cls(torch.cat([seq(key_seq, key_ns), seq(mouse_seq, mouse_ns)]), torch.cat([key_ns, mouse_ns]),
+                   torch.cat([torch.ones_like(key_ns, dtype=torch.bool), torch.zeros_like(mouse_ns, dtype=torch.bool)]),
+                   torch.cat([t(vk) * 2 + t(action), no_key]), torch.cat([no_mouse, t(dx)]),
+                   torch.cat([no_mouse, t(dy)]), torch.cat([no_mouse, t(button_flags)]),
+                   torch.ones(len(key_ns) + len(mouse_ns), dtype=torch.bool, device=key_ns.device))
 
 
 def shift_rows(bin_shifts: Sequence[int] = ()) -> tuple[int, ...]:
@@ -86,94 +94,133 @@ def num_bins(start_ns: torch.Tensor, end_ns: torch.Tensor, bin_ns: int) -> torch
 def d2e_states(truth: D2EEvents, pred: D2EEvents, start_ns: torch.Tensor, end_ns: torch.Tensor, bin_ns: int,
                shifts: Sequence[int] = (0,), group: Optional[torch.Tensor] = None, groups: int = 1) -> torch.Tensor:
     """[len(shifts), len(STATES)] float64: the sums of `STATES` over B sequences with ranges [start_ns, end_ns) [B]
-    (a range with end <= start has no bins), comparing true bin i with predicted bin i + k at each shift k. Torch
-    ops on the events' device; the numbers of bins and of distinct (bin, name) keys are read on the host. ``group``
+    (a range with end <= start has no bins), comparing true bin i with predicted bin i + k at each shift k. ``group``
     [B]: each sequence's group in [0, groups) (a tag): the sums by group, [groups, len(shifts), len(STATES)], in the
-    same pass (each bin's sums scattered to its sequence's group)."""
+    same pass.
+
+    Torch ops on the events' device in shapes known without a read (the numbers of events, sequences, shifts and
+    groups): no host sync. The bins of all sequences are numbered in a row; both sides' events are sorted by
+    (bin, side, name) (name: 0 for a mouse event, its key name + 1 for a keyboard one), each run of one such key
+    summed (`_VALUES`), and a true run of bin i meets the predicted run of bin i + k (same name) by a binary search.
+    Bins below 2**42, key names (vk * 2 + action) below 2**20 - 1."""
     device = start_ns.device
     grouped, group = group is not None, (group if group is not None else torch.zeros_like(start_ns)).long()
     start_ns, end_ns = start_ns.long(), end_ns.long()
+    ks, to_states = _constants(tuple(int(k) for k in shifts), device)
     nb = num_bins(start_ns, end_ns, bin_ns)
-    offsets = nb.cumsum(0) - nb
-    total = int(nb.sum())
-    duration = torch.zeros(groups, dtype=torch.float64, device=device).index_add_(
-        0, group, (end_ns - start_ns).clamp(min=0).double())
-    bin_seq = torch.repeat_interleave(torch.arange(len(nb), device=device), nb)
-    bin_group = group.index_select(0, bin_seq)
-    by_group = (bin_group == torch.arange(groups, device=device)[:, None]).double()  # [groups, bins]
-    bin_local = torch.arange(total, device=device) - offsets.index_select(0, bin_seq)
-    bin_count = nb.index_select(0, bin_seq)
+    offsets = nb.cumsum(0) - nb  # each sequence's first bin in the numbering of all bins
+    in_group = (group == torch.arange(groups, device=device)[:, None]).double()  # [groups, B]
+    per_seq = in_group @ torch.cat([(nb[:, None] - ks.abs()).clamp(min=0), (end_ns - start_ns).clamp(min=0)[:, None]],
+                                   1).double()  # [groups, shifts + 1]: the bins compared at each shift, the duration
+    parts = torch.zeros((len(ks), groups, len(_PARTS)), dtype=torch.float64, device=device)
+    parts[..., -2:] = torch.stack([per_seq[:, :-1].T, per_seq[:, -1:].T.expand(len(ks), groups)], -1)
+    if len(start_ns) == 0 or len(truth.ns) + len(pred.ns) == 0:
+        return _by_state(parts, to_states, grouped)
 
-    per_seq = torch.stack([start_ns, end_ns, offsets, nb], 1)
+    ev = D2EEvents(*(torch.cat([getattr(truth, f.name), getattr(pred, f.name)]) for f in fields(D2EEvents)))
+    side = (torch.arange(len(ev.ns), device=device) >= len(truth.ns)).long()
+    start, end, first_bin = torch.stack([start_ns, end_ns, offsets], 1).index_select(0, ev.seq).unbind(1)
+    inside = ev.counts & (ev.ns >= start) & (ev.ns < end)
+    at_bin = first_bin + torch.div(ev.ns - start, bin_ns, rounding_mode="floor")
+    mouse, key = inside & ~ev.is_key, inside & ev.is_key
+    move = mouse & (ev.button_flags == 0)
+    bits = ((ev.button_flags[:, None] >> torch.arange(len(BUTTONS), device=device)) & 1) * mouse[:, None]
+    keys, runs = _runs(torch.where(inside, (at_bin * 2 + side) * _NAMES + torch.where(ev.is_key, ev.key_code + 1, 0),
+                                   _NO_RUN),
+                       torch.cat([move[:, None], bits, bits.any(1, keepdim=True), key[:, None], torch.stack(
+                           [ev.dx * move, ev.dy * move], 1)], 1))
+    # each run: its side, sequence (whose bins hold its bin), place in the sequence, group and side; the first of
+    # its bin and side among the key names' runs (the runs of one bin and side: the mouse's, then the names')
+    real, name, bin_side = keys != _NO_RUN, keys & (_NAMES - 1), keys >> _NAME_BITS
+    side, at_bin = bin_side & 1, bin_side >> 1
+    seq = (torch.searchsorted(offsets, at_bin, right=True) - 1).clamp(min=0)
+    local, count = at_bin - offsets.index_select(0, seq), nb.index_select(0, seq)
+    run_group = (group.index_select(0, seq) * 2 + side == torch.arange(2 * groups, device=device)[:, None]).double()
+    first_name = (name > 0) & real & ((bin_side != F.pad(bin_side[:-1], (1, 0), value=-1)) |
+                                      (F.pad(name[:-1], (1, 0)) == 0))
+    has, xy = (runs > 0)[:, :-2].double(), runs[:, -2:]  # [runs, 9]: a move, each button name, any, a key name
+    each = torch.cat([has, xy, runs[:, 1:-2], xy * xy, xy.abs(), first_name.double()[:, None]], 1)  # `_EACH`
+    n = len(keys)  # blocks of (shift, run) pairs of bounded size: one block at training sizes
+    block = min(n, _PAIRS)
+    per = max(1, _PAIRS // block)
+    for s0 in range(0, len(ks), per):
+        k = ks[s0:s0 + per, None]
+        for r0 in range(0, n, block):
+            r = slice(r0, r0 + block)
+            moved = local[r] + k * (1 - 2 * side[r])
+            valid = real[r] & (moved >= 0) & (moved < count[r])
+            true_valid = valid & (side[r] == 0)
+            wanted = torch.where(true_valid, keys[r] + (2 * k + 1) * _NAMES, -1)
+            met = torch.searchsorted(keys, wanted)  # < n: the last key is _NO_RUN
+            found = true_valid & (keys.take(met) == wanted)
+            # a true key name's first run of its bin i: does the prediction have a key name in bin i + k?
+            first_wanted = torch.where(true_valid & first_name[r], (bin_side[r] + 2 * k + 1) * _NAMES + 1, -1)
+            names_met = keys.take(torch.searchsorted(keys, first_wanted)) >> _NAME_BITS == first_wanted >> _NAME_BITS
+            flat, truth_group = met.flatten(), run_group[::2, r]
+            met_found = found.double()[:, None] * truth_group  # [shifts, groups, runs]
+            other = each.index_select(0, flat).view(*met.shape, -1)
+            parts[s0:s0 + per, :, :-2] += torch.cat([
+                ((valid.double()[:, None] * run_group[:, r]) @ each[r]).view(len(k), groups, -1),
+                met_found @ (each[r, :11] * other[..., :11]),
+                met_found @ ((each[r, 11:19] == other[..., 11:19]) * has[r, 1:]),
+                (names_met.double()[:, None] * truth_group).sum(-1, keepdim=True)], -1)
+    return _by_state(parts, to_states, grouped)
 
-    def place(seq, t):  # each event's global bin (-1: outside its range), its bin in its sequence, its bins
-        start, end, offset, count = per_seq.index_select(0, seq).unbind(1)
-        local = torch.div(t - start, bin_ns, rounding_mode="floor")
-        return torch.where((t >= start) & (t < end), offset + local, -1), local, count
 
-    sides = []
-    for ev in (truth, pred):
-        g, local, count = place(ev.mouse_seq, ev.mouse_ns)
-        at = torch.where((g >= 0) & (ev.button_flags == 0), g, total)  # a spare last bin takes what is not a move
-        sums = torch.stack([torch.bincount(at, ev.dx.double(), total + 1), torch.bincount(at, ev.dy.double(), total + 1)],
-                           1)[:total].double()  # integers, exact in float64 (no event: bincount gives int64)
-        has = torch.bincount(at, minlength=total + 1)[:total] > 0
-        kg, klocal, kcount = place(ev.key_seq, ev.key_ns)
-        bits = ((ev.button_flags[:, None] & _BUTTON_BITS.to(device)) != 0) & (g >= 0)[:, None]
-        b_event, b_name = bits.nonzero(as_tuple=True)
-        sides.append(dict(sums=sums, has=has,
-                          keys=(kg, klocal, kcount, ev.key_code, _KEY_NAMES),
-                          buttons=(g.index_select(0, b_event), local.index_select(0, b_event),
-                                   count.index_select(0, b_event), b_name, len(BUTTONS))))
-    rows = []
-    for k in shifts:
-        k = int(k)
-        valid = (bin_local + k >= 0) & (bin_local + k < bin_count)  # true bins with a predicted bin k later
-        if k:
-            later = (torch.arange(total, device=device) + k).clamp(0, max(total - 1, 0))  # valid: the same sequence
-            p, p_has = sides[1]["sums"].index_select(0, later), sides[1]["has"].index_select(0, later)
-        else:
-            p, p_has = sides[1]["sums"], sides[1]["has"]
-        t = sides[0]["sums"]
-        pearson = (valid & (sides[0]["has"] | p_has)).double()
-        # over the Pearson bins: tx ty px py, their squares, tx px, ty py; over every compared bin: |tx| |ty| |px| |py|
-        moves = (by_group * pearson) @ torch.cat([t, p, t * t, p * p, t * p], 1)  # [groups, 10]
-        absolute = (by_group * valid) @ torch.cat([t, p], 1).abs()
-        n_valid = by_group @ valid.double()
-        counts = [_count_agreement(sides[0][kind], sides[1][kind], k, n_valid, bin_group, groups)
-                  for kind in ("buttons", "keys")]
-        x, y = moves.view(groups, 5, 2).unbind(2)  # per axis: Σt, Σp, Σt², Σp², Σtp
-        head = torch.stack([n_valid, duration, by_group @ pearson], 1)
-        rows.append(torch.cat([head, x, y, absolute[:, [0, 2, 1, 3]], torch.stack([*counts[0], *counts[1]], 1)], 1))
-    out = torch.stack(rows, 1)  # integers in float64: exact whatever the order of the sums
+def _by_state(parts: torch.Tensor, to_states: torch.Tensor, grouped: bool) -> torch.Tensor:
+    out = (parts @ to_states).transpose(0, 1)  # integers in float64: exact whatever the order of the sums
     return out if grouped else out[0]
 
 
-def _count_agreement(truth: tuple, pred: tuple, k: int, n_valid: torch.Tensor, bin_group: torch.Tensor,
-                     groups: int) -> list[torch.Tensor]:
-    """(right, values, empty bins) [groups] of one kind of names at shift k: over the distinct (true bin, name) keys
-    of both sides, right where the two counts are equal; the compared bins with no key; each by the group of the
-    true bin's sequence (``bin_group``)."""
-    keys, sides = [], []
-    for side, (g, local, count, name, n_names) in enumerate((truth, pred)):
-        moved = k if side else -k  # a predicted event in bin j compares in true bin j - k; a true bin i needs i + k
-        keep = (g >= 0) & (local - moved >= 0) & (local - moved < count)
-        true_bin = g - k if side else g
-        keys.append((true_bin * n_names + name)[keep])
-        sides.append(torch.full_like(keys[-1], side))
-    n_names = truth[4]
-    both = torch.cat(keys)
-    distinct, inverse = torch.unique(both, return_inverse=True)
-    side = torch.cat(sides)
-    per = torch.zeros((len(distinct), 2), dtype=torch.long, device=both.device).index_put_(
-        (inverse, side), torch.ones_like(side), accumulate=True)
-    key_group = bin_group.index_select(0, torch.div(distinct, n_names, rounding_mode="floor"))
-    named_bins = torch.unique(torch.div(distinct, n_names, rounding_mode="floor"))
-    sums = torch.zeros((3, groups), dtype=torch.float64, device=both.device)
-    sums[0].index_add_(0, key_group, (per[:, 0] == per[:, 1]).double())
-    sums[1].index_add_(0, key_group, torch.ones_like(key_group, dtype=torch.float64))
-    sums[2].index_add_(0, bin_group.index_select(0, named_bins), torch.ones_like(named_bins, dtype=torch.float64))
-    return [sums[0], sums[1], n_valid - sums[2]]
+# the values summed over a run of (bin, side, name) (integers): its moves, its count of each button name and of
+# events with any (mouse: name 0), its keyboard events (a key name's run), dx and dy of its moves
+_VALUES = ("move", *(name for name, _ in BUTTONS), "button", "name", "dx", "dy")
+# a valid run's columns (by side: name_t, name_p): whether it has each of `_VALUES` but x, y; x, y; its counts (unused;
+# a met pair compares them); the squares and absolute values of x, y; the first key name's run of its bin and side
+# (its bin has a key name)
+_EACH = (*(f"has_{name}" for name in _VALUES[:-2]), "dx", "dy", *(f"n_{name}" for name in _VALUES[1:-2]), "dx2", "dy2",
+         "adx", "ady", "key")
+# a valid true run's that met a predicted one (same bin + k and name): both have each of `_VALUES` but x, y; the
+# products x x', y y'; the same count of each (one of them unused: any button); and: the prediction has a key name in
+# bin i + k where this run is its bin's first key name
+_BOTH = (*(f"both_{name}" for name in _VALUES[:-2]), "dxdx", "dydy", *(f"same_{name}" for name in _VALUES[1:-2]),
+         "both_key")
+_PARTS = (*(f"{name}_{s}" for s in "tp" for name in _EACH), *_BOTH, "n_valid", "duration")
+_STATE_PARTS = {  # each state as a sum of `_PARTS` columns (a true run that met a predicted one counts twice)
+    "num_bins": "+n_valid", "duration_ns": "+duration", "move_bins": "+has_move_t +has_move_p -both_move",
+    **{f"{s}_{side}{axis}{sq}": f"+d{axis}{sq}_{side}" for s, sq in (("sum", ""), ("sum", "2"))
+       for axis in "xy" for side in "tp"},
+    **{f"abs_{side}{axis}": f"+ad{axis}_{side}" for axis in "xy" for side in "tp"},
+    "sum_txpx": "+dxdx", "sum_typy": "+dydy",
+    "button_right": " ".join(f"+same_{name}" for name, _ in BUTTONS),
+    "button_values": " ".join(f"+has_{name}_t +has_{name}_p -both_{name}" for name, _ in BUTTONS),
+    "button_empty_bins": "+n_valid -has_button_t -has_button_p +both_button",
+    "key_right": "+same_name", "key_values": "+has_name_t +has_name_p -both_name",
+    "key_empty_bins": "+n_valid -key_t -key_p +both_key"}
+_PAIRS = 1 << 20  # (shift, run) pairs a block of `d2e_states` holds at most
+
+
+@functools.lru_cache(maxsize=None)
+def _constants(shifts: tuple, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The shifts [S] and the map from `d2e_states`' parts to `STATES` [len(_PARTS), len(STATES)] on ``device``;
+    cached (no copy to a GPU per update)."""
+    to_states = torch.zeros((len(_PARTS), len(STATES)), dtype=torch.float64)
+    for state, terms in _STATE_PARTS.items():
+        for term in terms.split():
+            to_states[_PARTS.index(term[1:]), S[state]] += 1 if term[0] == "+" else -1
+    return torch.tensor(shifts, dtype=torch.long).to(device), to_states.to(device)
+
+
+def _runs(key: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(keys [n + 1], sums [n + 1, c])``: the runs of equal keys of ``key`` [n] sorted, at most n: each one's key
+    (ascending; `_NO_RUN` past the last run) and the sums of ``values`` [n, c] over its entries (float64)."""
+    key, order = torch.sort(key)
+    new = torch.ones_like(key, dtype=torch.bool)
+    new[1:] = key[1:] != key[:-1]
+    run = new.cumsum(0) - 1
+    keys = torch.full((len(key) + 1,), _NO_RUN, dtype=torch.long, device=key.device).scatter_(0, run, key)
+    sums = torch.zeros((len(key) + 1, values.shape[1]), dtype=torch.float64, device=key.device)
+    return keys, sums.index_add_(0, run, values.index_select(0, order).double())
 
 
 def d2e_keys(states: torch.Tensor, empty_bins_as_correct: bool = False, shifts: Sequence[int] = (0,),
@@ -244,8 +291,9 @@ def best_shift(by_shift: dict[int, dict[str, float]]) -> Optional[int]:
 
 # ------------------------------------------------------------------------------------------ decoded token sequences
 def batch_events(batch, window_ns: int) -> tuple[D2EEvents, D2EEvents, torch.Tensor, torch.Tensor]:
-    """``(truth, pred, start_ns, end_ns)`` of a decoded `EventBatch`: each side's valid keyboard and mouse events on
-    the row's time axis, and each row's range.
+    """``(truth, pred, start_ns, end_ns)`` of a decoded `EventBatch`: each side's events on the row's time axis (all
+    of them, those that count: its valid keyboard and mouse events; nothing selected, no host read), and each row's
+    range.
 
     Times: with time pairing, the matching's absolute times (from the row's origin); otherwise the target's
     timestamps unwrapped along the row from its first valid target event (`unwrap_ns`), the generated ones likewise
@@ -287,12 +335,10 @@ def batch_events(batch, window_ns: int) -> tuple[D2EEvents, D2EEvents, torch.Ten
     start, end = torch.where(end > low, start, 0), torch.where(end > low, end, 0)  # no valid target: no bins
     sides = []
     for f, s, ok, ns in ((t, seq, t_ok, t_ns), (p, p_seq, p_ok, p_ns)):
-        key = (ok & (f.category == int(Category.KEYBOARD))).nonzero().squeeze(1)
-        mouse = (ok & ((f.category == int(Category.MOUSE_OP)) | (f.category == int(Category.MOUSE_NOP)))).nonzero(
-        ).squeeze(1)
-        pick = lambda x, at: x.index_select(0, at).long()  # noqa: E731
-        sides.append(D2EEvents(pick(s, key), pick(ns, key), pick(f.vk * 2 + f.action, key), pick(s, mouse),
-                               pick(ns, mouse), pick(f.dx, mouse), pick(f.dy, mouse), pick(f.button_flags, mouse)))
+        key = f.category == int(Category.KEYBOARD)
+        mouse = (f.category == int(Category.MOUSE_OP)) | (f.category == int(Category.MOUSE_NOP))
+        sides.append(D2EEvents(s, ns.long(), key, (f.vk * 2 + f.action).long(), f.dx.long(), f.dy.long(),
+                               f.button_flags.long(), ok & (key | mouse)))
     return sides[0], sides[1], start, end
 
 
