@@ -92,7 +92,8 @@ def num_bins(start_ns: torch.Tensor, end_ns: torch.Tensor, bin_ns: int) -> torch
 
 
 def d2e_states(truth: D2EEvents, pred: D2EEvents, start_ns: torch.Tensor, end_ns: torch.Tensor, bin_ns: int,
-               shifts: Sequence[int] = (0,), group: Optional[torch.Tensor] = None, groups: int = 1) -> torch.Tensor:
+               shifts: Sequence[int] = (0,), group: Optional[torch.Tensor] = None, groups: int = 1,
+               read_runs: bool = False) -> torch.Tensor:
     """[len(shifts), len(STATES)] float64: the sums of `STATES` over B sequences with ranges [start_ns, end_ns) [B]
     (a range with end <= start has no bins), comparing true bin i with predicted bin i + k at each shift k. ``group``
     [B]: each sequence's group in [0, groups) (a tag): the sums by group, [groups, len(shifts), len(STATES)], in the
@@ -102,7 +103,8 @@ def d2e_states(truth: D2EEvents, pred: D2EEvents, start_ns: torch.Tensor, end_ns
     groups): no host sync. The bins of all sequences are numbered in a row; both sides' events are sorted by
     (bin, side, name) (name: 0 for a mouse event, its key name + 1 for a keyboard one), each run of one such key
     summed (`_VALUES`), and a true run of bin i meets the predicted run of bin i + k (same name) by a binary search.
-    Bins below 2**42, key names (vk * 2 + action) below 2**20 - 1."""
+    Bins below 2**42, key names (vk * 2 + action) below 2**20 - 1. ``read_runs``: read the number of runs on the host
+    and drop the empty slots (one sync; ~2x less work where runs << events, as in a long recording: the MCAP route)."""
     device = start_ns.device
     grouped, group = group is not None, (group if group is not None else torch.zeros_like(start_ns)).long()
     start_ns, end_ns = start_ns.long(), end_ns.long()
@@ -128,7 +130,7 @@ def d2e_states(truth: D2EEvents, pred: D2EEvents, start_ns: torch.Tensor, end_ns
     keys, runs = _runs(torch.where(inside, (at_bin * 2 + side) * _NAMES + torch.where(ev.is_key, ev.key_code + 1, 0),
                                    _NO_RUN),
                        torch.cat([move[:, None], bits, bits.any(1, keepdim=True), key[:, None], torch.stack(
-                           [ev.dx * move, ev.dy * move], 1)], 1))
+                           [ev.dx * move, ev.dy * move], 1)], 1), read_runs)
     # each run: its side, sequence (whose bins hold its bin), place in the sequence, group and side; the first of
     # its bin and side among the key names' runs (the runs of one bin and side: the mouse's, then the names')
     real, name, bin_side = keys != _NO_RUN, keys & (_NAMES - 1), keys >> _NAME_BITS
@@ -211,15 +213,17 @@ def _constants(shifts: tuple, device) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.tensor(shifts, dtype=torch.long).to(device), to_states.to(device)
 
 
-def _runs(key: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _runs(key: torch.Tensor, values: torch.Tensor, read: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """``(keys [n + 1], sums [n + 1, c])``: the runs of equal keys of ``key`` [n] sorted, at most n: each one's key
-    (ascending; `_NO_RUN` past the last run) and the sums of ``values`` [n, c] over its entries (float64)."""
+    (ascending; `_NO_RUN` past the last run) and the sums of ``values`` [n, c] over its entries (float64). ``read``:
+    [runs + 1] instead, the number of runs read on the host (no empty slots)."""
     key, order = torch.sort(key)
     new = torch.ones_like(key, dtype=torch.bool)
     new[1:] = key[1:] != key[:-1]
     run = new.cumsum(0) - 1
-    keys = torch.full((len(key) + 1,), _NO_RUN, dtype=torch.long, device=key.device).scatter_(0, run, key)
-    sums = torch.zeros((len(key) + 1, values.shape[1]), dtype=torch.float64, device=key.device)
+    size = int(run[-1]) + 1 if read and len(run) else len(key)
+    keys = torch.full((size + 1,), _NO_RUN, dtype=torch.long, device=key.device).scatter_(0, run, key)
+    sums = torch.zeros((size + 1, values.shape[1]), dtype=torch.float64, device=key.device)
     return keys, sums.index_add_(0, run, values.index_select(0, order).double())
 
 
