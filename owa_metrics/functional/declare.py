@@ -180,7 +180,8 @@ class Given:
     """Sums of ``shape`` that a step beside the event rows gives: ``fn(batch, extras)`` -> one tensor per entry of
     ``parts``, each added to ``state[part]`` (``extras``: the update's token statistics, ``extras["tokens"]``). With
     groups of sequences (tags: ``extras["group"]``, each sequence's group [B], not None) each tensor has a leading
-    axis of ``extras["groups"]``, its sums by group (`per_group`)."""
+    axis of ``extras["groups"]``, its sums by group (`per_group`). ``extras["host_reads"]``: True on the compiled CPU
+    path, where a read on the host costs nothing (absent on the torch path: the GPU's, no sync wanted)."""
 
     shape: tuple[int, ...]
     fn: Callable

@@ -376,7 +376,7 @@ def _d2e_states(s: Shape) -> dict:
     rows = len(d2e.shift_rows(s.bin_shifts))
     return {"d2e": Given((rows, len(d2e.STATES)),
                          lambda batch, x: (d2e.batch_states(batch, s.window_ns, s.bin_ms, s.bin_shifts, x.get("group"),
-                                                            x.get("groups", 1)),))}
+                                                            x.get("groups", 1), x.get("host_reads", False)),))}
 
 
 def _d2e_keys(r) -> dict:

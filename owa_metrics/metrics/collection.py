@@ -451,7 +451,7 @@ class OWAEventMetrics(Float64Metric):
         # the other given states read the decoded batch: its arrays as an `EventBatch` (no copy)
         batch = batch_of_arrays(out, self.shape.n_timestamp_digits, target.shape[0], self.alignment) \
             if set(plan.given) - set(whole) or plan.given_samples else None
-        extras = {"tokens": None, "group": group, "groups": G}
+        extras = {"tokens": None, "group": group, "groups": G, "host_reads": True}
         axis = (slice(None),) if self.tags else ()
         pieces = [piece for name in plan.given for piece in (  # as declared
             [whole[name][axis + tuple(part)] for part in plan.states[name].parts] if name in whole else
