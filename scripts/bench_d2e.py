@@ -2,23 +2,61 @@
 without it.
 
     python scripts/bench_d2e.py [--repeats 30]
+    python scripts/bench_d2e.py --recording [--repeats 5]   # the MCAP route's binning of one 1-hour pair
 
 The 32 sequences x 64 events generation batch of `bench_pairing`; under teacher forcing its true ids as the
 argmax. 1 thread, medians of the CPU time of `OWAEventMetrics.update` (exact mode; with one thread, the wall time
 on a quiet machine, and steady on a busy one), interleaved, per alignment and backend (``auto``: the compiled CPU
-kernels; ``torch``: the ops a GPU runs)."""
+kernels; ``torch``: the ops a GPU runs).
+
+``--recording``: `owa_metrics.d2e.pair_states` (the binning of the offline route, after the files' reading) on a
+synthetic 1-hour pair of 200,000 raw mouse events (2 % with button bits) and 10,000 key events a side, with 1 and 7
+shifts: median CPU ms, and the peak RSS of the process."""
 
 from __future__ import annotations
 
+import resource
 import statistics
+import sys
 import time
+
+import numpy as np
 
 from owa_metrics import OWAEventMetrics
 
 from bench_pairing import setup  # scripts/ is on sys.path when run as a script
 
 
+def recording(repeats: int) -> None:
+    from owa_metrics.d2e import pair_states
+    from owa_metrics.events.d2e import D2ERecording
+
+    rng, hour = np.random.default_rng(0), 3600 * 10**9
+
+    def side(name: str) -> D2ERecording:
+        m, k = 200_000, 10_000
+        flags = np.where(rng.random(m) < 0.02, rng.choice([0x1, 0x2, 0x4, 0x8, 0x10, 0x20, 0x400], m), 0)
+        return D2ERecording(name, 0, 0, hour, np.sort(rng.integers(0, hour, k)), rng.integers(8, 120, k),
+                            rng.integers(0, 2, k), np.sort(rng.integers(0, hour, m)), rng.integers(-20, 20, m),
+                            rng.integers(-20, 20, m), flags)
+
+    truth, pred = side("true"), side("pred")
+    for shifts in ((), range(-3, 4)):
+        times = []
+        for _ in range(repeats + 1):  # the first (warm-up) dropped
+            begin = time.process_time()
+            pair_states(truth, pred, 50, shifts)
+            times.append(time.process_time() - begin)
+        print(f"pair_states, 1-hour pair, {len(shifts) or 1} shift(s): {1e3 * statistics.median(times[1:]):.0f} ms "
+              f"(median of {repeats}, CPU)")
+    print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
+
+
 def main() -> None:
+    if "--recording" in sys.argv:
+        sys.argv.remove("--recording")
+        args, *_ = setup(5)  # also sets 1 thread
+        return recording(args.repeats)
     args, tokenizer, vocab, preds, target = setup(30)
     options = ({}, {"bin_ms": 50}, {"bin_ms": 50, "bin_shifts": range(-3, 4)})
     print("| alignment | backend | update ms, no D2E | bin_ms=50 | with 7 shifts |")

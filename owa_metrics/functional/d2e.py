@@ -160,7 +160,7 @@ def d2e_states(truth: D2EEvents, pred: D2EEvents, start_ns: torch.Tensor, end_ns
             names_met = keys.take(torch.searchsorted(keys, first_wanted)) >> _NAME_BITS == first_wanted >> _NAME_BITS
             flat, truth_group = met.flatten(), run_group[::2, r]
             met_found = found.double()[:, None] * truth_group  # [shifts, groups, runs]
-            other = each.index_select(0, flat).view(*met.shape, -1)
+            other = each[:, :19].index_select(0, flat).view(*met.shape, -1)  # the columns a met pair compares
             parts[s0:s0 + per, :, :-2] += torch.cat([
                 ((valid.double()[:, None] * run_group[:, r]) @ each[r]).view(len(k), groups, -1),
                 met_found @ (each[r, :11] * other[..., :11]),
