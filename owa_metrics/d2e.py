@@ -28,7 +28,7 @@ def pair_states(truth: D2ERecording, pred: D2ERecording, bin_ms: float = 50,
     """[len(shift_rows(bin_shifts)), len(STATES)] float64: the pair's sums over its common range."""
     start, end = common_range_ns(truth, pred)
     return d2e_states(recording_events(truth), recording_events(pred), torch.tensor([start]), torch.tensor([end]),
-                      bin_ns_of(bin_ms), shift_rows(bin_shifts), read_runs=True)
+                      bin_ns_of(bin_ms), shift_rows(bin_shifts), compiled=True)
 
 
 def evaluate_d2e(pred_path: str | Path, target_path: str | Path, bin_ms: float = 50,

@@ -171,9 +171,9 @@ def test_bins_of_many_sequences_in_fixed_shapes_equal_the_protocol_per_sequence(
     monkeypatch.setattr(d2e_module, "_PAIRS", 50)  # long recordings: blocks of (shift, run) pairs, a few shifts each
     assert torch.equal(d2e_states(*sides, start, end, bin_ms * MS, shifts, torch.arange(len(ranges)), len(ranges)),
                        by_group)
-    # the MCAP route's runs read on the host (no empty slots): the same sums
+    # the compiled loop (the MCAP route's, the compiled CPU path's): the same sums
     assert torch.equal(d2e_states(*sides, start, end, bin_ms * MS, shifts, torch.arange(len(ranges)), len(ranges),
-                                  read_runs=True), by_group)
+                                  compiled=True), by_group)
     for b, (lo, hi) in enumerate(ranges):
         if hi <= lo:
             assert not by_group[b].any()

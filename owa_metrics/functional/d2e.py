@@ -24,8 +24,12 @@ import math
 from dataclasses import dataclass, fields
 from typing import Optional, Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
+
+from ..decode.kernel import _jit
+from ..decode.kernel import available as kernel_available
 
 STATES = ("num_bins", "duration_ns", "move_bins",
           "sum_tx", "sum_px", "sum_tx2", "sum_px2", "sum_txpx",
@@ -93,7 +97,7 @@ def num_bins(start_ns: torch.Tensor, end_ns: torch.Tensor, bin_ns: int) -> torch
 
 def d2e_states(truth: D2EEvents, pred: D2EEvents, start_ns: torch.Tensor, end_ns: torch.Tensor, bin_ns: int,
                shifts: Sequence[int] = (0,), group: Optional[torch.Tensor] = None, groups: int = 1,
-               read_runs: bool = False) -> torch.Tensor:
+               compiled: bool = False) -> torch.Tensor:
     """[len(shifts), len(STATES)] float64: the sums of `STATES` over B sequences with ranges [start_ns, end_ns) [B]
     (a range with end <= start has no bins), comparing true bin i with predicted bin i + k at each shift k. ``group``
     [B]: each sequence's group in [0, groups) (a tag): the sums by group, [groups, len(shifts), len(STATES)], in the
@@ -103,8 +107,11 @@ def d2e_states(truth: D2EEvents, pred: D2EEvents, start_ns: torch.Tensor, end_ns
     groups): no host sync. The bins of all sequences are numbered in a row; both sides' events are sorted by
     (bin, side, name) (name: 0 for a mouse event, its key name + 1 for a keyboard one), each run of one such key
     summed (`_VALUES`), and a true run of bin i meets the predicted run of bin i + k (same name) by a binary search.
-    Bins below 2**42, key names (vk * 2 + action) below 2**20 - 1. ``read_runs``: read the number of runs on the host
-    and drop the empty slots (one sync: for the CPU, the MCAP route and the compiled path; 1.2-2x less work)."""
+    Bins below 2**42, key names (vk * 2 + action) below 2**20 - 1. ``compiled``: the same sums from one compiled loop
+    over the events and bins (`_binned`; CPU tensors, numba), which reads sizes on the host: where a read costs
+    nothing (the MCAP route, the compiled CPU path); the torch ops without numba."""
+    if compiled and start_ns.device.type == "cpu" and kernel_available():
+        return _compiled_states(truth, pred, start_ns, end_ns, bin_ns, shifts, group, groups)
     device = start_ns.device
     grouped, group = group is not None, (group if group is not None else torch.zeros_like(start_ns)).long()
     start_ns, end_ns = start_ns.long(), end_ns.long()
@@ -130,7 +137,7 @@ def d2e_states(truth: D2EEvents, pred: D2EEvents, start_ns: torch.Tensor, end_ns
     keys, runs = _runs(torch.where(inside, (at_bin * 2 + side) * _NAMES + torch.where(ev.is_key, ev.key_code + 1, 0),
                                    _NO_RUN),
                        torch.cat([move[:, None], bits, bits.any(1, keepdim=True), key[:, None], torch.stack(
-                           [ev.dx * move, ev.dy * move], 1)], 1), read_runs)
+                           [ev.dx * move, ev.dy * move], 1)], 1))
     # each run: its side, sequence (whose bins hold its bin), place in the sequence, group and side; the first of
     # its bin and side among the key names' runs (the runs of one bin and side: the mouse's, then the names')
     real, name, bin_side = keys != _NO_RUN, keys & (_NAMES - 1), keys >> _NAME_BITS
@@ -213,18 +220,138 @@ def _constants(shifts: tuple, device) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.tensor(shifts, dtype=torch.long).to(device), to_states.to(device)
 
 
-def _runs(key: torch.Tensor, values: torch.Tensor, read: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def _runs(key: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(keys [n + 1], sums [n + 1, c])``: the runs of equal keys of ``key`` [n] sorted, at most n: each one's key
-    (ascending; `_NO_RUN` past the last run) and the sums of ``values`` [n, c] over its entries (float64). ``read``:
-    [runs + 1] instead, the number of runs read on the host (no empty slots)."""
+    (ascending; `_NO_RUN` past the last run) and the sums of ``values`` [n, c] over its entries (float64)."""
     key, order = torch.sort(key)
     new = torch.ones_like(key, dtype=torch.bool)
     new[1:] = key[1:] != key[:-1]
     run = new.cumsum(0) - 1
-    size = int(run[-1]) + 1 if read and len(run) else len(key)
-    keys = torch.full((size + 1,), _NO_RUN, dtype=torch.long, device=key.device).scatter_(0, run, key)
-    sums = torch.zeros((size + 1, values.shape[1]), dtype=torch.float64, device=key.device)
+    keys = torch.full((len(key) + 1,), _NO_RUN, dtype=torch.long, device=key.device).scatter_(0, run, key)
+    sums = torch.zeros((len(key) + 1, values.shape[1]), dtype=torch.float64, device=key.device)
     return keys, sums.index_add_(0, run, values.index_select(0, order).double())
+
+
+def _compiled_states(truth: D2EEvents, pred: D2EEvents, start_ns: torch.Tensor, end_ns: torch.Tensor, bin_ns: int,
+                     shifts: Sequence[int], group: Optional[torch.Tensor], groups: int) -> torch.Tensor:
+    """`d2e_states` by `_binned` (CPU tensors): the same [groups, shifts, STATES] sums ([shifts, STATES] without
+    ``group``)."""
+    grouped = group is not None
+    a = lambda *x: [np.ascontiguousarray(t.numpy(), dtype=np.int64) for t in x]  # noqa: E731
+    start, end = a(start_ns.long(), end_ns.long())
+    nb = a(num_bins(start_ns.long(), end_ns.long(), bin_ns))[0]
+    out = np.zeros((groups, len(shifts), len(STATES)))
+    events = [a(ev.seq, ev.ns, ev.is_key, ev.key_code, ev.dx, ev.dy, ev.button_flags, ev.counts) for ev in (truth, pred)]
+    _binned(*events[0], *events[1], start, end, nb, a(group if grouped else torch.zeros_like(start_ns))[0],
+            np.array([int(k) for k in shifts], dtype=np.int64), bin_ns, out)
+    out = torch.from_numpy(out)
+    return out if grouped else out[0]
+
+
+@_jit
+def _bin_side(seq, ns, is_key, key_code, dx, dy, flags, counts, start, end, first, bin_ns, moves, sums, buttons,
+              keys, side):
+    """One side's events into its per-bin tables (the bins of all sequences numbered in a row from ``first``):
+    ``moves`` / ``sums`` [bins, 2] the moves (button_flags 0) and their dx, dy; ``buttons`` [bins, 7] each button
+    name's count (bit i of button_flags) and the events with any; ``keys`` [bins] the keyboard events. Returns the
+    keyboard events' (bin, key name) codes, sorted (bin x 2**32 + name)."""
+    codes = np.empty(len(ns), np.int64)
+    n_codes = 0
+    for e in range(len(ns)):
+        b = seq[e]
+        if not counts[e] or ns[e] < start[b] or ns[e] >= end[b]:
+            continue
+        g = first[b] + (ns[e] - start[b]) // bin_ns
+        if is_key[e]:
+            keys[g, side] += 1
+            codes[n_codes] = (g << 32) + key_code[e]
+            n_codes += 1
+        elif flags[e] == 0:
+            moves[g, side] += 1
+            sums[g, side, 0] += dx[e]
+            sums[g, side, 1] += dy[e]
+        elif flags[e] & 63:
+            for i in range(6):
+                buttons[g, side, i] += (flags[e] >> i) & 1
+            buttons[g, side, 6] += 1
+    return np.sort(codes[:n_codes])
+
+
+@_jit
+def _binned(t_seq, t_ns, t_is_key, t_code, t_dx, t_dy, t_flags, t_counts, p_seq, p_ns, p_is_key, p_code, p_dx, p_dy,
+            p_flags, p_counts, start, end, nb, group, shifts, bin_ns, out):
+    """`d2e_states`' sums as loops, read from the protocol: per bin and side its moves' sums, its button names' and
+    key names' counts; then per shift k, each true bin i of a sequence against predicted bin i + k where both exist
+    (``out`` [groups, shifts, STATES] +=; ``row[i]``: `STATES` in order)."""
+    B = len(start)
+    first = np.zeros(B + 1, np.int64)
+    for b in range(B):
+        first[b + 1] = first[b] + nb[b]
+    T = first[B]
+    moves, keys = np.zeros((T, 2), np.int64), np.zeros((T, 2), np.int64)
+    sums, buttons = np.zeros((T, 2, 2), np.int64), np.zeros((T, 2, 7), np.int64)
+    codes = (_bin_side(t_seq, t_ns, t_is_key, t_code, t_dx, t_dy, t_flags, t_counts, start, end, first, bin_ns,
+                       moves, sums, buttons, keys, 0),
+             _bin_side(p_seq, p_ns, p_is_key, p_code, p_dx, p_dy, p_flags, p_counts, start, end, first, bin_ns,
+                       moves, sums, buttons, keys, 1))
+    runs = []  # each side's key names: the distinct codes, their counts, each bin's first run (bins + 1)
+    for c in codes:
+        distinct, count = np.empty(len(c), np.int64), np.zeros(len(c), np.int64)
+        n = 0
+        for i in range(len(c)):
+            if i == 0 or c[i] != c[i - 1]:
+                distinct[n] = c[i]
+                n += 1
+            count[n - 1] += 1
+        at = np.zeros(T + 1, np.int64)
+        for i in range(n):
+            at[(distinct[i] >> 32) + 1] += 1
+        for g in range(T):
+            at[g + 1] += at[g]
+        runs.append((distinct[:n] & 0xFFFFFFFF, count[:n], at))
+    (t_name, t_count, t_at), (p_name, p_count, p_at) = runs
+    for si in range(len(shifts)):
+        k = shifts[si]
+        for b in range(B):
+            row = out[group[b], si]
+            row[1] += max(end[b] - start[b], 0)  # duration_ns
+            for i in range(max(0, -k), min(nb[b], nb[b] - k)):
+                g, j = first[b] + i, first[b] + i + k
+                row[0] += 1  # num_bins
+                tx, ty, px, py = sums[g, 0, 0], sums[g, 0, 1], sums[j, 1, 0], sums[j, 1, 1]
+                if moves[g, 0] or moves[j, 1]:  # the Pearson bins
+                    row[2] += 1
+                    row[3] += tx
+                    row[4] += px
+                    row[5] += tx * tx
+                    row[6] += px * px
+                    row[7] += tx * px
+                    row[8] += ty
+                    row[9] += py
+                    row[10] += ty * ty
+                    row[11] += py * py
+                    row[12] += ty * py
+                row[13] += abs(tx)
+                row[14] += abs(px)
+                row[15] += abs(ty)
+                row[16] += abs(py)
+                for n in range(6):  # a name seen on either side: a value, right when the counts are equal
+                    ct, cp = buttons[g, 0, n], buttons[j, 1, n]
+                    if ct or cp:
+                        row[18] += 1
+                        row[17] += ct == cp
+                row[19] += buttons[g, 0, 6] == 0 and buttons[j, 1, 6] == 0
+                x, y = t_at[g], p_at[j]  # the two bins' key names, merged in order
+                while x < t_at[g + 1] or y < p_at[j + 1]:
+                    row[21] += 1
+                    if y == p_at[j + 1] or (x < t_at[g + 1] and t_name[x] < p_name[y]):
+                        x += 1
+                    elif x == t_at[g + 1] or p_name[y] < t_name[x]:
+                        y += 1
+                    else:
+                        row[20] += t_count[x] == p_count[y]
+                        x, y = x + 1, y + 1
+                row[22] += keys[g, 0] == 0 and keys[j, 1] == 0
 
 
 def d2e_keys(states: torch.Tensor, empty_bins_as_correct: bool = False, shifts: Sequence[int] = (0,),
@@ -347,8 +474,8 @@ def batch_events(batch, window_ns: int) -> tuple[D2EEvents, D2EEvents, torch.Ten
 
 
 def batch_states(batch, window_ns: int, bin_ms: float, bin_shifts: Sequence[int] = (),
-                 group: Optional[torch.Tensor] = None, groups: int = 1, read_runs: bool = False) -> torch.Tensor:
+                 group: Optional[torch.Tensor] = None, groups: int = 1, compiled: bool = False) -> torch.Tensor:
     """`d2e_states` of a decoded batch's rows (`batch_events`), one row per shift of `shift_rows` (by group of
-    sequences with ``group``; ``read_runs`` as there)."""
+    sequences with ``group``; ``compiled`` as there)."""
     truth, pred, start, end = batch_events(batch, window_ns)
-    return d2e_states(truth, pred, start, end, bin_ns_of(bin_ms), shift_rows(bin_shifts), group, groups, read_runs)
+    return d2e_states(truth, pred, start, end, bin_ns_of(bin_ms), shift_rows(bin_shifts), group, groups, compiled)
