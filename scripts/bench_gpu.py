@@ -205,6 +205,9 @@ def main() -> None:
              (f"teacher forcing, logits V={V} f32", {}, 32, 2048, V, torch.float32),
              ("generation, index", {"alignment": "generation"}, 32, 2048, 0, None),
              ("generation, time", {"alignment": "generation", "pairing": "time"}, 32, 2048, 0, None),
+             ("teacher forcing, D2E bins, 7 shifts", {"bin_ms": 50, "bin_shifts": range(-3, 4)}, 32, 2048, 0, None),
+             ("generation, time, D2E bins", {"alignment": "generation", "pairing": "time", "bin_ms": 50}, 32, 2048, 0,
+              None),
              ("teacher forcing, exact", {}, 8, 8192, 0, None),
              (f"teacher forcing, logits V={args.vocab} bf16", {}, 8, 8192, args.vocab, torch.bfloat16),
              (f"teacher forcing, logits V={args.vocab} f32", {}, 8, 8192, args.vocab, torch.float32)]

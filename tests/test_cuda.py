@@ -56,8 +56,9 @@ def test_gpu_states_and_report_equal_the_cpu_kernel(format_vocab, data):
     if alignment == "teacher_forcing" and data.draw(st.booleans(), label="with logits"):
         dtype = data.draw(st.sampled_from([torch.float32, torch.bfloat16]))
         logits = torch.randn(*target.shape, format_vocab.size + 3, generator=torch.Generator().manual_seed(1)).to(dtype)
+    d2e = {"bin_ms": 50, "bin_shifts": (-1, 1)} if data.draw(st.booleans(), label="D2E bins") else {}
     for mode in ("exact", "sketch"):
-        options = dict(vocab=format_vocab, alignment=alignment, mode=mode, pairing=pairing)
+        options = dict(vocab=format_vocab, alignment=alignment, mode=mode, pairing=pairing, **d2e)
         cpu, gpu = OWAEventMetrics(**options), OWAEventMetrics(**options).to(CUDA)
         for _ in range(2):
             cpu.update(pred, target, logits=None if logits is None else logits.float())
@@ -115,7 +116,11 @@ def test_wide_vocabulary_logits_take_one_block_of_memory(tokenizer):
 
 
 @pytest.mark.parametrize("case, limit", [({}, 2), ({"mode": "sketch"}, 1), ({"logits": True}, 2),
-                                         ({"alignment": "generation"}, 2)])
+                                         ({"alignment": "generation"}, 2),
+                                         ({"alignment": "generation", "pairing": "time"}, 2),
+                                         ({"bin_ms": 50, "bin_shifts": (-1, 1)}, 2),
+                                         ({"mode": "sketch", "bin_ms": 50}, 1),
+                                         ({"alignment": "generation", "pairing": "time", "bin_ms": 50}, 2)])
 def test_an_update_makes_the_host_wait_at_most_as_counted(tokenizer, case, limit):
     """``torch.cuda.set_sync_debug_mode`` warns at every call that makes the host wait for the device (reads of
     values, data-sized outputs, copies from pageable host memory)."""
