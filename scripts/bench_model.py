@@ -55,8 +55,8 @@ def main() -> None:
     input_ids = target.clamp(min=0)
     params = sum(p.numel() for p in model.parameters()) / 1e9
     name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU (1 thread)"
-    print(f"torch {torch.__version__}, {name}; Qwen2 {params:.2f} B parameters (random, bf16), {batch} x {seq_len} ids, "
-          f"V = {config.vocab_size}; tokenizer V = {len(tokenizer)}")
+    print(f"torch {torch.__version__}, {name}; Qwen2 {params:.2f} B parameters (random, bf16), {batch} x {seq_len} "
+          f"ids, V = {config.vocab_size}; tokenizer V = {len(tokenizer)}")
     with torch.inference_mode():
         logits = model(input_ids=input_ids).logits
         forward = device_timed(lambda: model(input_ids=input_ids), args.repeats, device)

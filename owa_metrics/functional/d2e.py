@@ -241,7 +241,8 @@ def _compiled_states(truth: D2EEvents, pred: D2EEvents, start_ns: torch.Tensor, 
     start, end = a(start_ns.long(), end_ns.long())
     nb = a(num_bins(start_ns.long(), end_ns.long(), bin_ns))[0]
     out = np.zeros((groups, len(shifts), len(STATES)))
-    events = [a(ev.seq, ev.ns, ev.is_key, ev.key_code, ev.dx, ev.dy, ev.button_flags, ev.counts) for ev in (truth, pred)]
+    events = [a(ev.seq, ev.ns, ev.is_key, ev.key_code, ev.dx, ev.dy, ev.button_flags, ev.counts)
+              for ev in (truth, pred)]
     _binned(*events[0], *events[1], start, end, nb, a(group if grouped else torch.zeros_like(start_ns))[0],
             np.array([int(k) for k in shifts], dtype=np.int64), bin_ns, out)
     out = torch.from_numpy(out)
