@@ -201,8 +201,8 @@ def test_compiled_cursor_offsets_equal_the_torch_ops(recording_rows, format_voca
     for preds, targets in zip(rows["preds"], rows["targets"]):
         batches = [decode_batch(pad(preds), pad(targets), format_vocab, "generation", backend=backend)
                    for backend in ("kernel", "torch")]
-        assert batches[0].keyboard_bound is None and batches[1].keyboard_bound is not None  # the two paths
-        got, want = (cursor_offsets(batch, {}) for batch in batches)
+        assert batches[0].keyboard_bound is None and batches[1].keyboard_bound is not None  # the two decoders
+        got, want = (cursor_offsets(batch, extras) for batch, extras in zip(batches, ({"host_reads": True}, {})))
         for a, b in zip(got, want):
             torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
         seen += int((~torch.isnan(got[0])).sum()) + int((~torch.isnan(got[1])).sum())

@@ -51,13 +51,13 @@ def _counts(rows: torch.Tensor, weights: torch.Tensor, num_sequences: int) -> to
 def cursor_offsets(batch: EventBatch, extras: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """``(clicks [n_target_events], ends [num_sequences])``: d = |P_gen - P_true| (Euclidean, raw units) at each valid
     true button-down event (`BUTTON_DOWN`; NaN at the other rows), and at the last valid true event of each sequence
-    with a valid true mouse event (NaN for the others). Kept in ``extras`` (one update reads it twice). The CPU kernel
-    path's batch (index pairing) takes one compiled pass, `_cursor_offsets_by_index`, the others the torch ops."""
+    with a valid true mouse event (NaN for the others). Kept in ``extras`` (one update reads it twice). On the
+    compiled CPU path (``extras["host_reads"]``; index pairing) one compiled pass, `_cursor_offsets_by_index`, else
+    the torch ops."""
     if "cursor_offsets" in extras:
         return extras["cursor_offsets"]
     target, (generated, g_row) = batch.target, _generated(batch)
-    if batch.time_matching is None and batch.keyboard_bound is None and g_row.device.type == "cpu" and \
-            kernel.available():  # the compiled CPU path's batch: one pass (`_cursor_offsets_by_index`)
+    if extras.get("host_reads") and batch.time_matching is None and kernel.available():
         B = batch.num_sequences
         clicks, ends = np.empty(len(target.status)), np.empty(B)
         _cursor_offsets_by_index(_long(batch.seq_idx).numpy(), target.status.numpy(), target.values.numpy(),
