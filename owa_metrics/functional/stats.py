@@ -96,14 +96,14 @@ def distinct_by_group(x: torch.Tensor, group: torch.Tensor, groups: int) -> list
     the pooled values are one sort, as `distinct`."""
     group = group.reshape(-1)
     columns = [x[:, j] for j in range(x.shape[1])]
+    by_sorts = lambda: [([distinct(c[group == g], drop_nan=True) for g in range(groups)],  # noqa: E731
+                         distinct(c, drop_nan=True)) for c in columns]
     if x.device.type != "cpu" or not kernel_available():
-        return [([distinct(c[group == g], drop_nan=True) for g in range(groups)], distinct(c, drop_nan=True))
-                for c in columns]
+        return by_sorts()
     together, starts = np.empty((x.shape[1], x.shape[0])), np.empty(groups + 1, dtype=np.int64)
     zeros = np.zeros(x.shape[1], dtype=np.int64)
     if not _group_together(x.detach().double().numpy(), group.detach().double().numpy(), together, starts, zeros):
-        return [([distinct(c[group == g], drop_nan=True) for g in range(groups)], distinct(c, drop_nan=True))
-                for c in columns]
+        return by_sorts()
     out = []
     for j, column in enumerate(columns):
         by_group = []
