@@ -42,6 +42,7 @@ BUTTONS = (("left_down", 0x001), ("left_up", 0x002), ("right_down", 0x004), ("ri
            ("middle_down", 0x010), ("middle_up", 0x020))
 _NAME_BITS = 20  # key name codes (vk * 2 + action) + 1 below 2**20, bins below 2**42: one int64 key per event
 _NAMES = 1 << _NAME_BITS
+_N_BUTTONS = len(BUTTONS)  # the compiled loop's: button name i is bit i
 _NO_RUN = torch.iinfo(torch.long).max  # the sort key of an event that counts nowhere, and of the runs past the last
 KEY_PREFIX = "d2e"
 
@@ -253,8 +254,9 @@ def _compiled_states(truth: D2EEvents, pred: D2EEvents, start_ns: torch.Tensor, 
 def _bin_side(seq, ns, is_key, key_code, dx, dy, flags, counts, start, end, first, bin_ns, moves, sums, buttons,
               keys, side):
     """One side's events into its per-bin tables (the bins of all sequences numbered in a row from ``first``):
-    ``moves`` / ``sums`` [bins, 2] the moves (button_flags 0) and their dx, dy; ``buttons`` [bins, 7] each button
-    name's count (bit i of button_flags) and the events with any; ``keys`` [bins] the keyboard events. Returns the
+    ``moves`` [bins, sides] the moves (button_flags 0), ``sums`` [bins, sides, 2] their dx, dy; ``buttons``
+    [bins, sides, buttons + 1] each button name's count (bit i of button_flags) and the events with any; ``keys``
+    [bins, sides] the keyboard events (this side's: ``side``). Returns the
     keyboard events' (bin, key name) codes, sorted (bin x 2**32 + name)."""
     codes = np.empty(len(ns), np.int64)
     n_codes = 0
@@ -271,10 +273,10 @@ def _bin_side(seq, ns, is_key, key_code, dx, dy, flags, counts, start, end, firs
             moves[g, side] += 1
             sums[g, side, 0] += dx[e]
             sums[g, side, 1] += dy[e]
-        elif flags[e] & 63:
-            for i in range(6):
+        elif flags[e] & ((1 << _N_BUTTONS) - 1):
+            for i in range(_N_BUTTONS):
                 buttons[g, side, i] += (flags[e] >> i) & 1
-            buttons[g, side, 6] += 1
+            buttons[g, side, _N_BUTTONS] += 1
     return np.sort(codes[:n_codes])
 
 
@@ -290,7 +292,7 @@ def _binned(t_seq, t_ns, t_is_key, t_code, t_dx, t_dy, t_flags, t_counts, p_seq,
         first[b + 1] = first[b] + nb[b]
     T = first[B]
     moves, keys = np.zeros((T, 2), np.int64), np.zeros((T, 2), np.int64)
-    sums, buttons = np.zeros((T, 2, 2), np.int64), np.zeros((T, 2, 7), np.int64)
+    sums, buttons = np.zeros((T, 2, 2), np.int64), np.zeros((T, 2, _N_BUTTONS + 1), np.int64)
     codes = (_bin_side(t_seq, t_ns, t_is_key, t_code, t_dx, t_dy, t_flags, t_counts, start, end, first, bin_ns,
                        moves, sums, buttons, keys, 0),
              _bin_side(p_seq, p_ns, p_is_key, p_code, p_dx, p_dy, p_flags, p_counts, start, end, first, bin_ns,
@@ -336,12 +338,12 @@ def _binned(t_seq, t_ns, t_is_key, t_code, t_dx, t_dy, t_flags, t_counts, p_seq,
                 row[14] += abs(px)
                 row[15] += abs(ty)
                 row[16] += abs(py)
-                for n in range(6):  # a name seen on either side: a value, right when the counts are equal
+                for n in range(_N_BUTTONS):  # a name seen on either side: a value, right when the counts are equal
                     ct, cp = buttons[g, 0, n], buttons[j, 1, n]
                     if ct or cp:
                         row[18] += 1
                         row[17] += ct == cp
-                row[19] += buttons[g, 0, 6] == 0 and buttons[j, 1, 6] == 0
+                row[19] += buttons[g, 0, _N_BUTTONS] == 0 and buttons[j, 1, _N_BUTTONS] == 0
                 x, y = t_at[g], p_at[j]  # the two bins' key names, merged in order
                 while x < t_at[g + 1] or y < p_at[j + 1]:
                     row[21] += 1
