@@ -15,12 +15,13 @@ shifts: median CPU ms, and the peak RSS of the process."""
 
 from __future__ import annotations
 
+import argparse
 import resource
 import statistics
-import sys
 import time
 
 import numpy as np
+import torch
 
 from owa_metrics import OWAEventMetrics
 
@@ -53,10 +54,13 @@ def recording(repeats: int) -> None:
 
 
 def main() -> None:
-    if "--recording" in sys.argv:
-        sys.argv.remove("--recording")
-        args, *_ = setup(5)  # also sets 1 thread
-        return recording(args.repeats)
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--recording", action="store_true")
+    parser.add_argument("--repeats", type=int, default=5)
+    known, _ = parser.parse_known_args()
+    if known.recording:  # no training batch to build
+        torch.set_num_threads(1)
+        return recording(known.repeats)
     args, tokenizer, vocab, preds, target = setup(30)
     options = ({}, {"bin_ms": 50}, {"bin_ms": 50, "bin_shifts": range(-3, 4)})
     print("| alignment | backend | update ms, no D2E | bin_ms=50 | with 7 shifts |")
