@@ -132,7 +132,6 @@ def test_hostile_ids_with_screens_as_context_never_raise(sessions, backend):
     assert all(not bool(torch.isnan(v)) for v in metric.compute().values())
 
 
-
 def test_scored_ids_each_side_alone_equal_both_padded_together(sessions):
     """The CPU kernel path masks each side on its own (no padded copy of both): the same ids as the torch path's one
     pass over both sides padded to one width, on sides of different widths with screens cut at either row end."""
@@ -146,6 +145,7 @@ def test_scored_ids_each_side_alone_equal_both_padded_together(sessions):
         want, got = (m.scored_ids(preds, target) for m in metrics)
         assert [x.shape for x in got] == [preds.shape, target.shape]
         assert all(torch.equal(a, b) for a, b in zip(want, got))
+
 
 def test_predict_events_counts_actions_when_screens_are_context():
     """The prompt ends before the last ``predict_events`` actions (screens are context, not predicted): with
