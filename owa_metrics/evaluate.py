@@ -324,7 +324,6 @@ def evaluate_text(pred_path, target_path, mode: str = "exact", progress: Optiona
                   generated_screens: str = "context", image_tokens: Optional[str] = None) -> dict:
     """`owa_metrics.evaluate.evaluate` for two text / JSONL files, streamed and sharded (see the module)."""
     pred_path, target_path = Path(pred_path), Path(target_path)
-    rank, world = rank_world()
     indexes, tags = streaming.line_indexes((pred_path, target_path))  # each rank scans a share of the blocks
     error = None
     try:
@@ -332,8 +331,6 @@ def evaluate_text(pred_path, target_path, mode: str = "exact", progress: Optiona
             for path, index in zip((pred_path, target_path), indexes):
                 streaming.check_whole(path, index)
             raise ValueError(f"{pred_path} has {indexes[0].lines} sequences but {target_path} has {indexes[1].lines}")
-        first, last = streaming.shard(indexes[1], rank, world)
-        offsets = [index.offset_of(first) for index in indexes]
     except (InputError, ValueError) as err:
         error = err
     raise_first(error)
@@ -346,8 +343,8 @@ def evaluate_text(pred_path, target_path, mode: str = "exact", progress: Optiona
     tags = tuple(set(found) for found in tags)
     guess = format or guess_format(*(streaming.head_text(path) for path in (target_path, pred_path))) or "hierarchical"
     while True:
-        report, helds, nonblank = _evaluate_lines(pred_path, target_path, (first, last), offsets, tags, mode, progress,
-                                                  guess, pairing, tolerance_ms, generated_screens, image_tokens)
+        report, helds, nonblank = _evaluate_lines(pred_path, target_path, indexes, tags, mode, progress, guess, pairing,
+                                                  tolerance_ms, generated_screens, image_tokens)
         if format is not None:
             break
         told = format_of(helds[1], helds[0])
@@ -365,44 +362,47 @@ def evaluate_text(pred_path, target_path, mode: str = "exact", progress: Optiona
     return report
 
 
-def _evaluate_lines(pred_path: Path, target_path: Path, lines: tuple[int, int], offsets: list[int], tags: tuple,
-                    mode: str, progress: Optional[bool], format: str, pairing: str, tolerance_ms,
+def _evaluate_lines(pred_path: Path, target_path: Path, indexes: list, tags: tuple, mode: str,
+                    progress: Optional[bool], format: str, pairing: str, tolerance_ms,
                     generated_screens: str = "context", image_tokens: Optional[str] = None):
-    """This rank's lines fed to the metric, then the report (a sync); each file's held tokens and whether any line
-    holds a sequence, over all ranks."""
+    """The lines fed to the metric, a chunk at a time (`streaming.chunks`, each rank claiming the next: `Claims`),
+    then the report (a sync); each file's held tokens and whether any line holds a sequence, over all ranks."""
     from tqdm.auto import tqdm
 
     tokenizer, vocab = _vocab(format, image_tokens)
     table = TokenTable(tokenizer.get_vocab(), tokenizer.unk_token_id)
-    rank, _ = rank_world()
+    rank, world = rank_world()
     names = sorted(tags[0] | tags[1])
     metric = OWAEventMetrics(vocab=vocab, alignment="generation", mode=mode, pairing=pairing, tolerance_ms=tolerance_ms,
                              tags=names or None, generated_screens=generated_screens)
-    readers = [InputLines(path, table, lines[0], lines[1], offset) for path, offset in zip((pred_path, target_path),
-                                                                                            offsets)]
-    paths, error = (pred_path, target_path), None
-    total = sum(Path(p).stat().st_size for p in paths)
-    with tqdm(total=total, unit="B", unit_scale=True, desc=target_path.name, file=sys.stderr, leave=False,
-              disable=(None if progress is None else not progress) if rank == 0 else True) as bar:
-        done, line = 0, lines[0]
+    paths, spans = (pred_path, target_path), streaming.chunks(indexes[1], world)
+    readers = [InputLines(path, table, 0, 0, 0) for path in paths]
+    error, at = None, 0
+    with tqdm(total=sum(index.size for index in indexes), unit="B", unit_scale=True, desc=target_path.name,
+              file=sys.stderr, leave=False, disable=(None if progress is None else not progress) if rank == 0 else True
+              ) as bar:  # rank 0's: the bytes before its chunk (every chunk before it is claimed) and its reads there
         try:
-            while line < lines[1]:
-                (p_ids, p_counts, p_tags), (t_ids, t_counts, t_tags) = streaming.window(readers, lines[1] - line)
-                k = len(t_counts)
-                row_tags = streaming.row_tags(paths, (p_tags, t_tags), tags, line)
-                for rows in streaming.batches(p_counts, t_counts):
-                    try:
-                        metric.update(streaming.padded(p_ids, p_counts, rows), streaming.padded(t_ids, t_counts, rows),
-                                      tags=[row_tags[i] for i in rows.tolist()] if row_tags else None)
-                    except ValueError as err:  # a limit these sequences meet (e.g. events per update): their lines
-                        raise InputError(f"{target_path}:{line + 1}-{line + k} (and {pred_path}): {err}") from None
-                line += k
-                read = sum(r.offset for r in readers) - sum(offsets)
-                bar.update(read - done)
-                done = read
+            for chunk in streaming.Claims(len(spans)):
+                line, last = spans[chunk]
+                at, offsets = line, [index.offset_of(line) for index in indexes]
+                for reader, offset in zip(readers, offsets):
+                    reader.seek(line, last, offset)
+                while line < last:
+                    (p_ids, p_counts, p_tags), (t_ids, t_counts, t_tags) = streaming.window(readers, last - line)
+                    k = len(t_counts)
+                    row_tags = streaming.row_tags(paths, (p_tags, t_tags), tags, line)
+                    for rows in streaming.batches(p_counts, t_counts):
+                        try:
+                            metric.update(streaming.padded(p_ids, p_counts, rows),
+                                          streaming.padded(t_ids, t_counts, rows),
+                                          tags=[row_tags[i] for i in rows.tolist()] if row_tags else None)
+                        except ValueError as err:  # a limit these sequences meet (e.g. events per update): their lines
+                            raise InputError(f"{target_path}:{line + 1}-{line + k} (and {pred_path}): {err}") from None
+                    line += k
+                    bar.update(sum(r.offset for r in readers) - bar.n)
         except (InputError, ValueError) as err:
             error = err
-    raise_first(error)
+    raise_first(error, at)
     helds = [set().union(*held) for held in zip(*exchange([r.held() for r in readers]))]
     nonblank = [any(flags) for flags in zip(*exchange([r.nonblank for r in readers]))]
     if not all(nonblank):

@@ -3,10 +3,10 @@
 `owa_metrics.evaluate.evaluate` streams two text / JSONL files through `InputLines` (memory flat in the files'
 size: a block of lines at a time; one line is held whole), sharded over the ranks of ``torch.distributed``: each
 rank scans an equal share of each file's blocks for line breaks and tags (`line_indexes`; one `exchange` gives
-every rank the whole index), then takes a contiguous range of lines, split at equal shares of the target file's
-bytes (`shard`), and seeks to it in both files (`LineIndex.offset_of`: the k-th prediction is paired with the
-k-th target by line number); `exchange` and `raise_first` keep every rank in step. Each `window` of lines goes to
-the metric in `batches` of alike lengths, each `padded` to its longest line.
+every rank the whole index), then claims `chunks` of lines one after the other (`Claims`: the next unclaimed one,
+so that a slower rank takes fewer) and seeks to each in both files (`LineIndex.offset_of`: the k-th prediction is
+paired with the k-th target by line number); `exchange` and `raise_first` keep every rank in step. Each `window` of
+lines goes to the metric in `batches` of alike lengths, each `padded` to its longest line.
 
 Tokenizing: `_tokenize_block` reads a block's lines with one compiled pass (numba) over the offsets of its special
 bytes (``<`` ``>`` ``"`` ``\\`` and control characters, `_specials`): a ``.jsonl`` line of the plain form
@@ -19,8 +19,12 @@ which ``str.strip`` might remove) goes the readable way, `owa_metrics.evaluate.r
 
 from __future__ import annotations
 
+import datetime
+import functools
 import json
+import os
 import re
+import uuid
 from pathlib import Path
 from typing import Optional
 
@@ -288,6 +292,12 @@ class InputLines:
         self._ids, self._starts, self._counts, self._tags, self._at = np.empty(0, np.int32), np.zeros(1, np.int64), \
             np.empty(0, np.int64), [], 0
 
+    def seek(self, first: int, last: int, offset: int) -> None:
+        """Go on with lines [first, last), line ``first`` at byte ``offset`` (what was read but not taken is
+        dropped; what the format guess needs is kept)."""
+        self.line, self.last, self.offset = first, last, offset
+        self._counts, self._at = np.empty(0, np.int64), 0
+
     def __len__(self) -> int:
         """Lines read but not yet taken."""
         return len(self._counts) - self._at
@@ -476,20 +486,26 @@ def exchange(obj) -> list:
     return out
 
 
-def raise_first(error: Optional[BaseException]) -> None:
-    """Every rank raises the first error of the lowest rank that had one (each rank's share of lines follows the
-    files' order: the first in the files), or none: no rank is left waiting in a collective."""
-    errors = [e for e in exchange(error) if e is not None]
+def raise_first(error: Optional[BaseException], at: int = 0) -> None:
+    """Every rank raises the error found first in the files' order, or none: no rank is left waiting in a collective.
+    ``at``: where this rank found it (e.g. its chunk's first line); equal ones go to the lower rank (the ranks'
+    shares of a file's blocks follow its order)."""
+    errors = [(where, e) for where, e in exchange((at, error)) if e is not None]
     if errors:
-        raise errors[0]
+        raise min(errors, key=lambda item: item[0])[1]
 
 
 SCAN_BYTES = 4 << 20
+PIECE_BYTES = 64 << 10  # the line index's resolution (a block's pieces: `LineIndex.offset_of` reads one)
 
 
-def scan_blocks(path: Path, blocks: range) -> list[tuple[int, dict[str, int]]]:
-    """For each block ``b`` of `SCAN_BYTES` bytes of the file: its line breaks, and the tag names of the JSONL lines
-    that start in it, each with its first line there (the line breaks in the block before that line). Only the lines
+def _piece() -> int:
+    return min(PIECE_BYTES, SCAN_BYTES)
+
+
+def scan_blocks(path: Path, blocks: range) -> list[tuple[list[int], dict[str, int]]]:
+    """For each block ``b`` of `SCAN_BYTES` bytes of the file: the line breaks in each of its pieces of `PIECE_BYTES`
+    (the last one shorter), and the tag names of the JSONL lines that start in it, each with its first line there (the line breaks in the block before that line). Only the lines
     that may hold a tag (a ``"tag"`` key, or an escape) are parsed; a line that does not parse is left to the
     reading pass, which says what is wrong with it."""
     out = []
@@ -507,7 +523,8 @@ def scan_blocks(path: Path, blocks: range) -> list[tuple[int, dict[str, int]]]:
                     if head and data[0] != 10:  # (none when the block holds no line break)
                         first, number = (data.find(b"\n", head) + 1) or end, 1
                     _tags_of(data, first, end, number, names)
-            out.append((int(np.count_nonzero(np.frombuffer(data, np.uint8)[head:end] == 10)), names))
+            breaks = (np.frombuffer(data, np.uint8)[head:end] == 10).view(np.uint8)
+            out.append((np.add.reduceat(breaks, np.arange(0, end - head, _piece()), dtype=np.int64).tolist(), names))
     return out
 
 
@@ -541,38 +558,72 @@ def _tags_of(data: bytes, at: int, end: int, number: int, names: dict[str, int])
 
 
 class LineIndex:
-    """Where a file's lines start, from each block's line breaks (`scan_blocks`: every rank scans a share of the
-    blocks, `exchange` gives every rank all of them): ``lines`` (a final line without a line break counts; a file
-    ending in one has no empty last line), `line_at` and `offset_of`."""
+    """Where a file's lines start, from the line breaks in each piece of its blocks (`scan_blocks`: every rank scans
+    a share of the blocks, `exchange` gives every rank all of them): ``lines`` (a final line without a line break
+    counts; a file ending in one has no empty last line) and `offset_of`."""
 
-    def __init__(self, path: Path, size: int, blocks: list[int], ends_in_break: bool):
+    def __init__(self, path: Path, size: int, pieces: list[int], ends_in_break: bool):
         self.path, self.size = path, size
-        self.before = np.concatenate([[0], np.cumsum(blocks, dtype=np.int64)])  # line breaks before each block
+        self.before = np.concatenate([[0], np.cumsum(pieces, dtype=np.int64)])  # line breaks before each piece
+        per = -(-SCAN_BYTES // _piece())  # pieces of a block (its last one shorter)
+        k = np.arange(len(pieces))
+        self.starts = np.append(k // per * SCAN_BYTES + k % per * _piece(), size)  # each piece's first byte
         self.lines = int(self.before[-1]) + (size > 0 and not ends_in_break)
-
-    def line_at(self, offset: int) -> int:
-        """The number of line breaks before byte ``offset``."""
-        k = offset // SCAN_BYTES
-        with open(self.path, "rb") as f:
-            f.seek(k * SCAN_BYTES)
-            return int(self.before[k]) + f.read(offset - k * SCAN_BYTES).count(b"\n")
 
     def offset_of(self, line: int) -> int:
         """Where line ``line`` (0-based) starts."""
         if line == 0:
             return 0
-        k = int(np.searchsorted(self.before, line, side="left")) - 1  # the block holding the line break before it
+        k = int(np.searchsorted(self.before, line, side="left")) - 1  # the piece holding the line break before it
+        start = int(self.starts[k])
         with open(self.path, "rb") as f:
-            f.seek(k * SCAN_BYTES)
-            block = np.frombuffer(f.read(SCAN_BYTES), np.uint8)
-        return k * SCAN_BYTES + int(np.flatnonzero(block == 10)[line - int(self.before[k]) - 1]) + 1
+            f.seek(start)
+            piece = np.frombuffer(f.read(int(self.starts[k + 1]) - start), np.uint8)
+        return start + int(np.flatnonzero(piece == 10)[line - int(self.before[k]) - 1]) + 1
 
 
-def shard(target: LineIndex, rank: int, world: int) -> tuple[int, int]:
-    """Rank ``rank``'s lines [first, last): contiguous, split at equal shares of the target file's bytes."""
-    bounds = [0] + [min(target.line_at(target.size * r // world), target.lines) for r in range(1, world)] + \
-        [target.lines]
-    return bounds[rank], bounds[rank + 1]
+def chunks(target: LineIndex, world: int) -> list[tuple[int, int]]:
+    """The target file's lines as chunks [first, last) for the ranks to claim (`Claims`), in order: the lines that
+    start in a run of the index's blocks, about 16 runs per rank (a block at least; none empty)."""
+    per, blocks = -(-SCAN_BYTES // _piece()), -(-target.size // SCAN_BYTES)
+    step = per * max(1, blocks // (16 * world))  # in pieces
+    bounds = sorted({int(target.before[k]) for k in range(0, len(target.before) - 1, step)} | {target.lines})
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+class Claims:
+    """The chunks (of ``count``, numbered in the files' order) this rank takes, in increasing order. Each rank claims
+    the next unclaimed one from a counter in torch.distributed's store when it is done with the one before, so a
+    slower process or node takes fewer: the store torchrun (or ``init_process_group``'s ``env://``) serves at
+    ``MASTER_ADDR:MASTER_PORT``. Where a rank cannot reach it, chunk ``k`` goes to rank ``k % world``. Call on every
+    rank (one collective)."""
+
+    def __init__(self, count: int):
+        self.count, (self.rank, self.world) = count, rank_world()
+        self.store = self.key = None
+        if self.world > 1:
+            agreed = exchange((_store() is not None, uuid.uuid4().hex))
+            if all(reached for reached, _ in agreed):
+                self.store, self.key = _store(), f"owa_metrics/claims/{agreed[0][1]}"
+
+    def __iter__(self):
+        if self.store is None:
+            yield from range(self.rank, self.count, self.world)
+            return
+        while (k := self.store.add(self.key, 1) - 1) < self.count:
+            yield k
+
+
+@functools.lru_cache(maxsize=None)
+def _store() -> Optional[torch.distributed.Store]:
+    """A client of the store at ``MASTER_ADDR:MASTER_PORT`` (None when unset or unreachable)."""
+    host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if not host or not port or not port.isdigit():
+        return None
+    try:
+        return torch.distributed.TCPStore(host, int(port), is_master=False, timeout=datetime.timedelta(seconds=30))
+    except RuntimeError:  # (DistStoreError, DistNetworkError: no store there)
+        return None
 
 
 def line_indexes(paths) -> tuple[list[LineIndex], list[dict[str, int]]]:
@@ -602,11 +653,12 @@ def line_indexes(paths) -> tuple[list[LineIndex], list[dict[str, int]]]:
     indexes, tags = [], []
     for k, (path, (size, ends_in_break)) in enumerate(zip(paths, sizes)):
         blocks = [block for part in parts for block in part[k]]
-        index = LineIndex(path, size, [count for count, _ in blocks], ends_in_break)
+        index = LineIndex(path, size, [count for counts, _ in blocks for count in counts], ends_in_break)
         found: dict[str, int] = {}
+        before = np.cumsum([0] + [sum(counts) for counts, _ in blocks])  # line breaks before each block
         for b, (_, names) in enumerate(blocks):
             for name, line in names.items():
-                found[name] = min(found.get(name, line + int(index.before[b])), line + int(index.before[b]))
+                found[name] = min(found.get(name, line + int(before[b])), line + int(before[b]))
         indexes.append(index)
         tags.append(found)
     return indexes, tags

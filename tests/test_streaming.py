@@ -67,10 +67,11 @@ def test_the_compiled_tokenizer_reads_every_line_as_the_readable_path(tmp_path, 
 
 @pytest.mark.parametrize("ending", ["\n", ""])
 def test_the_blocks_scans_index_lines_and_tags_as_a_plain_split(tmp_path, monkeypatch, ending):
-    """`line_indexes` from blocks of 64 bytes (each rank scans a share of them: every block alone here): lines
-    across blocks and longer than one, a line break at a block's last byte, tags on lines that cross a block's end,
-    an escaped "tag" key, a line that does not parse; against the file split into lines in Python."""
+    """`line_indexes` from blocks of 64 bytes in pieces of 24 (each rank scans a share of them: every block alone
+    here): lines across blocks and longer than one, a line break at a block's last byte, tags on lines that cross a
+    block's end, an escaped "tag" key, a line that does not parse; against the file split into lines in Python."""
     monkeypatch.setattr(streaming, "SCAN_BYTES", 64)
+    monkeypatch.setattr(streaming, "PIECE_BYTES", 24)  # 24 + 24 + 16
     rows = [json.dumps({"text": E * (k % 4), **({"tag": f"t{k % 5}"} if k % 3 else {})}) for k in range(40)]
     rows[7] = '{"text": "x", "t\\u0061g": "escaped"}'
     rows[9] = '{"text": "x", "tag": "bad'  # does not parse: left to the reading pass
@@ -84,7 +85,6 @@ def test_the_blocks_scans_index_lines_and_tags_as_a_plain_split(tmp_path, monkey
     assert index.lines == len(rows)
     starts = [0] + [k + 1 for k, byte in enumerate(data) if byte == 10 and k + 1 < len(data)]
     assert [index.offset_of(k) for k in range(len(rows))] == starts
-    assert [index.line_at(k) for k in range(len(data))] == [data[:k].count(b"\n") for k in range(len(data))]
     want = {}
     for number, row in enumerate(rows):
         try:
@@ -98,10 +98,12 @@ def test_the_blocks_scans_index_lines_and_tags_as_a_plain_split(tmp_path, monkey
     one = streaming.scan_blocks(path, range(blocks))
     assert [streaming.scan_blocks(path, range(b, b + 1))[0] for b in range(blocks)] == one  # any share of them
     assert any(data[64 * b - 1] == 10 for b in range(1, blocks))  # a line break at a block's last byte
-    for world in (2, 3):  # the ranks' line ranges: contiguous, every line once
-        shares = [streaming.shard(index, rank, world) for rank in range(world)]
-        assert shares[0][0] == 0 and shares[-1][1] == len(rows)
-        assert all(a[1] == b[0] for a, b in zip(shares, shares[1:]))
+    ends = starts[1:] + [len(data)]
+    for world in (1, 2, 3):  # the chunks the ranks claim: every line once, in order, each from a block's start on
+        spans = streaming.chunks(index, world)
+        assert [line for first, last in spans for line in range(first, last)] == list(range(len(rows)))
+        assert all(first < last for first, last in spans) and len(spans) > 5
+        assert all(any(starts[first] <= 64 * b < ends[first] for b in range(blocks)) for first, _ in spans)
 
 
 def _files(tmp_path, n=60, tagged=True, factorized_from=None):
@@ -175,11 +177,22 @@ def test_streamed_evaluate_equals_one_update_of_the_whole_files(tmp_path, monkey
 def _torchrun(tmp_path, *commands: list) -> subprocess.CompletedProcess:
     """One launch of two torchrun processes running ``owa-metrics`` (`owa_metrics.cli.main`, as ``python -m
     owa_metrics``) once per command in one gloo process group (one launch serves several checks: each costs
-    seconds)."""
+    seconds); a command ``["chunks", n, ...]`` first sets the line index's blocks to ``n`` bytes (many chunks). Then
+    each rank writes ``claims_{rank}.json``: the chunks it claimed of 40, from the store, with no store (chunk k to
+    rank k % 2) and with rank 1 alone without one (the ranks agree: k % 2)."""
     script = tmp_path / "commands.py"
-    script.write_text("import sys\nimport torch.distributed as dist\nfrom owa_metrics.cli import main\n"
-                      "dist.init_process_group('gloo')\n"
-                      f"codes = [main(args) for args in {[list(map(str, c)) for c in commands]!r}]\n"
+    script.write_text("import json, sys\nimport torch.distributed as dist\nfrom owa_metrics import streaming\n"
+                      "from owa_metrics.cli import main\ndist.init_process_group('gloo')\nrank = dist.get_rank()\n"
+                      "def run(args):\n"
+                      "    if args[0] == 'chunks':\n"
+                      "        streaming.SCAN_BYTES, args = int(args[1]), args[2:]\n"
+                      "    return main(args)\n"
+                      f"codes = [run(args) for args in {[list(map(str, c)) for c in commands]!r}]\n"
+                      "claims = [list(streaming.Claims(40))]\nstore = streaming._store\n"
+                      "streaming._store = lambda: None\nclaims.append(list(streaming.Claims(40)))\n"
+                      "streaming._store = store if rank == 0 else streaming._store\n"
+                      "claims.append(list(streaming.Claims(40)))\n"
+                      f"open(f'{tmp_path}/claims_{{rank}}.json', 'w').write(json.dumps(claims))\n"
                       "dist.destroy_process_group()\nsys.exit(max(codes))\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
@@ -200,10 +213,18 @@ def test_two_torchrun_processes_equal_one_on_token_files_and_on_a_folder(tmp_pat
     args = ["--pred", str(preds), "--target", str(truths), "--bin-ms", "50"]
     folder_one, folder_two = tmp_path / "folder_one.json", tmp_path / "folder_two.json"
     assert main(["evaluate", *args, "--json", str(folder_one)]) == 0
+    many = tmp_path / "many.json"  # the files in many chunks (blocks of 2 kB): the ranks claim them in turn
     done = _torchrun(tmp_path, ["evaluate", "--pred", pred, "--target", true, "--json", two],
+                     ["chunks", 2048, "evaluate", "--pred", pred, "--target", true, "--json", many],
                      ["evaluate", *args, "--json", folder_two])
-    assert done.stdout.count("OWA event metrics") == 1  # rank 0 alone prints
+    assert done.stdout.count("OWA event metrics") == 2  # rank 0 alone prints
     _same(json.loads(two.read_text()), json.loads(one.read_text()))
+    _same(json.loads(many.read_text()), json.loads(one.read_text()))
+    claims = [json.loads((tmp_path / f"claims_{rank}.json").read_text()) for rank in range(2)]
+    for first, second in zip(*claims):  # every chunk once, each rank's in increasing order
+        assert sorted(first + second) == list(range(40)) and first == sorted(first) and second == sorted(second)
+    for way in (1, 2):  # no store, or rank 1 alone without one: chunk k to rank k % 2
+        assert claims[0][way] == list(range(0, 40, 2)) and claims[1][way] == list(range(1, 40, 2))
     report = json.loads(folder_one.read_text())
     files = [oracle(truths / f"rec{k}.mcap", preds / f"rec{k}.mcap", 50) for k in range(len(d2e_pairs))]
     for k, want in enumerate(files):  # each file alone, as a tag
