@@ -55,53 +55,43 @@ def pair_folders(pred_dir: Path, target_dir: Path) -> list[tuple[str, Path, Path
     return [(Path(name).stem, files[0][name], files[1][name]) for name in common]
 
 
-def shard_pairs(pairs: list, rank: int, world: int) -> list:
-    """Rank ``rank``'s pairs: the largest first, each to the rank with the fewest bytes so far (the same on every
-    rank: sizes and names only)."""
-    sizes = [p.stat().st_size + t.stat().st_size for _, p, t in pairs]
-    loads, mine = [0] * world, []
-    for i in sorted(range(len(pairs)), key=lambda i: (-sizes[i], pairs[i][0])):
-        r = loads.index(min(loads))
-        loads[r] += sizes[i]
-        if r == rank:
-            mine.append(pairs[i])
-    return mine
-
-
 def evaluate_d2e_folders(pred_dir: str | Path, target_dir: str | Path, bin_ms: float = 50,
                          empty_bins_as_correct: bool = False, bin_shifts: Sequence[int] = (),
                          progress: bool | None = None) -> dict[str, float]:
     """The D2E keys over the pairs of two folders (`pair_folders`): the pooled keys over every file's bins taken
     together (the states add), and each file's under ``tag/{stem}/d2e/...``. Under torch.distributed each rank reads
-    its share of the pairs (`shard_pairs`) and the states are summed across ranks (call on every rank: every rank
-    gets the report). ``progress``: a bar of files and MB/s on stderr (None: when it is a terminal; rank 0)."""
+    the pairs it claims (the largest first: `streaming.Claims`) and the pairs' states are added in their order (call
+    on every rank: every rank gets the same report). ``progress``: a bar of files and MB/s on stderr (None: when it is
+    a terminal; rank 0)."""
     import sys
 
     from tqdm.auto import tqdm
 
-    from .streaming import exchange, raise_first, rank_world
+    from .streaming import Claims, exchange, raise_first, rank_world
 
-    rank, world = rank_world()
+    rank, _ = rank_world()
     pairs, error, states = None, None, {}
     try:
         pairs = pair_folders(Path(pred_dir), Path(target_dir))
     except RecordingError as err:
         error = err
     raise_first(error)
-    mine = shard_pairs(pairs, rank, world)
-    total = sum(p.stat().st_size + t.stat().st_size for _, p, t in mine)
+    sizes = [p.stat().st_size + t.stat().st_size for _, p, t in pairs]
+    order = sorted(range(len(pairs)), key=lambda i: (-sizes[i], pairs[i][0]))  # the largest first
     show = (None if progress is None else progress) if rank == 0 else False
-    with tqdm(total=total, unit="B", unit_scale=True, file=sys.stderr, leave=False, disable=None if show is None
-              else not show, desc=f"{len(mine)} files") as bar:
+    with tqdm(total=sum(sizes), unit="B", unit_scale=True, file=sys.stderr, leave=False, disable=None if show is None
+              else not show, desc=f"{len(pairs)} files") as bar:  # rank 0's: the bytes of the pairs claimed before
+        at = 0
         try:
-            for done, (stem, pred, target) in enumerate(mine, 1):
+            for at in Claims(len(order)):
+                stem, pred, target = pairs[order[at]]
+                bar.set_description(f"file {at + 1}/{len(pairs)}")
+                bar.update(sum(sizes[i] for i in order[:at]) - bar.n)
                 states[stem] = pair_states(read_d2e_recording(target), read_d2e_recording(pred), bin_ms, bin_shifts)
-                bar.set_description(f"file {done}/{len(mine)}")
-                bar.update(pred.stat().st_size + target.stat().st_size)
         except Exception as err:  # noqa: BLE001 - every rank hears of it (none waits in a collective)
             error = err if isinstance(err, (RecordingError, ImportError)) else RecordingError(
                 f"{pred} / {target}: cannot read the MCAP pair ({type(err).__name__}: {err})")
-    raise_first(error)
+    raise_first(error, at)
     states = {stem: rows for part in exchange(states) for stem, rows in part.items()}
     shifts = shift_rows(bin_shifts)
     report = d2e_keys(sum(states[stem] for stem, _, _ in pairs), empty_bins_as_correct, shifts)

@@ -384,9 +384,9 @@ def _evaluate_lines(pred_path: Path, target_path: Path, indexes: list, tags: tup
         try:
             for chunk in streaming.Claims(len(spans)):
                 line, last = spans[chunk]
-                at, offsets = line, [index.offset_of(line) for index in indexes]
-                for reader, offset in zip(readers, offsets):
-                    reader.seek(line, last, offset)
+                at = line
+                for reader, index in zip(readers, indexes):
+                    reader.seek(line, last, index.offset_of(line), index.offset_of(last) if last < index.lines else None)
                 while line < last:
                     (p_ids, p_counts, p_tags), (t_ids, t_counts, t_tags) = streaming.window(readers, last - line)
                     k = len(t_counts)

@@ -282,9 +282,10 @@ class InputLines:
     """The lines [first, last) of one text / JSONL file, read a block at a time: `take` gives the next ones' ids and
     tags. Keeps what the format guess needs: the ids seen and the ``<...>`` tokens outside the vocabulary."""
 
-    def __init__(self, path: Path, table: TokenTable, first: int, last: int, offset: int):
+    def __init__(self, path: Path, table: TokenTable, first: int, last: int, offset: int, stop: Optional[int] = None):
         self.path, self.table, self.jsonl = path, table, path.suffix == ".jsonl"
         self.line, self.last, self.offset = first, last, offset  # the next line's number (0-based) and byte offset
+        self.stop = stop  # where line ``last`` starts (None: the file's end), read no further
         self.seen = np.zeros(table.size, bool)
         self.unknown: set[str] = set()
         self.nonblank = False
@@ -292,10 +293,10 @@ class InputLines:
         self._ids, self._starts, self._counts, self._tags, self._at = np.empty(0, np.int32), np.zeros(1, np.int64), \
             np.empty(0, np.int64), [], 0
 
-    def seek(self, first: int, last: int, offset: int) -> None:
-        """Go on with lines [first, last), line ``first`` at byte ``offset`` (what was read but not taken is
-        dropped; what the format guess needs is kept)."""
-        self.line, self.last, self.offset = first, last, offset
+    def seek(self, first: int, last: int, offset: int, stop: Optional[int] = None) -> None:
+        """Go on with lines [first, last), from byte ``offset`` to ``stop`` (what was read but not taken is dropped;
+        what the format guess needs is kept)."""
+        self.line, self.last, self.offset, self.stop = first, last, offset, stop
         self._counts, self._at = np.empty(0, np.int64), 0
 
     def __len__(self) -> int:
@@ -325,13 +326,16 @@ class InputLines:
                 np.concatenate(counts) if counts else np.empty(0, np.int64), tags)
 
     def _read(self, size: int) -> tuple[int, bool]:
-        """Bytes from ``self.offset`` into the block buffer, up to ``size``: (how many, whether the file ended)."""
+        """Bytes from ``self.offset`` into the block buffer, up to ``size`` and ``self.stop``: (how many, whether the
+        file or the lines ended)."""
+        if self.stop is not None:
+            size = min(size, self.stop - self.offset)
         if len(self._buf) < size + PAD_BYTES:
             self._buf = np.empty((size + PAD_BYTES) // 8 * 8 + 8, np.uint8)
         with open(self.path, "rb") as f:
             f.seek(self.offset)
             got = f.readinto(memoryview(self._buf)[:size])
-        return got, got < size
+        return got, got < size or (self.stop is not None and self.offset + got >= self.stop)
 
     def _read_block(self) -> None:
         """Read and tokenize the next block of whole lines (at least one, at most those left in the range)."""
@@ -523,8 +527,8 @@ def scan_blocks(path: Path, blocks: range) -> list[tuple[list[int], dict[str, in
                     if head and data[0] != 10:  # (none when the block holds no line break)
                         first, number = (data.find(b"\n", head) + 1) or end, 1
                     _tags_of(data, first, end, number, names)
-            breaks = (np.frombuffer(data, np.uint8)[head:end] == 10).view(np.uint8)
-            out.append((np.add.reduceat(breaks, np.arange(0, end - head, _piece()), dtype=np.int64).tolist(), names))
+            breaks = np.flatnonzero(np.frombuffer(data, np.uint8)[head:end] == 10)
+            out.append((np.bincount(breaks // _piece(), minlength=-(-(end - head) // _piece())).tolist(), names))
     return out
 
 
