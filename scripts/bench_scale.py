@@ -1,7 +1,7 @@
 """Issue 31's budgets for `owa-metrics evaluate` at scale, side by side in one run (1 thread per process):
 
     python scripts/bench_scale.py [--mb 100 --out /tmp/owa_bench_scale] [--baseline /path/to/old/checkout]
-    python scripts/bench_scale.py --processes [--mb 100]   # only: 1 vs 2 processes, side by side
+    python scripts/bench_scale.py --processes [--mb 100] [--baseline CHECKOUT] [--repeats 5]  # only: 1 vs 2 processes
     python scripts/bench_scale.py --text --baseline /path/to/old/checkout [--repeats 5]  # only: token text, A/B
 
 
@@ -11,9 +11,11 @@
   another process cannot take); the peak RSS of the whole command on 1/4 and all of the data (memory flat in the
   size); with ``--baseline``, an older checkout's ``evaluate()`` on the same files (CPU and wall, interleaved
   with this one's) and its command on 1/4 of the data.
-- processes: ``torchrun --nproc-per-node 1`` and ``2`` alternately, twice each, on the token files and on 8 MCAP
-  pairs: each rank times its ``evaluate()`` after the imports and a warm-up (CPU time and wall, the slowest rank
-  counts), and the whole command's wall time (imports included); MB/s and the 2-process ratio of each.
+- processes: ``torchrun --nproc-per-node 1`` and ``2`` alternately (``--repeats`` times on the token files, twice on 8
+  MCAP pairs; with ``--baseline``, that checkout's too, in the same alternation): each rank times its ``evaluate()``
+  after the imports and a warm-up (CPU time and wall, the slowest rank counts), and the whole command's wall time
+  (imports included); MB/s and the 2-process ratio of each. Then the machine's own ceiling for the same work: two
+  1-process runs whose timed parts start at the same moment (2 x one alone / the slower of the two).
 - MCAP folders: ``--mb`` MB of uncompressed D2E MCAPs (mcap_owa's writer: the real recordings' events, their
   absolute mouse as ``mouse/raw`` differences, repeated and shifted in time; 4 distinct files of ~``--mb``/4 MB),
   read by the D2E route against iterating the same files with the ``mcap`` package's reader without decoding; the
@@ -149,6 +151,7 @@ def worker(pred: str, target: str, warm: list[str]) -> None:
     run = (lambda p, t: evaluate_d2e_folders(p, t, 50, progress=False)) if folders else \
         (lambda p, t: evaluate(p, t, progress=False))
     run(*warm)  # the kernels' cache load
+    time.sleep(max(0.0, float(os.environ.get("OWA_BENCH_START_AT", "0")) - time.time()))
     if world > 1:
         dist.barrier()
     _, wall, cpu = timed(run, pred, target)
@@ -162,27 +165,50 @@ def worker(pred: str, target: str, warm: list[str]) -> None:
         print("TIMES " + json.dumps(times))
 
 
-def processes(pred: Path, target: Path, warm: tuple, what: str, repeats: int = 2) -> None:
-    """1 and 2 torchrun processes alternately: each rank's evaluation (slowest rank) and the whole command."""
+def _torchrun(n: int, pred: Path, target: Path, warm: tuple, tree: Path = ROOT, start_at: float = 0):
+    """A started ``torchrun --nproc-per-node n`` of `worker` on ``tree``'s package (its timed part at ``start_at``)."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n),
+               str(Path(__file__).resolve()), "--worker", str(pred), str(target), str(warm[0]), str(warm[1])]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**_env(tree), "OWA_BENCH_START_AT": str(start_at)})
+
+
+def _times(proc) -> list:
+    out, err = proc.communicate()
+    if proc.returncode:
+        raise SystemExit(f"{' '.join(proc.args)} failed: {err[-2000:]}")
+    return json.loads(next(line for line in out.splitlines() if line.startswith("TIMES "))[6:])
+
+
+def processes(pred: Path, target: Path, warm: tuple, what: str, repeats: int = 2, baseline: Path | None = None) -> None:
+    """1 and 2 torchrun processes alternately (this tree, and ``baseline``'s when given): each rank's evaluation
+    (slowest rank) and the whole command; then the machine's own ceiling, two 1-process runs timed at once."""
     size = sum(f.stat().st_size for p in (pred, target) for f in ([p] if p.is_file() else p.glob("*.mcap"))) / 1e6
-    rows = {1: [], 2: []}
+    trees = {"this tree": ROOT} | ({"baseline": baseline} if baseline else {})
+    rows = {(name, n): [] for name in trees for n in (1, 2)}
+    pairs = []
     for _ in range(repeats):
-        for n in (1, 2):
-            command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n),
-                       str(Path(__file__).resolve()), "--worker", str(pred), str(target), str(warm[0]), str(warm[1])]
-            start = time.perf_counter()
-            done = subprocess.run(command, capture_output=True, text=True, env=_env())
-            whole = time.perf_counter() - start
-            if done.returncode:
-                raise SystemExit(f"{' '.join(command)} failed: {done.stderr[-2000:]}")
-            times = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("TIMES "))[6:])
-            rows[n].append((max(w for w, _ in times), max(c for _, c in times), whole))
-    med = {n: [sorted(x)[len(x) // 2] for x in zip(*r)] for n, r in rows.items()}
-    print(f"{what}, {size:.0f} MB, median of {repeats} alternate runs | 1 process | 2 processes | ratio")
-    for k, name in enumerate(("evaluation, wall (slowest rank)", "evaluation, CPU (slowest rank)",
-                              "whole command, wall (imports included)")):
-        print(f"  {name:40s} | {med[1][k]:6.1f} s ({size / med[1][k]:5.1f} MB/s) | {med[2][k]:6.1f} s "
-              f"({size / med[2][k]:5.1f} MB/s) | {med[1][k] / med[2][k]:.2f}x")
+        for name, tree in trees.items():
+            for n in (1, 2):
+                start = time.perf_counter()
+                times = _times(_torchrun(n, pred, target, warm, tree))
+                rows[name, n].append((max(w for w, _ in times), max(c for _, c in times), time.perf_counter() - start))
+        at = time.time() + 30  # both timed parts at once (imports and the warm-up take ~10-20 s)
+        both = [_times(proc) for proc in [_torchrun(1, pred, target, warm, ROOT, at) for _ in range(2)]]
+        pairs.append(max(w for times in both for w, _ in times))
+    med = {key: [sorted(x)[len(x) // 2] for x in zip(*r)] for key, r in rows.items()}
+    for name, tree in trees.items():
+        print(f"{what} ({name}: {tree}), {size:.0f} MB, median of {repeats} alternate runs | 1 process | 2 processes "
+              f"| ratio")
+        for k, label in enumerate(("evaluation, wall (slowest rank)", "evaluation, CPU (slowest rank)",
+                                   "whole command, wall (imports included)")):
+            one, two = med[name, 1][k], med[name, 2][k]
+            print(f"  {label:40s} | {one:6.2f} s ({size / one:5.1f} MB/s) | {two:6.2f} s ({size / two:5.1f} MB/s) | "
+                  f"{one / two:.2f}x")
+    pair = sorted(pairs)[len(pairs) // 2]
+    print(f"  the machine: two 1-process runs of this tree timed at once, the slower's wall {pair:.2f} s (median of "
+          f"{repeats}): two processes' ceiling here 2 x {med['this tree', 1][0]:.2f} / {pair:.2f} = "
+          f"{2 * med['this tree', 1][0] / pair:.2f}x")
 
 
 def main() -> None:
@@ -192,7 +218,7 @@ def main() -> None:
     parser.add_argument("--baseline", type=Path, help="an older checkout: its evaluate() on the same token files")
     parser.add_argument("--processes", action="store_true", help="only the 1 vs 2 processes figures")
     parser.add_argument("--text", action="store_true", help="only token text: this tree vs --baseline, alternately")
-    parser.add_argument("--repeats", type=int, default=5, help="--text: runs of each tree")
+    parser.add_argument("--repeats", type=int, default=5, help="--text, --processes (token text): runs of each tree")
     parser.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)  # one torchrun rank (see `worker`)
     args = parser.parse_args()
     if args.worker:
@@ -204,9 +230,9 @@ def main() -> None:
         return text_ab(args)
     if args.processes:
         small, (pred, true) = token_files(args.out, args.mb / 4), token_files(args.out, args.mb)
-        processes(pred, true, small, "token text (JSONL)")
+        processes(pred, true, small, "token text (JSONL)", args.repeats, args.baseline)
         many_p, many_t, two = mcap_copies(args.out, args.mb)
-        processes(many_p, many_t, two, "MCAP folders (8 pairs)")
+        processes(many_p, many_t, two, "MCAP folders (8 pairs)", 2, args.baseline)
         print(f"load average at the end: {os.getloadavg()}")
         return
     from mcap.reader import make_reader
