@@ -618,14 +618,16 @@ class Claims:
             yield k
 
 
-@functools.lru_cache(maxsize=None)
 def _store() -> Optional[torch.distributed.Store]:
     """A client of the store at ``MASTER_ADDR:MASTER_PORT`` (None when unset or unreachable)."""
-    host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
-    if not host or not port or not port.isdigit():
-        return None
+    host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT", "")
+    return _client(host, int(port)) if host and port.isdigit() else None
+
+
+@functools.lru_cache(maxsize=None)
+def _client(host: str, port: int) -> Optional[torch.distributed.Store]:
     try:
-        return torch.distributed.TCPStore(host, int(port), is_master=False, timeout=datetime.timedelta(seconds=30))
+        return torch.distributed.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=30))
     except RuntimeError:  # (DistStoreError, DistNetworkError: no store there)
         return None
 

@@ -14,8 +14,8 @@
 - processes: ``torchrun --nproc-per-node 1`` and ``2`` alternately (``--repeats`` times on the token files, twice on 8
   MCAP pairs; with ``--baseline``, that checkout's too, in the same alternation): each rank times its ``evaluate()``
   after the imports and a warm-up (CPU time and wall, the slowest rank counts), and the whole command's wall time
-  (imports included); MB/s and the 2-process ratio of each. Then the machine's own ceiling for the same work: two
-  1-process runs whose timed parts start at the same moment (2 x one alone / the slower of the two).
+  (imports and the warm-up included); MB/s and the 2-process ratio of each. Then the machine's own ceiling for the
+  same work: two 1-process runs whose timed parts start at the same moment (2 x one alone / the slower of the two).
 - MCAP folders: ``--mb`` MB of uncompressed D2E MCAPs (mcap_owa's writer: the real recordings' events, their
   absolute mouse as ``mouse/raw`` differences, repeated and shifted in time; 4 distinct files of ~``--mb``/4 MB),
   read by the D2E route against iterating the same files with the ``mcap`` package's reader without decoding; the
@@ -201,7 +201,7 @@ def processes(pred: Path, target: Path, warm: tuple, what: str, repeats: int = 2
         print(f"{what} ({name}: {tree}), {size:.0f} MB, median of {repeats} alternate runs | 1 process | 2 processes "
               f"| ratio")
         for k, label in enumerate(("evaluation, wall (slowest rank)", "evaluation, CPU (slowest rank)",
-                                   "whole command, wall (imports included)")):
+                                   "whole command, wall (+ imports, warm-up)")):
             one, two = med[name, 1][k], med[name, 2][k]
             print(f"  {label:40s} | {one:6.2f} s ({size / one:5.1f} MB/s) | {two:6.2f} s ({size / two:5.1f} MB/s) | "
                   f"{one / two:.2f}x")
