@@ -386,7 +386,8 @@ def _evaluate_lines(pred_path: Path, target_path: Path, indexes: list, tags: tup
                 line, last = spans[chunk]
                 at = line
                 for reader, index in zip(readers, indexes):
-                    reader.seek(line, last, index.offset_of(line), index.offset_of(last) if last < index.lines else None)
+                    stop = index.offset_of(last) if last < index.lines else None  # (None: to the file's end)
+                    reader.seek(line, last, index.offset_of(line), stop)
                 while line < last:
                     (p_ids, p_counts, p_tags), (t_ids, t_counts, t_tags) = streaming.window(readers, last - line)
                     k = len(t_counts)

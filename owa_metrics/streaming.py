@@ -282,10 +282,10 @@ class InputLines:
     """The lines [first, last) of one text / JSONL file, read a block at a time: `take` gives the next ones' ids and
     tags. Keeps what the format guess needs: the ids seen and the ``<...>`` tokens outside the vocabulary."""
 
-    def __init__(self, path: Path, table: TokenTable, first: int, last: int, offset: int, stop: Optional[int] = None):
+    def __init__(self, path: Path, table: TokenTable, first: int, last: int, offset: int):
         self.path, self.table, self.jsonl = path, table, path.suffix == ".jsonl"
         self.line, self.last, self.offset = first, last, offset  # the next line's number (0-based) and byte offset
-        self.stop = stop  # where line ``last`` starts (None: the file's end), read no further
+        self.stop: Optional[int] = None  # where line ``last`` starts, read no further (None: the file's end)
         self.seen = np.zeros(table.size, bool)
         self.unknown: set[str] = set()
         self.nonblank = False
@@ -509,9 +509,9 @@ def _piece() -> int:
 
 def scan_blocks(path: Path, blocks: range) -> list[tuple[list[int], dict[str, int]]]:
     """For each block ``b`` of `SCAN_BYTES` bytes of the file: the line breaks in each of its pieces of `PIECE_BYTES`
-    (the last one shorter), and the tag names of the JSONL lines that start in it, each with its first line there (the line breaks in the block before that line). Only the lines
-    that may hold a tag (a ``"tag"`` key, or an escape) are parsed; a line that does not parse is left to the
-    reading pass, which says what is wrong with it."""
+    (the last one shorter), and the tag names of the JSONL lines that start in it, each with its first line there
+    (the line breaks in the block before that line). Only the lines that may hold a tag (a ``"tag"`` key, or an
+    escape) are parsed; a line that does not parse is left to the reading pass, which says what is wrong with it."""
     out = []
     with open(path, "rb") as f:
         for b in blocks:
@@ -587,8 +587,8 @@ class LineIndex:
 
 
 def chunks(target: LineIndex, world: int) -> list[tuple[int, int]]:
-    """The target file's lines as chunks [first, last) for the ranks to claim (`Claims`), in order: the lines that
-    start in a run of the index's blocks, about 16 runs per rank (a block at least; none empty)."""
+    """The target file's lines as chunks [first, last) for the ranks to claim (`Claims`), in order: cut at the lines
+    that hold the first byte of a block, about 16 runs of whole blocks per rank (a block at least; none empty)."""
     per, blocks = -(-SCAN_BYTES // _piece()), -(-target.size // SCAN_BYTES)
     step = per * max(1, blocks // (16 * world))  # in pieces
     bounds = sorted({int(target.before[k]) for k in range(0, len(target.before) - 1, step)} | {target.lines})
