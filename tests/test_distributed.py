@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torchmetrics.utilities.distributed import gather_all_tensors
 
 from owa_metrics import OWAEventMetrics, VocabMap, build_tokenizer
 from owa_metrics.events import simulate_session
@@ -60,17 +61,26 @@ def _synced(rank, world):
     shards = _batches(VocabMap.from_tokenizer(tokenizer))
     if world == 2:
         shards = [shards[0], shards[1] + shards[2]]
-    results = {}
+    results, results["torchmetrics_sync"] = {}, {}
     for mode in ("exact", "sketch"):
         metric = OWAEventMetrics(tokenizer, alignment="generation", mode=mode, **D2E)
         for preds, target in shards[rank]:
             metric.update(preds, target)
+        results["torchmetrics_sync"][mode] = _against_torchmetrics_sync(metric)
         results[mode] = {"report": {k: v.item() for k, v in metric.compute().items()},
                          "confusion": metric.confusion_matrix().tolist()}
     metric = OWAEventMetrics(tokenizer, alignment="generation", pairing="time")  # detection counts and samples
     for preds, target in shards[rank]:
         metric.update(preds, target)
+    results["torchmetrics_sync"]["time"] = _against_torchmetrics_sync(metric)
     results["time"] = {"report": {k: v.item() for k, v in metric.compute().items()}, "confusion": []}
+    metric = OWAEventMetrics(tokenizer, alignment="generation", tags=TAGS[:2 + rank])  # the ranks' tags differ
+    metric.update(*shards[rank][0], tags=torch.zeros(len(shards[rank][0][1]), dtype=torch.int64))
+    try:
+        metric.compute()
+        results["different_tags"] = "no error"
+    except ValueError as err:
+        results["different_tags"] = str(err)
     for mode in ("exact", "sketch"):  # slices: every key of every tag (two tags live on rank 0 only, one nowhere)
         results[f"tags_{mode}"] = {"report": _tagged(tokenizer, mode, shards[rank]), "confusion": []}
     if world == 2:  # compute() mid-epoch on every rank, then updates on rank 0 only, then compute() again
@@ -87,6 +97,20 @@ def _synced(rank, world):
 
 
 TAGS = ["even", "odd", "even_big", "odd_big", "never"]
+
+
+def _against_torchmetrics_sync(metric):
+    """[states compared, those whose synced value differs]: the metric's own sync (`Float64Metric._sync_dist`)
+    against torchmetrics' (what a ``dist_sync_fn`` other than its default gets), bit for bit, shape and dtype."""
+    synced = []
+    for fn in (None, lambda tensor, group=None: gather_all_tensors(tensor, group)):
+        metric.sync(dist_sync_fn=fn)
+        synced.append({name: getattr(metric, name).clone() for name in metric._defaults})
+        metric.unsync()
+    ours, theirs = synced
+    bits = lambda x: x.contiguous().reshape(-1).view(torch.uint8)  # noqa: E731  (NaN samples: equal bits)
+    return [len(ours), [name for name in ours if (ours[name].dtype, ours[name].shape) != (theirs[name].dtype,
+                        theirs[name].shape) or not torch.equal(bits(ours[name]), bits(theirs[name]))]]
 
 
 def _tagged(tokenizer, mode, batches):
@@ -153,6 +177,9 @@ def test_synced_compute_equals_one_process(synced_by_world, expected, world):
     assert 0 < expected["time"][0]["mouse/move_coverage"] < 1
     for key in ("d2e/keyboard/key_accuracy", "d2e/mouse_move/pearson_x@-2bins", "d2e/best_shift_bins"):
         assert key in expected["exact"][0] and key in expected["sketch"][0]
+    for mode, (compared, differ) in synced["torchmetrics_sync"].items():  # rank 0's synced states
+        assert compared >= 20 and not differ, (mode, differ)
+    assert "different shapes" in synced["different_tags"], synced["different_tags"]
     for mode in ("exact", "sketch", "time"):
         got = synced[mode]
         report, confusion = expected[mode]

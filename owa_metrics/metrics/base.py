@@ -9,6 +9,7 @@ from typing import Any, Callable, Literal, Optional
 import torch
 from torchmetrics import Metric
 from torchmetrics.utilities.data import dim_zero_cat
+from torchmetrics.utilities.distributed import gather_all_tensors
 
 from ..functional.stats import (
     SketchSpec, abs_of_counts, bootstrap_iqm_ci_of_counts, distinct, iqm_of_counts, quantile_of_counts,
@@ -124,31 +125,6 @@ def check_vectors(metric: Metric, preds: torch.Tensor, target: torch.Tensor) -> 
                          f"{tuple(preds.shape)} and target {tuple(target.shape)}")
 
 
-def gather_states(tensor: torch.Tensor, group: Optional[Any] = None) -> list[torch.Tensor]:
-    """Every rank's ``tensor`` (in rank order): torchmetrics' ``dist_sync_fn`` for our metrics. The shapes first (one
-    ``all_gather``, none for a scalar), then one ``all_gather`` when they are all equal, else one ``broadcast`` from
-    each rank into a tensor of its exact shape: no barrier, no zero-filled or padded copies (torchmetrics' default
-    pads every rank's samples to the longest and fills its buffers with zeros: twice the time for exact-mode
-    samples under gloo)."""
-    group = group or torch.distributed.group.WORLD
-    world, me = torch.distributed.get_world_size(group), torch.distributed.get_rank(group)
-    tensor = tensor.contiguous()
-    shapes = torch.empty((world, tensor.ndim), dtype=torch.int64, device=tensor.device)
-    if tensor.ndim:
-        torch.distributed.all_gather(list(shapes.unbind(0)),
-                                     torch.tensor(tensor.shape, dtype=torch.int64, device=tensor.device), group=group)
-    shapes = shapes.tolist()
-    if all(shape == shapes[0] for shape in shapes):
-        out = [torch.empty_like(tensor) for _ in range(world)]
-        torch.distributed.all_gather(out, tensor, group=group)
-    else:
-        out = [tensor if r == me else tensor.new_empty(shape) for r, shape in enumerate(shapes)]
-        for r, piece in enumerate(out):
-            torch.distributed.broadcast(piece, torch.distributed.get_global_rank(group, r), group=group)
-    out[me] = tensor
-    return out
-
-
 class Float64Metric(Metric):
     """A metric whose states (counts, sums, samples) are float64 and stay so, with a cheap ``forward``.
 
@@ -157,12 +133,8 @@ class Float64Metric(Metric):
     - ``forward`` (the batch's value, the batch added to the state) sets the state aside by reference, not by a
       copy (`reset` gives the batch fresh states, which every update replaces or adds into), and appends the
       batch's samples as ``update`` does (`append_samples`), not one tensor per call.
-    - The states sync with `gather_states` unless ``dist_sync_fn`` is given.
+    - The states sync in a few collectives (`_sync_dist`) unless a ``dist_sync_fn`` is given.
     """
-
-    def __init__(self, **kwargs):
-        kwargs.setdefault("dist_sync_fn", gather_states)
-        super().__init__(**kwargs)
 
     def _apply(self, fn: Callable, exclude_state: Any = "") -> "Float64Metric":
         if self._dtype_convert:  # set_dtype
@@ -176,6 +148,60 @@ class Float64Metric(Metric):
         out = super()._apply(move, exclude_state)
         out._dtype = dtype
         return out
+
+    def _sync_dist(self, dist_sync_fn: Callable = gather_all_tensors, process_group: Optional[Any] = None) -> None:
+        """Every rank's states, reduced as declared, in few collectives and no extra copy (torchmetrics' own sync,
+        with a ``dist_sync_fn`` of the user's, gathers each state alone: two collectives and a barrier a state, the
+        samples padded to the longest rank's and concatenated twice):
+
+        - one ``all_gather`` of every rank's sizes: each ``cat`` state's number of samples, each dtype's sum of the
+          other states' numbers of elements (these must agree: a ValueError on every rank, not a hang);
+        - one ``all_gather`` per dtype of the other states, flat, each then reduced over the ranks (``sum``: the
+          ranks' values added in rank order, as torchmetrics does);
+        - per ``cat`` state one tensor of every rank's samples in rank order, each rank's ``broadcast`` straight
+          into its slice (this rank's pieces copied into its own)."""
+        if dist_sync_fn is not gather_all_tensors:
+            return super()._sync_dist(dist_sync_fn, process_group)
+        group = process_group or self.process_group or torch.distributed.group.WORLD
+        world, me = torch.distributed.get_world_size(group), torch.distributed.get_rank(group)
+        cats = [attr for attr, fx in self._reductions.items() if fx is dim_zero_cat]
+        pieces = {attr: [p.reshape(-1) for p in (lambda x: x if isinstance(x, list) else [x])(getattr(self, attr))]
+                  for attr in cats}
+        others: dict[torch.dtype, list[str]] = {}
+        for attr in self._reductions:
+            if attr not in pieces:
+                others.setdefault(getattr(self, attr).dtype, []).append(attr)
+        mine = [sum(p.numel() for p in pieces[attr]) for attr in cats]
+        mine += [sum(getattr(self, attr).numel() for attr in attrs) for attrs in others.values()]
+        sizes = torch.empty((world, len(mine)), dtype=torch.int64, device=self.device)
+        torch.distributed.all_gather(list(sizes.unbind(0)), torch.tensor(mine, dtype=torch.int64, device=self.device),
+                                     group=group)
+        sizes = sizes.T.tolist()  # [size][rank]
+        if any(len(set(counts)) > 1 for counts in sizes[len(cats):]):
+            raise ValueError(f"{type(self).__name__}: the ranks' states have different shapes (elements per rank: "
+                             f"{sizes[len(cats):]}); construct the metric with the same arguments on every rank")
+        for attrs, counts in zip(others.values(), sizes[len(cats):]):
+            flat = torch.cat([getattr(self, attr).reshape(-1) for attr in attrs])
+            gathered = torch.empty((world, counts[0]), dtype=flat.dtype, device=flat.device)
+            torch.distributed.all_gather(list(gathered.unbind(0)), flat, group=group)
+            at = 0
+            for attr in attrs:
+                shape = getattr(self, attr).shape
+                value = gathered[:, at:at + shape.numel()].reshape(world, *shape)
+                fx = self._reductions[attr]
+                setattr(self, attr, fx(value) if fx is not None else value)
+                at += shape.numel()
+        for attr, counts in zip(cats, sizes):
+            starts = [sum(counts[:r]) for r in range(world + 1)]
+            out = torch.empty(starts[-1], dtype=pieces[attr][0].dtype if pieces[attr] else self.dtype,
+                              device=self.device)
+            if counts[me]:
+                torch.cat(pieces[attr], out=out[starts[me]:starts[me + 1]])
+            for r in range(world):
+                if counts[r]:
+                    torch.distributed.broadcast(out[starts[r]:starts[r + 1]],
+                                                torch.distributed.get_global_rank(group, r), group=group)
+            setattr(self, attr, out)
 
     def _copy_state_dict(self) -> dict:
         return {attr: list(value) if isinstance(value, list) else value
