@@ -1,7 +1,7 @@
 """Issue 31's budgets for `owa-metrics evaluate` at scale, side by side in one run (1 thread per process):
 
     python scripts/bench_scale.py [--mb 100 --out /tmp/owa_bench_scale] [--baseline /path/to/old/checkout]
-    python scripts/bench_scale.py --processes [--mb 100] [--baseline CHECKOUT] [--repeats 5]  # only: 1 vs 2 processes
+    python scripts/bench_scale.py --processes [--mb 100] [--modes exact sketch] [--baseline CHECKOUT] [--repeats 5]
     python scripts/bench_scale.py --text --baseline /path/to/old/checkout [--repeats 5]  # only: token text, A/B
 
 
@@ -11,11 +11,13 @@
   another process cannot take); the peak RSS of the whole command on 1/4 and all of the data (memory flat in the
   size); with ``--baseline``, an older checkout's ``evaluate()`` on the same files (CPU and wall, interleaved
   with this one's) and its command on 1/4 of the data.
-- processes: ``torchrun --nproc-per-node 1`` and ``2`` alternately (``--repeats`` times on the token files, twice on 8
-  MCAP pairs; with ``--baseline``, that checkout's too, in the same alternation): each rank times its ``evaluate()``
-  after the imports and a warm-up (CPU time and wall, the slowest rank counts), and the whole command's wall time
-  (imports and the warm-up included); MB/s and the 2-process ratio of each. Then the machine's own ceiling for the
-  same work: two 1-process runs whose timed parts start at the same moment (2 x one alone / the slower of the two).
+- processes: ``torchrun --nproc-per-node 1`` and ``2`` alternately (``--repeats`` times on the token files in each of
+  ``--modes``, twice on 8 MCAP pairs; with ``--baseline``, that checkout's too, in the same alternation): each rank
+  times its ``evaluate()`` after the imports and a warm-up (CPU time and wall, the slowest rank counts), and within
+  it the report (the states' sync and ``compute()``: the part that does not split), and the whole command's wall
+  time (imports and the warm-up included); MB/s and the 2-process ratio of each. Then the machine's own ceiling for
+  the same work: two 1-process runs whose timed parts start at the same moment (2 x one alone / the slower of the
+  two).
 - MCAP folders: ``--mb`` MB of uncompressed D2E MCAPs (mcap_owa's writer: the real recordings' events, their
   absolute mouse as ``mouse/raw`` differences, repeated and shifted in time; 4 distinct files of ~``--mb``/4 MB),
   read by the D2E route against iterating the same files with the ``mcap`` package's reader without decoding; the
@@ -135,13 +137,25 @@ def timed(fn, *args, **kwargs):
     return out, time.perf_counter() - w, time.process_time() - c
 
 
-def worker(pred: str, target: str, warm: list[str]) -> None:
-    """One torchrun rank: its ``evaluate`` (token files) or ``evaluate_d2e_folders`` (folders) timed after the
-    imports and a warm-up on ``warm``; rank 0 prints every rank's (wall s, CPU s) as JSON."""
+def worker(pred: str, target: str, warm: list[str], mode: str) -> None:
+    """One torchrun rank: its ``evaluate`` (token files, in ``mode``) or ``evaluate_d2e_folders`` (folders) timed
+    after the imports and a warm-up on ``warm``; rank 0 prints every rank's (wall s, CPU s, the report's wall s) as
+    JSON (the report: `owa_metrics.evaluate.report_of`, the states' sync and ``compute()``; 0 for folders)."""
     import torch.distributed as dist
 
+    from owa_metrics import evaluate as module
     from owa_metrics.d2e import evaluate_d2e_folders
     from owa_metrics.evaluate import evaluate
+
+    report_s = [0.0]
+
+    def report_of(*args, **kwargs):  # timed where `evaluate` calls it
+        begin = time.perf_counter()
+        out = report_of.inner(*args, **kwargs)
+        report_s[0] += time.perf_counter() - begin
+        return out
+
+    report_of.inner, module.report_of = module.report_of, report_of
 
     torch.set_num_threads(1)
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -149,26 +163,28 @@ def worker(pred: str, target: str, warm: list[str]) -> None:
         dist.init_process_group("gloo")
     folders = Path(pred).is_dir()
     run = (lambda p, t: evaluate_d2e_folders(p, t, 50, progress=False)) if folders else \
-        (lambda p, t: evaluate(p, t, progress=False))
+        (lambda p, t: evaluate(p, t, mode, progress=False))
     run(*warm)  # the kernels' cache load
+    report_s[0] = 0.0
     time.sleep(max(0.0, float(os.environ.get("OWA_BENCH_START_AT", "0")) - time.time()))
     if world > 1:
         dist.barrier()
     _, wall, cpu = timed(run, pred, target)
     times = [None] * world
     if world > 1:
-        dist.all_gather_object(times, (wall, cpu))
+        dist.all_gather_object(times, (wall, cpu, report_s[0]))
         dist.destroy_process_group()
     else:
-        times = [(wall, cpu)]
+        times = [(wall, cpu, report_s[0])]
     if int(os.environ.get("RANK", "0")) == 0:
         print("TIMES " + json.dumps(times))
 
 
-def _torchrun(n: int, pred: Path, target: Path, warm: tuple, tree: Path = ROOT, start_at: float = 0):
+def _torchrun(n: int, pred: Path, target: Path, warm: tuple, tree: Path = ROOT, start_at: float = 0,
+              mode: str = "exact"):
     """A started ``torchrun --nproc-per-node n`` of `worker` on ``tree``'s package (its timed part at ``start_at``)."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n),
-               str(Path(__file__).resolve()), "--worker", str(pred), str(target), str(warm[0]), str(warm[1])]
+               str(Path(__file__).resolve()), "--worker", str(pred), str(target), str(warm[0]), str(warm[1]), mode]
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**_env(tree), "OWA_BENCH_START_AT": str(start_at)})
 
@@ -180,9 +196,11 @@ def _times(proc) -> list:
     return json.loads(next(line for line in out.splitlines() if line.startswith("TIMES "))[6:])
 
 
-def processes(pred: Path, target: Path, warm: tuple, what: str, repeats: int = 2, baseline: Path | None = None) -> None:
+def processes(pred: Path, target: Path, warm: tuple, what: str, repeats: int = 2, baseline: Path | None = None,
+              mode: str = "exact") -> None:
     """1 and 2 torchrun processes alternately (this tree, and ``baseline``'s when given): each rank's evaluation
-    (slowest rank) and the whole command; then the machine's own ceiling, two 1-process runs timed at once."""
+    (slowest rank), its report (sync and compute) and the whole command; then the machine's own ceiling, two
+    1-process runs timed at once."""
     size = sum(f.stat().st_size for p in (pred, target) for f in ([p] if p.is_file() else p.glob("*.mcap"))) / 1e6
     trees = {"this tree": ROOT} | ({"baseline": baseline} if baseline else {})
     rows = {(name, n): [] for name in trees for n in (1, 2)}
@@ -191,18 +209,23 @@ def processes(pred: Path, target: Path, warm: tuple, what: str, repeats: int = 2
         for name, tree in trees.items():
             for n in (1, 2):
                 start = time.perf_counter()
-                times = _times(_torchrun(n, pred, target, warm, tree))
-                rows[name, n].append((max(w for w, _ in times), max(c for _, c in times), time.perf_counter() - start))
+                times = _times(_torchrun(n, pred, target, warm, tree, mode=mode))
+                rows[name, n].append([max(t[k] for t in times) for k in range(3)] + [time.perf_counter() - start])
         at = time.time() + 30  # both timed parts at once (imports and the warm-up take ~10-20 s)
-        both = [_times(proc) for proc in [_torchrun(1, pred, target, warm, ROOT, at) for _ in range(2)]]
-        pairs.append(max(w for times in both for w, _ in times))
+        both = [_times(proc) for proc in [_torchrun(1, pred, target, warm, ROOT, at, mode) for _ in range(2)]]
+        pairs.append(max(t[0] for times in both for t in times))
     med = {key: [sorted(x)[len(x) // 2] for x in zip(*r)] for key, r in rows.items()}
     for name, tree in trees.items():
         print(f"{what} ({name}: {tree}), {size:.0f} MB, median of {repeats} alternate runs | 1 process | 2 processes "
               f"| ratio")
         for k, label in enumerate(("evaluation, wall (slowest rank)", "evaluation, CPU (slowest rank)",
-                                   "whole command, wall (+ imports, warm-up)")):
+                                   "  of which the report (sync, compute)", "whole command, wall (+ imports, warm-up)")):
             one, two = med[name, 1][k], med[name, 2][k]
+            if k == 2:  # the report's share of the evaluation (none for folders)
+                if one:
+                    print(f"  {label:40s} | {one:6.2f} s ({one / med[name, 1][0]:4.0%})   | {two:6.2f} s "
+                          f"({two / med[name, 2][0]:4.0%})   |")
+                continue
             print(f"  {label:40s} | {one:6.2f} s ({size / one:5.1f} MB/s) | {two:6.2f} s ({size / two:5.1f} MB/s) | "
                   f"{one / two:.2f}x")
     pair = sorted(pairs)[len(pairs) // 2]
@@ -219,10 +242,11 @@ def main() -> None:
     parser.add_argument("--processes", action="store_true", help="only the 1 vs 2 processes figures")
     parser.add_argument("--text", action="store_true", help="only token text: this tree vs --baseline, alternately")
     parser.add_argument("--repeats", type=int, default=5, help="--text, --processes (token text): runs of each tree")
-    parser.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)  # one torchrun rank (see `worker`)
+    parser.add_argument("--modes", nargs="+", default=["exact", "sketch"], help="--processes: token text's modes")
+    parser.add_argument("--worker", nargs=5, help=argparse.SUPPRESS)  # one torchrun rank (see `worker`)
     args = parser.parse_args()
     if args.worker:
-        return worker(args.worker[0], args.worker[1], args.worker[2:])
+        return worker(args.worker[0], args.worker[1], args.worker[2:4], args.worker[4])
     torch.set_num_threads(1)
     args.out.mkdir(parents=True, exist_ok=True)
     print(f"load average at the start: {os.getloadavg()}")
@@ -230,7 +254,8 @@ def main() -> None:
         return text_ab(args)
     if args.processes:
         small, (pred, true) = token_files(args.out, args.mb / 4), token_files(args.out, args.mb)
-        processes(pred, true, small, "token text (JSONL)", args.repeats, args.baseline)
+        for mode in args.modes:
+            processes(pred, true, small, f"token text (JSONL), {mode}", args.repeats, args.baseline, mode)
         many_p, many_t, two = mcap_copies(args.out, args.mb)
         processes(many_p, many_t, two, "MCAP folders (8 pairs)", 2, args.baseline)
         print(f"load average at the end: {os.getloadavg()}")
