@@ -12,7 +12,7 @@
   size); with ``--baseline``, an older checkout's ``evaluate()`` on the same files (CPU and wall, interleaved
   with this one's) and its command on 1/4 of the data.
 - processes: ``torchrun --nproc-per-node 1`` and ``2`` alternately (``--repeats`` times on the token files in each of
-  ``--modes``, twice on 8 MCAP pairs; with ``--baseline``, that checkout's too, in the same alternation): each rank
+  ``--modes``, ``--mcap-repeats`` times on 8 MCAP pairs; with ``--baseline``, that checkout's too, in the same alternation): each rank
   times its ``evaluate()`` after the imports and a warm-up (CPU time and wall, the slowest rank counts), and within
   it the report (the states' sync and ``compute()``: the part that does not split), and the whole command's wall
   time (imports and the warm-up included); MB/s and the 2-process ratio of each. Then the machine's own ceiling for
@@ -243,6 +243,7 @@ def main() -> None:
     parser.add_argument("--text", action="store_true", help="only token text: this tree vs --baseline, alternately")
     parser.add_argument("--repeats", type=int, default=5, help="--text, --processes (token text): runs of each tree")
     parser.add_argument("--modes", nargs="+", default=["exact", "sketch"], help="--processes: token text's modes")
+    parser.add_argument("--mcap-repeats", type=int, default=2, help="--processes: runs on the MCAP folders (0: none)")
     parser.add_argument("--worker", nargs=5, help=argparse.SUPPRESS)  # one torchrun rank (see `worker`)
     args = parser.parse_args()
     if args.worker:
@@ -256,8 +257,9 @@ def main() -> None:
         small, (pred, true) = token_files(args.out, args.mb / 4), token_files(args.out, args.mb)
         for mode in args.modes:
             processes(pred, true, small, f"token text (JSONL), {mode}", args.repeats, args.baseline, mode)
-        many_p, many_t, two = mcap_copies(args.out, args.mb)
-        processes(many_p, many_t, two, "MCAP folders (8 pairs)", 2, args.baseline)
+        if args.mcap_repeats:
+            many_p, many_t, two = mcap_copies(args.out, args.mb)
+            processes(many_p, many_t, two, "MCAP folders (8 pairs)", args.mcap_repeats, args.baseline)
         print(f"load average at the end: {os.getloadavg()}")
         return
     from mcap.reader import make_reader
