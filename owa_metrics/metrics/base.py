@@ -158,8 +158,8 @@ class Float64Metric(Metric):
           other states' numbers of elements (these must agree: a ValueError on every rank, not a hang);
         - one ``all_gather`` per dtype of the other states, flat, each then reduced over the ranks (``sum``: the
           ranks' values added in rank order, as torchmetrics does);
-        - per ``cat`` state one tensor of every rank's samples in rank order, each rank's ``broadcast`` straight
-          into its slice (this rank's pieces copied into its own)."""
+        - per ``cat`` state (flat samples, as `append_samples` keeps them) one tensor of every rank's samples in rank
+          order, each rank's ``broadcast`` straight into its slice (this rank's pieces copied into its own)."""
         if dist_sync_fn is not gather_all_tensors:
             return super()._sync_dist(dist_sync_fn, process_group)
         group = process_group or self.process_group or torch.distributed.group.WORLD
