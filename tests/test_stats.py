@@ -346,13 +346,19 @@ def test_bootstrap_sample_by_sample_equals_the_oracle(kind, n, tail_margin):
     assert close(got[0], want[0], 1e-12) and close(got[1], want[1], 1e-12), (got, want)
 
 
+@pytest.mark.parametrize("hashed", [None, 8])
 @pytest.mark.parametrize("zeros", ["none", "one sign", "both signs"])
-def test_distinct_by_group_equals_a_sort_of_each_group_and_of_all(zeros):
+def test_distinct_by_group_equals_a_sort_of_each_group_and_of_all(zeros, hashed, monkeypatch):
     """Issue 34: per column, each group's distinct values and counts, and the pooled ones merged from them, are
     numpy's ``unique`` of the group's values and of the whole column (NaNs left out), bit for bit; with 0.0 and -0.0
     both in a column its pooled ones are `distinct`'s own (which zero stands for both is its sort's); an empty group
-    is empty; a group code out of range gives the masks' answer."""
+    is empty; a group code out of range gives the masks' answer. ``hashed``: a group with more distinct values than
+    that is sorted instead of counted in the hash table (the default limit holds every group here)."""
+    from owa_metrics.functional import stats
     from owa_metrics.functional.stats import distinct_by_group
+
+    if hashed is not None:
+        monkeypatch.setattr(stats, "HASHED_DISTINCT", hashed)
 
     rng = np.random.default_rng(3)
     x = np.round(rng.standard_t(2, 5000) * 3) * 10

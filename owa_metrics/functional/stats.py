@@ -90,10 +90,11 @@ def distinct_by_group(x: torch.Tensor, group: torch.Tensor, groups: int) -> list
     """Per column of ``x`` [n, m] (``group`` [n]: each row's group, an integer in [0, groups)): ``([distinct(column[group
     == g], drop_nan=True) for g in range(groups)], distinct(column, drop_nan=True))``. On the CPU with the compiled
     kernels: one pass puts each group's rows together in their order (`_group_together`), each group of a column is
-    sorted where it lies, and a column's pooled distinct values are merged from its groups' (O(distinct log
-    distinct)), not sorted again: they equal one sort of the whole column whenever equal values are equal bit for
-    bit (NaNs left out); where not (0.0 and -0.0 both in the column), and where a row's group is not one of them,
-    the pooled values are one sort, as `distinct`."""
+    counted in a hash table by its values' bits when it has at most `HASHED_DISTINCT` distinct ones (then those are
+    sorted: O(n + distinct log distinct)), else sorted where it lies, and a column's pooled distinct values are
+    merged from its groups' (O(distinct log distinct)), not sorted again: they equal one sort of the whole column
+    whenever equal values are equal bit for bit (NaNs left out); where not (0.0 and -0.0 both in the column: its
+    groups are sorted), and where a row's group is not one of them, the pooled values are one sort, as `distinct`."""
     group = group.reshape(-1)
     columns = [x[:, j] for j in range(x.shape[1])]
     by_sorts = lambda: [([distinct(c[group == g], drop_nan=True) for g in range(groups)],  # noqa: E731
@@ -104,13 +105,19 @@ def distinct_by_group(x: torch.Tensor, group: torch.Tensor, groups: int) -> list
     zeros = np.zeros(x.shape[1], dtype=np.int64)
     if not _group_together(x.detach().double().numpy(), group.detach().double().numpy(), together, starts, zeros):
         return by_sorts()
-    out = []
+    out, keys, tally, table = [], np.empty(HASHED_DISTINCT), np.empty(HASHED_DISTINCT, np.int64), np.empty(
+        2 * HASHED_DISTINCT, np.int64)
     for j, column in enumerate(columns):
         by_group = []
         for g in range(groups):
-            ascending = together[j, starts[g]:starts[g + 1]]
-            ascending.sort()  # NaNs last; the same values in the same order as `distinct` sorts
-            values, counts = torch.unique_consecutive(torch.from_numpy(ascending[:np.searchsorted(ascending, np.nan)]),
+            part = together[j, starts[g]:starts[g + 1]]
+            k = _hash_distinct(part, keys, tally, table) if zeros[j] != 3 else -1
+            if k >= 0:  # few distinct values: counted by their bits, then those sorted
+                order = np.argsort(keys[:k])
+                by_group.append((torch.from_numpy(keys[order]), torch.from_numpy(tally[order].astype(np.float64))))
+                continue
+            part.sort()  # NaNs last; the same values in the same order as `distinct` sorts
+            values, counts = torch.unique_consecutive(torch.from_numpy(part[:np.searchsorted(part, np.nan)]),
                                                       return_counts=True)
             by_group.append((values, counts.double()))
         if zeros[j] == 3:  # 0.0 and -0.0: which one stands for both is the sort's
@@ -120,6 +127,38 @@ def distinct_by_group(x: torch.Tensor, group: torch.Tensor, groups: int) -> list
         counts = np.bincount(slot, weights=np.concatenate([c.numpy() for _, c in by_group]), minlength=values.size)
         out.append((by_group, (torch.from_numpy(values), torch.from_numpy(counts.astype(np.float64)))))  # none: int64
     return out
+
+
+HASHED_DISTINCT = 4096  # a group with at most this many distinct values is counted in a hash table (in L1 / L2)
+
+
+@_jit
+def _hash_distinct(x, keys, tally, table):
+    """The distinct values of ``x`` (NaNs left out) into ``keys``, each one's count into ``tally``, by their bits in
+    an open-addressing ``table`` (twice as many slots as ``keys``): their number, or -1 once there are more than
+    ``keys`` holds. Values are one iff their bits are (true but for 0.0 and -0.0: the caller's column has one)."""
+    slots = table.size
+    shift = np.uint64(64 - int(np.log2(slots)))
+    table[:] = -1
+    bits = x.view(np.uint64)
+    k = 0
+    for i in range(x.size):
+        if x[i] != x[i]:
+            continue
+        at = (bits[i] * np.uint64(0x9E3779B97F4A7C15)) >> shift
+        while True:
+            slot = table[at]
+            if slot < 0:
+                if k == keys.size:
+                    return -1
+                table[at], keys[k], tally[k] = k, x[i], 1
+                k += 1
+                break
+            if keys[slot] == x[i]:
+                tally[slot] += 1
+                break
+            at = (at + np.uint64(1)) & np.uint64(slots - 1)
+    return k
 
 
 @_jit
