@@ -12,12 +12,12 @@
   size); with ``--baseline``, an older checkout's ``evaluate()`` on the same files (CPU and wall, interleaved
   with this one's) and its command on 1/4 of the data.
 - processes: ``torchrun --nproc-per-node 1`` and ``2`` alternately (``--repeats`` times on the token files in each of
-  ``--modes``, ``--mcap-repeats`` times on 8 MCAP pairs; with ``--baseline``, that checkout's too, in the same alternation): each rank
-  times its ``evaluate()`` after the imports and a warm-up (CPU time and wall, the slowest rank counts), and within
-  it the report (the states' sync and ``compute()``: the part that does not split), and the whole command's wall
-  time (imports and the warm-up included); MB/s and the 2-process ratio of each. Then the machine's own ceiling for
-  the same work: two 1-process runs whose timed parts start at the same moment (2 x one alone / the slower of the
-  two).
+  ``--modes``, ``--mcap-repeats`` times on 8 MCAP pairs; with ``--baseline``, that checkout's too, in the same
+  alternation): each rank times its ``evaluate()`` after the imports and a warm-up (CPU time and wall, the slowest
+  rank counts), and within it the report (the states' sync and ``compute()``: the part that does not split), and the
+  whole command's wall time (imports and the warm-up included); MB/s and the 2-process ratio of each. Then the
+  machine's own ceiling for the same work: two 1-process runs whose timed parts start at the same moment (2 x one
+  alone / the slower of the two).
 - MCAP folders: ``--mb`` MB of uncompressed D2E MCAPs (mcap_owa's writer: the real recordings' events, their
   absolute mouse as ``mouse/raw`` differences, repeated and shifted in time; 4 distinct files of ~``--mb``/4 MB),
   read by the D2E route against iterating the same files with the ``mcap`` package's reader without decoding; the

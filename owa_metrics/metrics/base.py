@@ -165,8 +165,10 @@ class Float64Metric(Metric):
         group = process_group or self.process_group or torch.distributed.group.WORLD
         world, me = torch.distributed.get_world_size(group), torch.distributed.get_rank(group)
         cats = [attr for attr, fx in self._reductions.items() if fx is dim_zero_cat]
-        pieces = {attr: [p.reshape(-1) for p in (lambda x: x if isinstance(x, list) else [x])(getattr(self, attr))]
-                  for attr in cats}
+        pieces = {}  # each cat state's samples: its list's tensors (a tensor of its own, as torchmetrics allows)
+        for attr in cats:
+            value = getattr(self, attr)
+            pieces[attr] = [p.reshape(-1) for p in (value if isinstance(value, list) else [value])]
         others: dict[torch.dtype, list[str]] = {}
         for attr in self._reductions:
             if attr not in pieces:
