@@ -586,12 +586,19 @@ class LineIndex:
         return start + int(np.flatnonzero(piece == 10)[line - int(self.before[k]) - 1]) + 1
 
 
+CHUNK_SHARE, MIN_CHUNK_PIECES = 4, 16  # a chunk: 1 / (4 world) of what is left, at least 16 pieces (1 MB)
+
+
 def chunks(target: LineIndex, world: int) -> list[tuple[int, int]]:
-    """The target file's lines as chunks [first, last) for the ranks to claim (`Claims`), in order: cut at the lines
-    that hold the first byte of a block, about 16 runs of whole blocks per rank (a block at least; none empty)."""
-    per, blocks = -(-SCAN_BYTES // _piece()), -(-target.size // SCAN_BYTES)
-    step = per * max(1, blocks // (16 * world))  # in pieces
-    bounds = sorted({int(target.before[k]) for k in range(0, len(target.before) - 1, step)} | {target.lines})
+    """The target file's lines as chunks [first, last) for the ranks to claim (`Claims`), in order, cut at the lines
+    that hold a piece's first byte: each chunk ``max(MIN_CHUNK_PIECES, ceil(left / (CHUNK_SHARE world)))`` of the
+    ``left`` pieces not yet cut (guided self-scheduling: large chunks first, small ones last, so the ranks end
+    within a small chunk of each other); none empty."""
+    pieces, cuts, k = len(target.before) - 1, [], 0
+    while k < pieces:
+        cuts.append(int(target.before[k]))
+        k += max(MIN_CHUNK_PIECES, -(-(pieces - k) // (CHUNK_SHARE * world)))
+    bounds = sorted(set(cuts) | {target.lines})
     return list(zip(bounds[:-1], bounds[1:]))
 
 

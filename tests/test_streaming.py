@@ -72,6 +72,7 @@ def test_the_blocks_scans_index_lines_and_tags_as_a_plain_split(tmp_path, monkey
     block's end, an escaped "tag" key, a line that does not parse; against the file split into lines in Python."""
     monkeypatch.setattr(streaming, "SCAN_BYTES", 64)
     monkeypatch.setattr(streaming, "PIECE_BYTES", 24)  # 24 + 24 + 16
+    monkeypatch.setattr(streaming, "MIN_CHUNK_PIECES", 2)
     rows = [json.dumps({"text": E * (k % 4), **({"tag": f"t{k % 5}"} if k % 3 else {})}) for k in range(40)]
     rows[7] = '{"text": "x", "t\\u0061g": "escaped"}'
     rows[9] = '{"text": "x", "tag": "bad'  # does not parse: left to the reading pass
@@ -99,11 +100,17 @@ def test_the_blocks_scans_index_lines_and_tags_as_a_plain_split(tmp_path, monkey
     assert [streaming.scan_blocks(path, range(b, b + 1))[0] for b in range(blocks)] == one  # any share of them
     assert any(data[64 * b - 1] == 10 for b in range(1, blocks))  # a line break at a block's last byte
     ends = starts[1:] + [len(data)]
-    for world in (1, 2, 3):  # the chunks the ranks claim: every line once, in order, each from a block's start on
+    pieces = [64 * b + at for b in range(blocks) for at in (0, 24, 48) if 64 * b + at < len(data)]
+    assert len(pieces) > 4 * 3 * 2  # the first chunks more than the least (2 pieces here) on 1 to 3 ranks
+    for world in (1, 2, 3):  # the chunks the ranks claim: every line once, in order, guided sizes in pieces
         spans = streaming.chunks(index, world)
         assert [line for first, last in spans for line in range(first, last)] == list(range(len(rows)))
         assert all(first < last for first, last in spans) and len(spans) > 5
-        assert all(any(starts[first] <= 64 * b < ends[first] for b in range(blocks)) for first, _ in spans)
+        cut, firsts = 0, set()  # each chunk max(2, ceil(pieces left / (4 world))) pieces, from the line holding
+        while cut < len(pieces):  # its first piece's first byte
+            firsts.add(data[:pieces[cut]].count(b"\n"))
+            cut += max(2, -(-(len(pieces) - cut) // (4 * world)))
+        assert [first for first, _ in spans] == sorted(firsts)
 
 
 def _files(tmp_path, n=60, tagged=True, factorized_from=None):
