@@ -1,5 +1,6 @@
 """Synced compute() under torch.distributed (gloo, CPU processes) equals the one-process result."""
 
+import dataclasses
 import json
 import os
 import socket
@@ -93,7 +94,68 @@ def _synced(rank, world):
         answers = [None] * world
         dist.all_gather_object(answers, {k: v.item() for k, v in metric.compute().items()})
         results["mid_epoch"] = answers
+        results.update(_shared_compute(tokenizer, shards[rank], rank, world))
     return results
+
+
+def _shared_compute(tokenizer, batches, rank, world):
+    """compute() that syncs shares the report's work: how many (scope, definition) pairs each rank computed (every
+    rank's, counted by wrapping the definitions' compute), a definition that fails on the rank computing it (every
+    rank raises), and ``sync_on_compute=False``: rank 0 alone computes, its own states and then synced ones."""
+    metric = OWAEventMetrics(tokenizer, alignment="generation", tags=TAGS[:2], tag_keys="all")
+    computed = []
+    counted = lambda d: dataclasses.replace(d, compute=lambda read: computed.append(d.name) or d.compute(read))  # noqa: E731
+    metric.definitions = tuple(counted(d) for d in metric.definitions)
+    for preds, target in batches:
+        metric.update(preds, target, tags=torch.arange(len(target)) % 2)
+    report = {k: v.item() for k, v in metric.compute().items()}
+    out = {"shared": [None] * world, "failed": [None] * world}
+    dist.all_gather_object(out["shared"], (sorted(computed), report))
+    failing = lambda d: lambda read: 1 / 0 if read.tag is None else d.compute(read)  # noqa: E731  (pooled only)
+    metric.definitions = tuple(dataclasses.replace(d, compute=failing(d)) if d.name == "mouse" else d
+                               for d in metric.definitions)
+    try:
+        metric.compute()
+        said = "no error"
+    except (ZeroDivisionError, RuntimeError) as err:
+        said = f"{type(err).__name__}: {err}"
+    dist.all_gather_object(out["failed"], said)
+    local = OWAEventMetrics(tokenizer, alignment="generation", sync_on_compute=False)
+    for preds, target in batches:
+        local.update(preds, target)
+    if rank == 0:  # the others do not call compute(): no collective in it
+        out["local"] = {k: v.item() for k, v in local.compute().items()}
+    local.sync()
+    if rank == 0:
+        out["synced_local"] = {k: v.item() for k, v in local.compute().items()}
+    dist.barrier()
+    return out
+
+
+def _check_shared_compute(synced, tokenizer, shards):
+    """`_shared_compute` on 2 ranks against one process."""
+    def one(batches, **kwargs):
+        metric = OWAEventMetrics(tokenizer, alignment="generation", **kwargs)
+        for preds, target in batches:
+            metric.update(preds, target, **({"tags": torch.arange(len(target)) % 2} if "tags" in kwargs else {}))
+        return {k: v.item() for k, v in metric.compute().items()}, [d.name for d in metric.definitions]
+
+    def same(got, want):
+        assert got.keys() == want.keys()
+        assert not {k: (got[k], v) for k, v in want.items() if abs(got[k] - v) > 1e-12 * max(1, abs(v))}
+
+    everything = shards[0] + shards[1] + shards[2]
+    want, names = one(everything, tags=TAGS[:2], tag_keys="all")
+    (first, report0), (second, report1) = synced["shared"]
+    assert report0 == report1  # the same floats on every rank, whichever rank computed them
+    same(report0, want)
+    assert sorted(first + second) == sorted(names * 3)  # every (scope, definition) once: pooled and two tags
+    assert first and second  # both ranks computed a share
+    failed = sorted(synced["failed"])  # the pooled mouse keys fail on the rank that computes them: both raise
+    assert failed[0].startswith("RuntimeError: OWAEventMetrics.compute() failed on rank ") and "ZeroDivision" in failed[0]
+    assert failed[1].startswith("ZeroDivisionError"), failed
+    same(synced["local"], one(shards[0])[0])  # sync_on_compute=False: rank 0's own states, the others idle
+    same(synced["synced_local"], one(everything)[0])  # synced by hand, then computed on rank 0 alone
 
 
 TAGS = ["even", "odd", "even_big", "odd_big", "never"]
@@ -198,6 +260,7 @@ def test_synced_compute_equals_one_process(synced_by_world, expected, world):
         one = {k: v.item() for k, v in metric.compute().items()}
         for answer in synced["mid_epoch"]:  # the same answer on both ranks: no stale cache on the idle one
             assert answer.keys() == one.keys() and all(abs(answer[k] - v) <= 1e-12 * max(1, abs(v)) for k, v in one.items())
+        _check_shared_compute(synced, tokenizer, shards)
     for mode in ("exact", "sketch"):
         one = expected[f"tags_{mode}"]
         got = synced[f"tags_{mode}"]["report"]
@@ -208,3 +271,13 @@ def test_synced_compute_equals_one_process(synced_by_world, expected, world):
     exact, sketch = expected["exact"][0], expected["sketch"][0]
     for key in ("timestamp/abs_error_p95_ms", "mouse/direction_error_p95_deg", "mouse/euclidean_pe_p95_pct"):
         assert abs(sketch[key] - exact[key]) <= 0.005 * abs(exact[key]) + 1e-9, key
+
+
+def test_deal_gives_the_costliest_first_to_the_least_loaded_rank():
+    """By hand: a (5) to rank 0; b (3) to rank 1; c (3) to rank 1 (3 < 5); d (1) to rank 0 (5 < 6); ties to the
+    lowest rank."""
+    from owa_metrics.metrics.collection import deal
+
+    assert deal(["a", "b", "c", "d"], [5, 3, 3, 1], 2) == [["a", "d"], ["b", "c"]]
+    assert deal(["a", "b", "c"], [0, 0, 0], 2) == [["a", "b", "c"], []]  # free items: all to the lowest rank
+    assert deal(["a", "b"], [1, 2], 1) == [["a", "b"]]

@@ -99,7 +99,6 @@ def test_the_blocks_scans_index_lines_and_tags_as_a_plain_split(tmp_path, monkey
     one = streaming.scan_blocks(path, range(blocks))
     assert [streaming.scan_blocks(path, range(b, b + 1))[0] for b in range(blocks)] == one  # any share of them
     assert any(data[64 * b - 1] == 10 for b in range(1, blocks))  # a line break at a block's last byte
-    ends = starts[1:] + [len(data)]
     pieces = [64 * b + at for b in range(blocks) for at in (0, 24, 48) if 64 * b + at < len(data)]
     assert len(pieces) > 4 * 3 * 2  # the first chunks more than the least (2 pieces here) on 1 to 3 ranks
     for world in (1, 2, 3):  # the chunks the ranks claim: every line once, in order, guided sizes in pieces

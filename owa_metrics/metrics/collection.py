@@ -108,6 +108,7 @@ class OWAEventMetrics(Float64Metric):
                  generated_screens: GeneratedScreens = "context", **kwargs):
         kwargs.setdefault("compute_with_cache", False)  # every compute() syncs, on every rank: no stale rank
         super().__init__(**kwargs)
+        self._syncs_here = False  # set by compute() while it syncs (`_wrap_compute`): the ranks share the report
         vocab = _vocab_map(vocab if vocab is not None else tokenizer, config, format)
         if alignment not in ("teacher_forcing", "generation"):
             raise ValueError(f"alignment must be 'teacher_forcing' or 'generation', got {alignment!r}")
@@ -480,21 +481,28 @@ class OWAEventMetrics(Float64Metric):
 
         @functools.wraps(wrapped)
         def quiet(*args, **kwargs):
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message=".*was called before the ``update`` method.*")
-                return wrapped(*args, **kwargs)
+            self._syncs_here = self._to_sync and not self._is_synced  # a sync in this call: every rank joins it
+            try:
+                with warnings.catch_warnings():
+                    warnings.filterwarnings("ignore", message=".*was called before the ``update`` method.*")
+                    return wrapped(*args, **kwargs)
+            finally:
+                self._syncs_here = False
 
         return quiet
 
     def compute(self) -> dict[str, torch.Tensor]:
-        out = self._keys()
+        reads = {None: Read(self)}  # the pooled states, and each tag with a sequence (on some rank)
+        reads.update((tag, read) for tag, read in ((tag, Read(self, tag)) for tag in range(len(self.tags)))
+                     if read["batch_counts"].raw[0] > 0)
+        keys = self._definition_keys(reads)
+        out = keys[None]
         self._warn_invalid_targets(out["status/invalid_target_rate"])
         if self.tag_keys not in (None, "all") and set(self.tag_keys) - out.keys():
             rank_zero_warn(f"tag_keys names {sorted(set(self.tag_keys) - out.keys())}, which this report does not "
                            "hold (a misspelt key, or no samples for it yet): see docs/METRICS.md for the keys")
-        for tag, name in enumerate(self.tags):
-            if Read(self, tag)["batch_counts"].raw[0] > 0:  # a sequence of the tag on some rank
-                out.update({f"tag/{name}/{k}": v for k, v in self._keys(tag).items() if self._is_tag_key(k)})
+        for tag in list(reads)[1:]:
+            out.update({f"tag/{self.tags[tag]}/{k}": v for k, v in keys[tag].items() if self._is_tag_key(k)})
         out = {k: torch.as_tensor(v, dtype=torch.float64).to(self.device) for k, v in out.items()
                if not bool(torch.isnan(torch.as_tensor(v)))}
         return out
@@ -537,16 +545,60 @@ class OWAEventMetrics(Float64Metric):
             fig.tight_layout()
         return fig or axes[0].figure, ax
 
-    def _keys(self, tag: Optional[int] = None) -> dict:
-        """Every definition's keys over the pooled states, or over tag ``tag``'s."""
-        read, out = Read(self, tag), {}
-        for definition in self.definitions:
-            out.update(definition.compute(read))
-        events = read["events"].events.clamp(min=1)
-        out["status/invalid_target_rate"] = read["statuses"].raw[0, int(Status.INVALID_TARGET)] / events
-        if self._screens_are_context:  # no screen event was scored: no screen key (its count and ratio would be 0)
-            out = {k: v for k, v in out.items() if not k.startswith(("screen/", "detect/screen/"))}
+    def _definition_keys(self, reads: dict) -> dict:
+        """Each read's keys (``reads``: scope -> `Read`; None the pooled states, else a tag's index): every
+        definition's, and the invalid-target rate. Where this ``compute()`` synced the states (every rank holds the
+        same ones and is in this call: `_wrap_compute`), the ranks share the work (`deal`): each computes its
+        (scope, definition) pairs, and one ``all_gather_object`` gives every rank every pair's keys (as floats: the
+        same values, whichever rank computed them); an error on any rank is raised on every rank."""
+        work = [(scope, d) for scope in reads for d in range(len(self.definitions))]
+        group = (self.process_group or torch.distributed.group.WORLD) if self._syncs_here and self._is_synced else None
+        world = torch.distributed.get_world_size(group) if group is not None else 1
+        if world > 1:
+            costs = [self._sample_count(reads[scope], self.definitions[d]) for scope, d in work]
+            work = deal(work, costs, world)[torch.distributed.get_rank(group)]
+        done, error = {}, None
+        try:
+            for scope, d in work:
+                done[scope, d] = self.definitions[d].compute(reads[scope])
+        except Exception as err:  # noqa: BLE001 - raised below on every rank, not left to hang the others
+            if world == 1:
+                raise
+            error = err
+        if world > 1:
+            every: list = [None] * world
+            mine = {item: {k: float(v) for k, v in keys.items()} for item, keys in done.items()}
+            torch.distributed.all_gather_object(every, (None if error is None else repr(error), mine), group=group)
+            if error is not None:
+                raise error
+            failed = [(rank, said) for rank, (said, _) in enumerate(every) if said is not None]
+            if failed:
+                raise RuntimeError(f"{type(self).__name__}.compute() failed on rank {failed[0][0]}: {failed[0][1]}")
+            done = {item: keys for _, part in every for item, keys in part.items()}
+        out = {}
+        for scope, read in reads.items():
+            keys = {}
+            for d in range(len(self.definitions)):
+                keys.update(done[scope, d])
+            events = read["events"].events.clamp(min=1)
+            keys["status/invalid_target_rate"] = read["statuses"].raw[0, int(Status.INVALID_TARGET)] / events
+            if self._screens_are_context:  # no screen event was scored: no screen key (its count and ratio would be 0)
+                keys = {k: v for k, v in keys.items() if not k.startswith(("screen/", "detect/screen/"))}
+            out[scope] = keys
         return out
+
+    def _sample_count(self, read: "Read", definition) -> float:
+        """About how many samples ``definition`` reads in ``read``'s scope (its compute's cost, for `deal`): its
+        sample states' elements, times a tag's share of the sequences."""
+        names = [n for n in definition.states(self.shape) if n in self._sampled_names]
+        if not names:
+            return 0.0
+        count = sum(sum(p.numel() for p in (v if isinstance(v, list) else [v]))
+                    for v in (getattr(self, self.kept(n)) for n in names))
+        if read.tag is None:
+            return float(count)
+        sequences = read["batch_counts"].raw[0]
+        return count * float(sequences / Read(self)["batch_counts"].raw[0])
 
     def _is_tag_key(self, key: str) -> bool:
         """Whether a tag reports ``key``: `default_tag_keys` (``tag_keys=None``), all, or those named."""
@@ -598,6 +650,16 @@ class OWAEventMetrics(Float64Metric):
         (keyboard, mouse_op, mouse_nop, screen), columns the predicted ones and a last ``invalid`` column."""
         with self.sync_context():
             return Read(self).given("confusion").clone()
+
+
+def deal(work: list, costs: list[float], world: int) -> list[list]:
+    """``work`` dealt to ``world`` ranks: each item, costliest first (ties in order), to the rank with the least cost
+    so far (the lowest such rank); each rank's items in ``work``'s order."""
+    load, owner = [0.0] * world, {}
+    for k in sorted(range(len(work)), key=lambda k: -costs[k]):
+        rank = load.index(min(load))
+        owner[k], load[rank] = rank, load[rank] + costs[k]
+    return [[item for k, item in enumerate(work) if owner[k] == rank] for rank in range(world)]
 
 
 class Named:
