@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import numbers
+import pickle
 from typing import Any, Callable, Literal, Optional
 
 import torch
@@ -123,6 +124,21 @@ def check_vectors(metric: Metric, preds: torch.Tensor, target: torch.Tensor) -> 
     if preds.dim() != 2 or preds.shape[1] != 2:
         raise ValueError(f"{type(metric).__name__}.update needs movement vectors [N, 2] (dx, dy), got preds "
                          f"{tuple(preds.shape)} and target {tuple(target.shape)}")
+
+
+def gather_objects(obj, group, device: torch.device) -> list:
+    """Every rank's ``obj`` (plain data: numbers, strings, tuples, dicts) in rank order, pickled into a byte tensor
+    on ``device`` (the metric's: NCCL needs no current device set, unlike ``all_gather_object``): one ``all_gather``
+    of the sizes, one of the bytes padded to the longest. Call on every rank of ``group``."""
+    data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8).to(device)
+    world = torch.distributed.get_world_size(group)
+    sizes = torch.empty((world, 1), dtype=torch.int64, device=device)
+    torch.distributed.all_gather(list(sizes.unbind(0)), torch.tensor([data.numel()], device=device), group=group)
+    sizes = sizes.reshape(-1).tolist()
+    out = torch.empty((world, max(sizes)), dtype=torch.uint8, device=device)
+    torch.distributed.all_gather(list(out.unbind(0)), torch.cat([data, data.new_zeros(max(sizes) - data.numel())]),
+                                 group=group)
+    return [pickle.loads(row[:size].cpu().numpy().tobytes()) for row, size in zip(out, sizes)]
 
 
 class Float64Metric(Metric):

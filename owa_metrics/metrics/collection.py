@@ -25,7 +25,7 @@ from ..functional.tokens import event_token_stats, field_table, given_token_loss
 from ..schema import CATEGORY_NAMES, Status
 from ..tokens.codec import CodecConfig
 from ..tokens.vocab import VocabMap
-from .base import Distribution, Float64Metric, Mode, append_samples, cat_samples, check_statistics
+from .base import Distribution, Float64Metric, Mode, append_samples, cat_samples, check_statistics, gather_objects
 
 
 GeneratedScreens = Literal["context", "scored"]
@@ -549,8 +549,8 @@ class OWAEventMetrics(Float64Metric):
         """Each read's keys (``reads``: scope -> `Read`; None the pooled states, else a tag's index): every
         definition's, and the invalid-target rate. Where this ``compute()`` synced the states (every rank holds the
         same ones and is in this call: `_wrap_compute`), the ranks share the work (`deal`): each computes its
-        (scope, definition) pairs, and one ``all_gather_object`` gives every rank every pair's keys (as floats: the
-        same values, whichever rank computed them); an error on any rank is raised on every rank."""
+        (scope, definition) pairs, and `gather_objects` gives every rank every pair's keys (as floats: the same
+        values, whichever rank computed them); an error on any rank is raised on every rank."""
         work = [(scope, d) for scope in reads for d in range(len(self.definitions))]
         group = (self.process_group or torch.distributed.group.WORLD) if self._syncs_here and self._is_synced else None
         world = torch.distributed.get_world_size(group) if group is not None else 1
@@ -566,9 +566,8 @@ class OWAEventMetrics(Float64Metric):
                 raise
             error = err
         if world > 1:
-            every: list = [None] * world
             mine = {item: {k: float(v) for k, v in keys.items()} for item, keys in done.items()}
-            torch.distributed.all_gather_object(every, (None if error is None else repr(error), mine), group=group)
+            every = gather_objects((None if error is None else repr(error), mine), group, self.device)
             if error is not None:
                 raise error
             failed = [(rank, said) for rank, (said, _) in enumerate(every) if said is not None]
