@@ -15,7 +15,7 @@ import re
 import sys
 import warnings
 from pathlib import Path
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 import torch
 
@@ -253,7 +253,7 @@ def evaluate(pred_path, target_path, mode: str = "exact", batch_size: int = 16, 
             last = min(first + batch_size, len(targets))
             lines = f":{first + 1}-{last}" if isinstance(target_contents[0], str) else ""
             raise InputError(f"{target_path}{lines} (and {pred_path}): {err}") from None
-    return report_of(metric, target_path, format, screen_tokens_lacking(target_contents, tokenizer, vocab))
+    return report_of(metric, target_path, format, lambda: screen_tokens_lacking(target_contents, tokenizer, vocab))
 
 
 def _vocab(format: str, image_tokens: Optional[str]) -> tuple:
@@ -267,10 +267,10 @@ def _vocab(format: str, image_tokens: Optional[str]) -> tuple:
     return tokenizer, VocabMap.from_tokenizer(tokenizer, config)
 
 
-def report_of(metric: OWAEventMetrics, target_path, format: str, lacking: tuple = ()) -> dict:
+def report_of(metric: OWAEventMetrics, target_path, format: str, lacking: Callable[[], tuple] = tuple) -> dict:
     """``metric.compute()`` as floats (a sync under torch.distributed: call on every rank); its undecodable-targets
-    warning as `UndecodedTargetsWarning` naming ``target_path`` (and ``lacking``, the image tokens its screens hold
-    that the vocabulary lacks), the others as they come."""
+    warning as `UndecodedTargetsWarning` naming ``target_path`` (and ``lacking()``, called then: the image tokens its
+    screens hold that the vocabulary lacks), the others as they come."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         report = {k: float(v) for k, v in metric.compute().items()}
@@ -278,7 +278,7 @@ def report_of(metric: OWAEventMetrics, target_path, format: str, lacking: tuple 
         if isinstance(caught_warning.message, InvalidTargetsWarning):
             warnings.warn(UndecodedTargetsWarning(target_path, int(report["status/invalid_target"]),
                                                   int(report["count/target_events"]), caught_warning.message.reason,
-                                                  format, lacking), stacklevel=2)
+                                                  format, lacking()), stacklevel=2)
         else:
             warnings.warn_explicit(caught_warning.message, caught_warning.category, caught_warning.filename,
                                    caught_warning.lineno)
@@ -408,7 +408,7 @@ def _evaluate_lines(pred_path: Path, target_path: Path, indexes: list, tags: tup
     nonblank = [any(flags) for flags in zip(*exchange([r.nonblank for r in readers]))]
     if not all(nonblank):
         return None, helds, nonblank
-    lacking = screen_tokens_lacking(streaming.head_text(target_path), tokenizer, vocab)  # read in its first block
+    lacking = lambda: screen_tokens_lacking(streaming.head_text(target_path), tokenizer, vocab)  # noqa: E731 (its first block)
     return report_of(metric, target_path, format, lacking), helds, nonblank
 
 
