@@ -14,8 +14,9 @@
 - processes: ``torchrun --nproc-per-node 1`` and ``2`` alternately (``--repeats`` times on the token files in each of
   ``--modes``, ``--mcap-repeats`` times on 8 MCAP pairs; with ``--baseline``, that checkout's too, in the same
   alternation): each rank times its ``evaluate()`` after the imports and a warm-up (CPU time and wall, the slowest
-  rank counts), and within it the report (the states' sync and ``compute()``: the part that does not split), and the
-  whole command's wall time (imports and the warm-up included); MB/s and the 2-process ratio of each. Then the
+  rank counts), and within it the report (the states' sync and ``compute()``, which the ranks share), and the
+  whole command's wall time (imports and the warm-up included); MB/s and the 2-process ratio of each (of the
+  medians; and the median of each repeat's own ratio, its 1-process run over the 2-process run right after). Then the
   machine's own ceiling for the same work: two 1-process runs whose timed parts start at the same moment (2 x one
   alone / the slower of the two).
 - MCAP folders: ``--mb`` MB of uncompressed D2E MCAPs (mcap_owa's writer: the real recordings' events, their
@@ -228,6 +229,9 @@ def processes(pred: Path, target: Path, warm: tuple, what: str, repeats: int = 2
                 continue
             print(f"  {label:40s} | {one:6.2f} s ({size / one:5.1f} MB/s) | {two:6.2f} s ({size / two:5.1f} MB/s) | "
                   f"{one / two:.2f}x")
+        paired = sorted(a[0] / b[0] for a, b in zip(rows[name, 1], rows[name, 2]))
+        print(f"  {'each repeat: 1 process / the 2 right after':40s} | median {paired[len(paired) // 2]:.2f}x, "
+              f"{paired[0]:.2f}x to {paired[-1]:.2f}x")
     pair = sorted(pairs)[len(pairs) // 2]
     print(f"  the machine: two 1-process runs of this tree timed at once, the slower's wall {pair:.2f} s (median of "
           f"{repeats}): two processes' ceiling here 2 x {med['this tree', 1][0]:.2f} / {pair:.2f} = "
