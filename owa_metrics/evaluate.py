@@ -408,7 +408,9 @@ def _evaluate_lines(pred_path: Path, target_path: Path, indexes: list, tags: tup
     nonblank = [any(flags) for flags in zip(*exchange([r.nonblank for r in readers]))]
     if not all(nonblank):
         return None, helds, nonblank
-    lacking = lambda: screen_tokens_lacking(streaming.head_text(target_path), tokenizer, vocab)  # noqa: E731 (its first block)
+    def lacking() -> tuple:  # (read in the target's first block)
+        return screen_tokens_lacking(streaming.head_text(target_path), tokenizer, vocab)
+
     return report_of(metric, target_path, format, lacking), helds, nonblank
 
 

@@ -99,21 +99,29 @@ def _synced(rank, world):
 
 
 def _shared_compute(tokenizer, batches, rank, world):
-    """compute() that syncs shares the report's work: how many (scope, definition) pairs each rank computed (every
-    rank's, counted by wrapping the definitions' compute), a definition that fails on the rank computing it (every
-    rank raises), and ``sync_on_compute=False``: rank 0 alone computes, its own states and then synced ones."""
+    """compute() that syncs shares the report's work: the definitions each rank computed (a name per (scope,
+    definition) pair, recorded by wrapping the definitions' compute) and its report, a definition that fails on the
+    rank computing it (every rank raises), and ``sync_on_compute=False``: rank 0 alone computes, its own states and
+    then synced ones."""
     metric = OWAEventMetrics(tokenizer, alignment="generation", tags=TAGS[:2], tag_keys="all")
     computed = []
-    counted = lambda d: dataclasses.replace(d, compute=lambda read: computed.append(d.name) or d.compute(read))  # noqa: E731
+
+    def counted(definition):
+        def compute(read):
+            computed.append(definition.name)
+            return definition.compute(read)
+        return dataclasses.replace(definition, compute=compute)
+
+    def failing(definition):  # the pooled keys only
+        return dataclasses.replace(definition, compute=lambda read: 1 / 0 if read.tag is None else definition.compute(read))
+
     metric.definitions = tuple(counted(d) for d in metric.definitions)
     for preds, target in batches:
         metric.update(preds, target, tags=torch.arange(len(target)) % 2)
     report = {k: v.item() for k, v in metric.compute().items()}
     out = {"shared": [None] * world, "failed": [None] * world}
     dist.all_gather_object(out["shared"], (sorted(computed), report))
-    failing = lambda d: lambda read: 1 / 0 if read.tag is None else d.compute(read)  # noqa: E731  (pooled only)
-    metric.definitions = tuple(dataclasses.replace(d, compute=failing(d)) if d.name == "mouse" else d
-                               for d in metric.definitions)
+    metric.definitions = tuple(failing(d) if d.name == "mouse" else d for d in metric.definitions)
     try:
         metric.compute()
         said = "no error"
