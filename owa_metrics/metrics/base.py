@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import functools
+import json
 import numbers
-import pickle
 from typing import Any, Callable, Literal, Optional
 
 import torch
@@ -126,11 +126,12 @@ def check_vectors(metric: Metric, preds: torch.Tensor, target: torch.Tensor) -> 
                          f"{tuple(preds.shape)} and target {tuple(target.shape)}")
 
 
-def gather_objects(obj, group, device: torch.device) -> list:
-    """Every rank's ``obj`` (plain data: numbers, strings, tuples, dicts) in rank order, pickled into a byte tensor
-    on ``device`` (the metric's: NCCL needs no current device set, unlike ``all_gather_object``): one ``all_gather``
-    of the sizes, one of the bytes padded to the longest. Call on every rank of ``group``."""
-    data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8).to(device)
+def gather_json(obj, group, device: torch.device) -> list:
+    """Every rank's ``obj`` (JSON data: lists, dicts with string keys, strings, None, floats, NaN and infinities
+    too, each float read back as itself) in rank order, as UTF-8 bytes in a tensor on ``device`` (the metric's: NCCL
+    needs no current device set, unlike ``all_gather_object``, and nothing is unpickled): one ``all_gather`` of the
+    sizes, one of the bytes padded to the longest. Call on every rank of ``group``."""
+    data = torch.frombuffer(bytearray(json.dumps(obj).encode()), dtype=torch.uint8).to(device)
     world = torch.distributed.get_world_size(group)
     sizes = torch.empty((world, 1), dtype=torch.int64, device=device)
     torch.distributed.all_gather(list(sizes.unbind(0)), torch.tensor([data.numel()], device=device), group=group)
@@ -138,7 +139,7 @@ def gather_objects(obj, group, device: torch.device) -> list:
     out = torch.empty((world, max(sizes)), dtype=torch.uint8, device=device)
     torch.distributed.all_gather(list(out.unbind(0)), torch.cat([data, data.new_zeros(max(sizes) - data.numel())]),
                                  group=group)
-    return [pickle.loads(row[:size].cpu().numpy().tobytes()) for row, size in zip(out, sizes)]
+    return [json.loads(row[:size].cpu().numpy().tobytes()) for row, size in zip(out, sizes)]
 
 
 class Float64Metric(Metric):

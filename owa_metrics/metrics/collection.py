@@ -25,7 +25,7 @@ from ..functional.tokens import event_token_stats, field_table, given_token_loss
 from ..schema import CATEGORY_NAMES, Status
 from ..tokens.codec import CodecConfig
 from ..tokens.vocab import VocabMap
-from .base import Distribution, Float64Metric, Mode, append_samples, cat_samples, check_statistics, gather_objects
+from .base import Distribution, Float64Metric, Mode, append_samples, cat_samples, check_statistics, gather_json
 
 
 GeneratedScreens = Literal["context", "scored"]
@@ -550,7 +550,7 @@ class OWAEventMetrics(Float64Metric):
         """Each read's keys (``reads``: scope -> `Read`; None the pooled states, else a tag's index): every
         definition's, and the invalid-target rate. Where this ``compute()`` synced the states (every rank holds the
         same ones and is in this call: `_wrap_compute`), the ranks share the work (`deal`): each computes its
-        (scope, definition) pairs, and `gather_objects` gives every rank every pair's keys (as floats: the same
+        (scope, definition) pairs, and `gather_json` gives every rank every pair's keys (as floats: the same
         values, whichever rank computed them); an error on any rank is raised on every rank."""
         work = [(scope, d) for scope in reads for d in range(len(self.definitions))]
         group = (self.process_group or torch.distributed.group.WORLD) if self._syncs_here and self._is_synced else None
@@ -567,14 +567,14 @@ class OWAEventMetrics(Float64Metric):
                 raise
             error = err
         if world > 1:
-            mine = {item: {k: float(v) for k, v in keys.items()} for item, keys in done.items()}
-            every = gather_objects((None if error is None else repr(error), mine), group, self.device)
+            mine = [[scope, d, {k: float(v) for k, v in keys.items()}] for (scope, d), keys in done.items()]
+            every = gather_json([None if error is None else repr(error), mine], group, self.device)
             if error is not None:
                 raise error
             failed = [(rank, said) for rank, (said, _) in enumerate(every) if said is not None]
             if failed:
                 raise RuntimeError(f"{type(self).__name__}.compute() failed on rank {failed[0][0]}: {failed[0][1]}")
-            done = {item: keys for _, part in every for item, keys in part.items()}
+            done = {(scope, d): keys for _, part in every for scope, d, keys in part}
         out = {}
         for scope, read in reads.items():
             keys = {}
