@@ -555,8 +555,10 @@ class OWAEventMetrics(Float64Metric):
         work = [(scope, d) for scope in reads for d in range(len(self.definitions))]
         group = (self.process_group or torch.distributed.group.WORLD) if self._syncs_here and self._is_synced else None
         world = torch.distributed.get_world_size(group) if group is not None else 1
-        if world > 1:
-            costs = [self._sample_count(reads[scope], self.definitions[d]) for scope, d in work]
+        if world > 1:  # a pair's cost: its definition's samples, times its scope's share of the sequences
+            sequences = {scope: float(read["batch_counts"].raw[0]) for scope, read in reads.items()}
+            costs = [self._sample_count(self.definitions[d]) * sequences[scope] / max(sequences[None], 1)
+                     for scope, d in work]
             work = deal(work, costs, world)[torch.distributed.get_rank(group)]
         done, error = {}, None
         try:
@@ -587,18 +589,10 @@ class OWAEventMetrics(Float64Metric):
             out[scope] = keys
         return out
 
-    def _sample_count(self, read: "Read", definition) -> float:
-        """About how many samples ``definition`` reads in ``read``'s scope (its compute's cost, for `deal`): its
-        sample states' elements, times a tag's share of the sequences."""
-        names = [n for n in definition.states(self.shape) if n in self._sampled_names]
-        if not names:
-            return 0.0
-        count = sum(sum(p.numel() for p in (v if isinstance(v, list) else [v]))
-                    for v in (getattr(self, self.kept(n)) for n in names))
-        if read.tag is None:
-            return float(count)
-        sequences = read["batch_counts"].raw[0]
-        return count * float(sequences / Read(self)["batch_counts"].raw[0])
+    def _sample_count(self, definition) -> int:
+        """How many sample values ``definition``'s states hold (its compute's cost, for `deal`)."""
+        return sum(sum(p.numel() for p in (v if isinstance(v, list) else [v]))
+                   for v in (getattr(self, self.kept(n)) for n in definition.states(self.shape) if n in self._sampled_names))
 
     def _is_tag_key(self, key: str) -> bool:
         """Whether a tag reports ``key``: `default_tag_keys` (``tag_keys=None``), all, or those named."""
