@@ -1,12 +1,13 @@
-"""What `OWAEventMetricsCallback` writes besides its scalars, on rank zero: histograms, the confusion figure and
-the sample table to the loggers that show them, and the report files (``.json`` / ``.md``) where each logger keeps
-a run's files. Nothing here touches a collective: every rank has computed before rank zero gets here."""
+"""What `OWAEventMetricsCallback` writes besides its scalars, on rank zero: histograms, the confusion figure, the
+timelines and the latency curve, and the sample table to the loggers that show them, TensorBoard's Custom Scalars
+layout, and the report files (``.json`` / ``.md`` / ``.png``) where each logger keeps a run's files. Nothing here touches a collective: every rank has computed before rank zero gets here."""
 
 from __future__ import annotations
 
 import fnmatch
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Optional
@@ -16,7 +17,8 @@ from lightning.pytorch.loggers import CSVLogger, Logger, MLFlowLogger, TensorBoa
 from lightning.pytorch.utilities import rank_zero_warn
 
 from ..schema import CATEGORY_NAMES
-from ..report import SAMPLE_COLUMNS, tag_rows, tag_table
+from ..functional.report import WORDS
+from ..report import SAMPLE_COLUMNS, tag_rows, tag_table, unit_of
 
 HISTOGRAM_RANGE = ("Range, per epoch: P2..P98 of the values, narrowed to Tukey's fences (Q1 - 1.5 IQR, Q3 + 1.5 "
                    "IQR); 50 bins; values outside the range are counted in the first and last bin.")
@@ -77,8 +79,61 @@ def log_extras(loggers: list[Logger], prefix: str, suffix: str, histograms: dict
         plt.close(figure)
 
 
-def save_reports(loggers: list[Logger], folder: Optional[Path], files: dict[str, str]) -> None:
-    """Write ``files`` (relative path -> text) into the run of each logger that keeps files, and into ``folder``
+def png_of(figure) -> bytes:
+    """A figure as PNG bytes (rendered once for every logger and file), closed."""
+    import io
+
+    import matplotlib.pyplot as plt
+
+    out = io.BytesIO()
+    figure.savefig(out, format="png")
+    plt.close(figure)
+    return out.getvalue()
+
+
+def log_images(loggers: list[Logger], prefix: str, suffix: str, images: dict[str, bytes], step: int) -> None:
+    """PNG images to TensorBoard (image summaries of the encoded PNG) and W&B (``wandb.Image``), named
+    ``{prefix}{name}{suffix}``."""
+    if not images:
+        return
+    for logger in loggers:
+        if isinstance(logger, TensorBoardLogger):
+            from tensorboard.compat.proto.summary_pb2 import Summary
+
+            for name, png in images.items():
+                width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")  # IHDR
+                image = Summary.Image(height=height, width=width, colorspace=4, encoded_image_string=png)
+                logger.experiment.file_writer.add_summary(
+                    Summary(value=[Summary.Value(tag=f"{prefix}{name}{suffix}", image=image)]), step)
+        elif isinstance(logger, WandbLogger):
+            import io
+
+            import wandb
+            from PIL import Image
+
+            logger.experiment.log({**{f"{prefix}{name}{suffix}": wandb.Image(Image.open(io.BytesIO(png)))
+                                      for name, png in images.items()}, "trainer/global_step": step})
+
+
+def headline_layout(loggers: list[Logger], prefix: str, charts: dict[str, str]) -> None:
+    """TensorBoard's Custom Scalars tab: one category, ``OWA headline ({prefix})``, a chart per headline key
+    (``charts``: logged name -> key), titled with the key's words and unit, so that the headline is the first view."""
+    tensorboards = [logger for logger in loggers if isinstance(logger, TensorBoardLogger)]
+    if not tensorboards or not charts:
+        return
+    from torch.utils.tensorboard.summary import custom_scalars
+
+    def title(name: str, key: str) -> str:
+        unit = unit_of(key)
+        return f"{WORDS.get(key, key)} ({unit})" + name[len(prefix) + len(key):]
+
+    layout = {f"OWA headline ({prefix})": {title(name, key): ["Multiline", [re.escape(name)]] for name, key in charts.items()}}
+    for logger in tensorboards:
+        logger.experiment.file_writer.add_summary(custom_scalars(layout))
+
+
+def save_reports(loggers: list[Logger], folder: Optional[Path], files: dict[str, str | bytes]) -> None:
+    """Write ``files`` (relative path -> text or PNG bytes) into the run of each logger that keeps files, and into ``folder``
     when given.
 
     TensorBoard / CSV: ``{log_dir}/owa_metrics/``; W&B: the run's files (``run.dir``, synced with the run); MLflow:
@@ -101,7 +156,7 @@ def save_reports(loggers: list[Logger], folder: Optional[Path], files: dict[str,
         _write_all(place, files)
 
 
-def _write_all(folder: Path, files: dict[str, str]) -> list[Path]:
+def _write_all(folder: Path, files: dict[str, str | bytes]) -> list[Path]:
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
     for name, text in files.items():
@@ -109,7 +164,7 @@ def _write_all(folder: Path, files: dict[str, str]) -> list[Path]:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
         try:
-            tmp.write_text(text)
+            tmp.write_bytes(text) if isinstance(text, bytes) else tmp.write_text(text)
             os.replace(tmp, path)
         finally:
             tmp.unlink(missing_ok=True)
