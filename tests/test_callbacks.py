@@ -1,6 +1,7 @@
 import csv
 import json
 import math
+import re
 import time
 from functools import partial
 from pathlib import Path
@@ -118,8 +119,21 @@ def test_fit_logs_the_report_to_tensorboard(tmp_path, tokenizer, vocab, warm_sta
     assert close(low, histogram.min, 1e-3) and close(high, histogram.max, 1e-3) and "Tukey" in ranges
     assert [e.step for e in events.Tensors("val/owa/histogram_ranges")] == steps
     assert [json.loads((folder / f"epoch_{e}_step_{s}.json").read_text())["step"] for e, s in enumerate(steps)] == steps
-    assert sorted(p.name for p in folder.iterdir()) == [f"epoch_{e}_step_{s}.{x}" for e, s in enumerate(steps)
-                                                        for x in ("json", "md")]
+    assert sorted(p.name for p in folder.iterdir()) == [f"epoch_{e}_step_{s}{x}" for e, s in enumerate(steps)
+                                                        for x in (".json", ".md", "_timeline_0.png", "_timeline_1.png")]
+    # the timelines of the first two sequences each epoch (a default): TensorBoard images, the PNG files' bytes
+    for i in range(2):
+        images = events.Images(f"val/owa/timeline_{i}")
+        assert [e.step for e in images] == steps
+        assert images[-1].encoded_image_string == (folder / f"epoch_1_step_7_timeline_{i}.png").read_bytes()
+        assert images[-1].width >= 600 and images[-1].height >= 200
+    # the Custom Scalars tab: the headline's charts, as logged
+    from tensorboard.plugins.custom_scalar import layout_pb2
+
+    layout = layout_pb2.Layout.FromString(events.Tensors("custom_scalars__config__")[0].tensor_proto.string_val[0])
+    charts = {c.title: list(c.multiline.tag) for category in layout.category for c in category.chart}
+    assert charts["comparable events (ratio)"] == [re.escape("val/owa/comparable_rate")]
+    assert sorted(re.sub(r"\\(.)", r"\1", t) for tags in charts.values() for t in tags) == sorted(headline)
 
 
 HEADLINE_KEYS = {"comparable events": "comparable_rate", "category macro F1": "category/macro_f1",

@@ -110,7 +110,7 @@ def test_a_timeline_draws_the_events_and_the_sequences_own_report(format_vocab, 
             assert f"comparable {report['comparable_rate']:.0%}" in timeline.title
         assert timeline.title.startswith(f"{tags[b]}: ")
         legend = {text.get_text() for text in fig.axes[0].get_legend().get_texts()}
-        assert {"true (upper half)", "predicted (lower)", "matched"} <= legend
+        assert {"true (upper half)", "predicted (lower)", "matched", "bin's counts agree"} <= legend
         if drawn.get("misses"):
             assert "miss (true, unpaired)" in legend
         # the D2E band: the sequence's bins, coloured where its key counts agree (the report's accuracy pools them)
@@ -123,9 +123,6 @@ def test_a_timeline_draws_the_events_and_the_sequences_own_report(format_vocab, 
             assert drawn.get("bins:key:agree", 0) + drawn.get("bins:key:differ", 0) == with_key
         cursor = [line for line in fig.axes[1].get_lines() if line.get_gid() == "cursor_x:true"][0]
         assert cursor.get_ydata()[-1] == sum(e.dx for e in truth if e.kind == "mouse")
-        import matplotlib.pyplot as plt
-
-        plt.close(fig)
 
 
 def test_the_latency_curve_peaks_where_the_prediction_is_late(vocab):

@@ -9,7 +9,7 @@ from typing import Optional
 
 # A shift key of `owa_metrics.functional.d2e.d2e_keys` -> (its key without the shift, k): the one place that reads
 # the shift keys' spelling
-SHIFT_KEY = re.compile(r"^(?P<name>.+)@(?P<k>[+-]\d+)bins$")
+SHIFT_KEY = re.compile(r"^(?P<name>.+)_shift_(?P<k>-?\d+)bins$")
 CURVES = (("keyboard/key_accuracy", "key accuracy"), ("mouse_button/button_accuracy", "button accuracy"),
           ("mouse_move/pearson", "mean Pearson r (x, y)"))
 
@@ -51,12 +51,10 @@ def draw_latency_curve(report: dict, bin_ms: float, title: str = "D2E latency cu
     curves = latency_curve(report, prefix)
     if not curves:
         return None
-    import matplotlib
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(4.8, 2.8), dpi=100)
+    fig = Figure(figsize=(4.8, 2.8), dpi=100)
+    ax = fig.subplots()
     for (name, words), marker in zip(CURVES, "os^"):
         points = curves[name]
         if points:

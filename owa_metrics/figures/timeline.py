@@ -310,11 +310,10 @@ def _bars(track: Track, lanes: np.ndarray, lane: str, end_ns: int, start_mask: n
 def draw_timeline(timeline: Timeline, width_in: float = 10.0, dpi: int = 100):
     """The figure of a `Timeline` (see the module); every element's ``gid`` says what it is (``key_bars:true``,
     ``links:exact``, ``misses``, ``bins:key:agree``, ...) and its count what it drew."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib.collections import LineCollection
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
 
     tl = timeline
     true_lanes, pred_lanes = tl.true.lanes(), tl.pred.lanes()
@@ -322,8 +321,8 @@ def draw_timeline(timeline: Timeline, width_in: float = 10.0, dpi: int = 100):
     row = {lane: -i for i, lane in enumerate(order)}
     band = tl.bins is not None
     heights = [max(0.26 * len(order), 0.8), 1.1] + ([0.35] if band else [])
-    fig, axes = plt.subplots(len(heights), 1, figsize=(width_in, sum(heights) + 1.0), dpi=dpi, sharex=True,
-                             gridspec_kw={"height_ratios": heights, "hspace": 0.08})
+    fig = Figure(figsize=(width_in, sum(heights) + 1.0), dpi=dpi)
+    axes = fig.subplots(len(heights), 1, sharex=True, gridspec_kw={"height_ratios": heights, "hspace": 0.08})
     ax, cursor = axes[0], axes[1]
     times = [x / 1e9 for tr in (tl.true, tl.pred) for x in tr.time_ns[tr.valid]]
     lo, hi = min([0.0, *times]), max([tl.end_ns / 1e9, *times, 1e-3])
@@ -361,7 +360,7 @@ def draw_timeline(timeline: Timeline, width_in: float = 10.0, dpi: int = 100):
                 if len(pick):
                     ax.scatter(track.time_ns[pick] / 1e9, np.full(len(pick), row[lane] + dy), marker=marker, s=14,
                                color=color, linewidths=0, gid=f"{lane}_{'up down none'.split()[(1 - sign) % 3]}:{side}")
-        for lane, size, faint in (("move", 30, 0.5), ("screen", 60, 0.2)):
+        for lane, size, faint in (("move", 40, 0.8), ("screen", 60, 0.25)):
             at = track.where(lanes == lane)
             if len(at):
                 ax.scatter(track.time_ns[at] / 1e9, np.full(len(at), row[lane] + dy), marker="|", s=size,
@@ -371,8 +370,7 @@ def draw_timeline(timeline: Timeline, width_in: float = 10.0, dpi: int = 100):
         for axis, style in (("x", "-"), ("y", "--")):
             path = np.cumsum(getattr(track, f"d{axis}")[mouse])
             cursor.step(np.r_[lo, track.time_ns[mouse] / 1e9], np.r_[0, path], where="post", color=color,
-                        linestyle=style, linewidth=0.9, alpha=alpha, gid=f"cursor_{axis}:{side}",
-                        label=f"{'true' if side == 'true' else 'predicted'} {axis}")
+                        linestyle=style, linewidth=0.9, alpha=alpha, gid=f"cursor_{axis}:{side}")
 
     def point(track, lanes, index, dy):
         return np.stack([track.time_ns[index] / 1e9, np.array([row[lanes[i]] for i in index]) + dy], 1) \
@@ -388,18 +386,21 @@ def draw_timeline(timeline: Timeline, width_in: float = 10.0, dpi: int = 100):
     for index, track, lanes, dy, gid, color, marker, words in (
             (tl.misses, tl.true, true_lanes, 0.19, "misses", MISS_COLOR, "o", "miss (true, unpaired)"),
             (tl.false_alarms, tl.pred, pred_lanes, -0.19, "false_alarms", FALSE_ALARM_COLOR, "o",
-             "false alarm (predicted, unpaired)"),
+             "false alarm (pred., unpaired)"),
             (tl.not_comparable, tl.true, true_lanes, 0.19, "not_comparable", UNCOMPARABLE_COLOR, "x",
-             "prediction of another kind / not decoding")):
+             "other kind / no decode")):
         if len(index):
             xy = point(track, lanes, index, dy)
             paint = {"facecolors": "none", "edgecolors": color} if marker == "o" else {"color": color}
             ax.scatter(xy[:, 0], xy[:, 1], s=22, marker=marker, linewidths=1.0, zorder=5, gid=gid, label=words, **paint)
-    from matplotlib.patches import Patch
-
-    handles = [Patch(color=TRUE_COLOR, label="true (upper half)"), Patch(color=PRED_COLOR, label="predicted (lower)")]
-    legend = ax.legend(handles=handles + ax.get_legend_handles_labels()[0], fontsize=6.5, loc="upper left",
-                       bbox_to_anchor=(1.002, 1.0), borderaxespad=0, frameon=False)
+    handles = [Patch(color=TRUE_COLOR, label="true (upper half)"), Patch(color=PRED_COLOR, label="predicted (lower)"),
+               *ax.get_legend_handles_labels()[0], Line2D([], [], color="black", linewidth=0.9, label="cursor x (Σ dx)"),
+               Line2D([], [], color="black", linewidth=0.9, linestyle="--", label="cursor y (Σ dy)")]
+    if band:
+        handles += [Patch(color=AGREE_COLOR, label="bin's counts agree"),
+                    Patch(color=DIFFER_COLOR, label="bin's counts differ")]
+    legend = ax.legend(handles=handles, fontsize=6.5, loc="upper left", bbox_to_anchor=(1.002, 1.0), borderaxespad=0,
+                       frameon=False)
     legend.set_gid("legend")
     ax.set_yticks([row[lane] for lane in order], [lane_label(lane) for lane in order], fontsize=7)
     ax.set_ylim(-len(order) + 0.5, 0.5)
@@ -407,15 +408,14 @@ def draw_timeline(timeline: Timeline, width_in: float = 10.0, dpi: int = 100):
         ax.axhline(-y - 0.5, color="#dddddd", linewidth=0.5)
     ax.set_title(tl.title + (f"; {tl.undecoded_pred} predicted events do not decode" if tl.undecoded_pred else ""),
                  fontsize=8, fontweight="bold", loc="left")
-    cursor.set_ylabel("cursor\n(Σ dx, Σ dy)", fontsize=7)
+    cursor.set_ylabel("cursor: Σ dx, Σ dy", fontsize=7)
     cursor.tick_params(labelsize=7)
-    cursor.legend(fontsize=6.5, loc="upper left", bbox_to_anchor=(1.002, 1.0), borderaxespad=0, frameon=False)
     if band:
         _draw_bins(axes[2], tl.bins)
     axes[-1].set_xlabel("seconds from the sequence's origin", fontsize=7)
     axes[-1].tick_params(labelsize=7)
     axes[-1].set_xlim(lo - pad, hi + pad)
-    fig.subplots_adjust(left=0.09, right=0.80, top=1 - 0.35 / fig.get_figheight(), bottom=0.5 / fig.get_figheight())
+    fig.subplots_adjust(left=0.85 / width_in, right=1 - 1.55 / width_in, top=1 - 0.35 / fig.get_figheight(), bottom=0.5 / fig.get_figheight())
     return fig
 
 
@@ -429,11 +429,6 @@ def _draw_bins(ax, bins: Bins) -> None:
                                (y - 0.4, 0.8), facecolors=color, linewidths=0, gid=f"bins:{kind}:{name}")
     ax.set_yticks([0.5, -0.5], [f"keys / {bins.bin_ns / 1e6:g} ms", f"buttons / {bins.bin_ns / 1e6:g} ms"], fontsize=6.5)
     ax.set_ylim(-1, 1)
-    from matplotlib.patches import Patch
-
-    ax.legend(handles=[Patch(color=AGREE_COLOR, label="bin's counts agree"),
-                       Patch(color=DIFFER_COLOR, label="bin's counts differ")], fontsize=6.5, loc="upper left",
-              bbox_to_anchor=(1.002, 1.2), borderaxespad=0, frameon=False)
 
 
 def timeline_counts(fig) -> dict[str, int]:
