@@ -46,10 +46,10 @@ def latency_curve(report: dict, prefix: str = "d2e") -> dict[str, dict[int, floa
 
 
 def draw_latency_curve(report: dict, bin_ms: float, title: str = "D2E latency curve", prefix: str = "d2e"):
-    """The figure of `latency_curve` (None without shift keys): one line per curve (``gid`` ``latency:{curve}``),
+    """The figure of `latency_curve` (None when no shift has a score): one line per curve (``gid`` ``latency:{curve}``),
     x in bins below and ms above, the best shift a vertical line (``gid`` ``latency:best``)."""
     curves = latency_curve(report, prefix)
-    if not curves:
+    if not any(curves.get(name) for name, _ in CURVES):
         return None
     from matplotlib.figure import Figure
 
