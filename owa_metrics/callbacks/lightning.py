@@ -19,8 +19,8 @@ from ..metrics.base import Mode
 from ..metrics.collection import OWAEventMetrics
 from ..functional.report import headline_keys
 from ..report import format_report, sample_note, sample_rows, sample_table, unit_of
-from ..figures import batch_timelines, draw_latency_curve, draw_timeline
-from .artifacts import (breakdown_name, headline_layout, log_breakdowns, log_extras, log_images, png_of, report_json,
+from ..figures import batch_timelines, draw_latency_curve, draw_timeline, png_of
+from .artifacts import (breakdown_name, headline_layout, log_breakdowns, log_extras, log_images, report_json,
                         save_reports)
 from .generation import check_batch, generate_batch
 
