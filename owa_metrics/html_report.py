@@ -16,8 +16,6 @@ import html
 from pathlib import Path
 from typing import Optional, Sequence
 
-import torch
-
 from .decode.batch import decode_batch
 from .figures import (batch_timelines, confusion_figure, draw_latency_curve, draw_timeline, png_of, recording_timeline,
                       sequence_errors)
@@ -135,18 +133,13 @@ def d2e_section(report: dict, bin_ms: Optional[float]) -> list[str]:
     return out
 
 
-def _pad(rows: list[list[int]]) -> torch.Tensor:
-    width = max(max(map(len, rows)), 1)
-    return torch.tensor([row + [-100] * (width - len(row)) for row in rows], dtype=torch.long)
-
-
 def token_report_html(report: dict, pred_path, target_path, *, format: Optional[str] = None,
                       pairing: str = "index", tolerance_ms=None, generated_screens: str = "context",
                       image_tokens: Optional[str] = None, sequences: int = 4, batch_size: int = 64) -> str:
     """The page of a token-file evaluation (`owa_metrics.evaluate.evaluate`'s ``report``): the files read again in
     this process, each sequence's errors counted (`sequence_errors`), the confusion counted, the chosen sequences
     decoded once more and drawn. Returns the page."""
-    from .evaluate import _vocab, guess_format, read_tagged, to_ids
+    from .evaluate import _pad, _vocab, guess_format, read_tagged, to_ids
 
     pred_path, target_path = Path(pred_path), Path(target_path)
     (pred_contents, pred_tags), (target_contents, target_tags) = read_tagged(pred_path), read_tagged(target_path)
