@@ -52,6 +52,7 @@ def draw_latency_curve(report: dict, bin_ms: float, title: str = "D2E latency cu
     if not any(curves.get(name) for name, _ in CURVES):
         return None
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     fig = Figure(figsize=(4.8, 2.8), dpi=100)
     ax = fig.subplots()
@@ -64,6 +65,7 @@ def draw_latency_curve(report: dict, bin_ms: float, title: str = "D2E latency cu
         ax.axvline(k, color="#d62728", linestyle="--", linewidth=1, gid="latency:best",
                    label=f"best shift {k:+d} bins ({k * bin_ms:+g} ms)")
     ax.axhline(0, color="#bbbbbb", linewidth=0.5)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("shift k (bins): true bin i vs predicted bin i + k", fontsize=7.5)
     ax.set_ylabel("score", fontsize=7.5)
     ax.tick_params(labelsize=7)
