@@ -74,5 +74,5 @@ def draw_latency_curve(report: dict, bin_ms: float, title: str = "D2E latency cu
     top.tick_params(labelsize=7)
     ax.set_title(title, fontsize=8, fontweight="bold")
     ax.legend(fontsize=6.5, frameon=False)
-    fig.tight_layout(pad=0.4)
+    fig.subplots_adjust(left=0.11, right=0.98, top=0.78, bottom=0.15)
     return fig
