@@ -1,6 +1,7 @@
 """What `OWAEventMetricsCallback` writes besides its scalars, on rank zero: histograms, the confusion figure, the
 timelines and the latency curve, and the sample table to the loggers that show them, TensorBoard's Custom Scalars
-layout, and the report files (``.json`` / ``.md`` / ``.png``) where each logger keeps a run's files. Nothing here touches a collective: every rank has computed before rank zero gets here."""
+layout, and the report files (``.json`` / ``.md`` / ``.png``) where each logger keeps a run's files. Nothing here
+touches a collective: every rank has computed before rank zero gets here."""
 
 from __future__ import annotations
 
@@ -112,14 +113,15 @@ def headline_layout(loggers: list[Logger], prefix: str, charts: dict[str, str]) 
         unit = unit_of(key)
         return f"{WORDS.get(key, key)} ({unit})" + name[len(prefix) + len(key):]
 
-    layout = {f"OWA headline ({prefix})": {title(name, key): ["Multiline", [re.escape(name)]] for name, key in charts.items()}}
+    charts = {title(name, key): ["Multiline", [re.escape(name)]] for name, key in charts.items()}  # (tags are regexes)
+    layout = {f"OWA headline ({prefix})": charts}
     for logger in tensorboards:
         logger.experiment.file_writer.add_summary(custom_scalars(layout))
 
 
 def save_reports(loggers: list[Logger], folder: Optional[Path], files: dict[str, str | bytes]) -> None:
-    """Write ``files`` (relative path -> text or PNG bytes) into the run of each logger that keeps files, and into ``folder``
-    when given.
+    """Write ``files`` (relative path -> text or PNG bytes) into the run of each logger that keeps files, and into
+    ``folder`` when given.
 
     TensorBoard / CSV: ``{log_dir}/owa_metrics/``; W&B: the run's files (``run.dir``, synced with the run); MLflow:
     the run's artifacts under ``owa_metrics/``."""

@@ -97,8 +97,8 @@ class OWAEventMetricsCallback(Callback):
                  every_n_batches: int = 1, max_sequences: int = 32, predict_events: int = 4,
                  max_new_tokens: Optional[int] = None, generate_fn: Optional[Callable] = None,
                  histograms: bool = True, confusion_figure: bool = True, samples: int = 8,
-                 timeline_sequences: int = 2, artifacts: bool = True, artifacts_dir: Optional[str] = None, log_sanity_check: bool = False,
-                 tag_fn: Optional[Callable] = None, **metric_kwargs: Any):
+                 timeline_sequences: int = 2, artifacts: bool = True, artifacts_dir: Optional[str] = None,
+                 log_sanity_check: bool = False, tag_fn: Optional[Callable] = None, **metric_kwargs: Any):
         self.tokenizer, self.generate_fn, self.metric_kwargs = tokenizer, generate_fn, metric_kwargs
         self.tag_fn = tag_fn
         self.alignment, self.mode, self.prefix, self.log_loss = alignment, mode, prefix, log_loss

@@ -1,6 +1,7 @@
-"""What the model did, drawn: a sequence's true and predicted events on one time axis (`timeline`) and the D2E
-latency curve (`latency`), the category confusion (`confusion`). Matplotlib figures (Agg); every drawn element carries a ``gid`` naming what it shows,
-so that a test reads the figure back."""
+"""What the model did, drawn: a sequence's true and predicted events on one time axis (`timeline`), the D2E
+latency curve (`latency`), the category confusion (`confusion`). Matplotlib figures made without pyplot; every
+drawn element of a timeline or a latency curve carries a ``gid`` naming what it shows, so that a test reads the
+figure back."""
 
 from .confusion import confusion_figure, png_of
 from .latency import draw_latency_curve, latency_curve, shift_of

@@ -415,7 +415,8 @@ def draw_timeline(timeline: Timeline, width_in: float = 10.0, dpi: int = 100):
     axes[-1].set_xlabel("seconds from the sequence's origin", fontsize=7)
     axes[-1].tick_params(labelsize=7)
     axes[-1].set_xlim(lo - pad, hi + pad)
-    fig.subplots_adjust(left=1.0 / width_in, right=1 - 1.55 / width_in, top=1 - 0.35 / fig.get_figheight(), bottom=0.5 / fig.get_figheight())
+    height = fig.get_figheight()
+    fig.subplots_adjust(left=1.0 / width_in, right=1 - 1.55 / width_in, top=1 - 0.35 / height, bottom=0.5 / height)
     return fig
 
 
