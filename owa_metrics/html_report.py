@@ -161,12 +161,13 @@ def token_report_html(report: dict, pred_path, target_path, *, format: Optional[
     if chosen:
         p, t = _pad([preds[k] for k in chosen]), _pad([targets[k] for k in chosen])
         batch = decode_batch(*metric.scored_ids(p, t), vocab, "generation", pairing=pairing, tolerance_ms=tolerance_ms)
+        context = decode_batch(t, t, vocab) if generated_screens == "context" else None  # the true screens, drawn
         where = "recording" if target_path.suffix == ".mcap" else "line"
         names = [f"{target_path.name} {where} {k + 1} ({errors[k]} errors)" for k in chosen]
         captions = [f"{where} {k + 1}: {errors[k]} errors" for k in chosen]
         row_tags = [tags[k] for k in chosen] if tags else None
         for k, caption, timeline in zip(chosen, captions, batch_timelines(
-                batch, vocab.config.timestamp_window_ns, range(len(chosen)), None, row_tags, names)):
+                batch, vocab.config.timestamp_window_ns, range(len(chosen)), None, row_tags, names, context)):
             drawn[k] = figure(png_of(draw_timeline(timeline, timeline_width_in(timeline.end_ns))), caption,
                               f"sequence-{k + 1}", zoom=True)
     title = f"OWA event metrics: {pred_path.name} vs {target_path.name}"

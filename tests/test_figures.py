@@ -79,7 +79,8 @@ def test_a_timeline_draws_the_events_and_the_sequences_own_report(format_vocab, 
     kwargs = dict(alignment=alignment, pairing=pairing, bin_ms=BIN_MS, tags=tags)
     metric = OWAEventMetrics(vocab=vocab, **kwargs)
     batch = decode_batch(*metric.scored_ids(preds, target), vocab, alignment, pairing=pairing)
-    timelines = batch_timelines(batch, vocab.config.timestamp_window_ns, [0, 1], BIN_MS, tags)
+    context = decode_batch(target, target, vocab) if alignment == "generation" else None  # screens, unscored
+    timelines = batch_timelines(batch, vocab.config.timestamp_window_ns, [0, 1], BIN_MS, tags, context=context)
     for b, timeline in enumerate(timelines):
         alone = OWAEventMetrics(vocab=vocab, **kwargs)  # the sequence's own report
         alone.update(preds[b:b + 1], target[b:b + 1], tags=[tags[b]])
@@ -92,8 +93,11 @@ def test_a_timeline_draws_the_events_and_the_sequences_own_report(format_vocab, 
             assert drawn.get("button_bars:pred", 0) == _downs(guesses[b])
         assert drawn["key_bars:true"] == _presses(truth) > 0
         assert drawn["button_bars:true"] == _downs(truth) > 0
-        assert drawn.get("screens:true", 0) == (sum(e.kind == "screen" for e in truth)
-                                                if alignment == "teacher_forcing" else 0)  # generation: context
+        screens = [e.timestamp_ns for e in truth if e.kind == "screen"]
+        assert drawn["screens:true"] == len(screens) > 0  # generation: drawn as context, the metric leaves them out
+        origin = next(e.timestamp_ns for e in truth if e.kind != "screen" or alignment == "teacher_forcing")
+        ticks = [a for a in fig.axes[0].collections if a.get_gid() == "screens:true"][0].get_offsets()[:, 0]
+        assert sorted(ticks) == pytest.approx([(t - origin) / 1e9 for t in screens])  # on the events' axis
         links = drawn.get("links:exact", 0) + drawn.get("links:other", 0)
         assert links == report["count/comparable"] > 0
         assert drawn.get("misses", 0) == report.get("count/missing_events", 0)

@@ -340,8 +340,13 @@ class OWAEventMetricsCallback(Callback):
         if decoded is not None:
             shown = range(min(self.timeline_sequences, len(run.kept)))
             tags = run.tags if any(tag is not None for tag in run.tags) else None
+            context = None
+            if run.metric.alignment == "generation" and run.metric.generated_screens == "context":  # their screens
+                target = _stack(run.kept[:len(shown)])[1]
+                context = decode_batch(target, target, run.metric.vocab)
             for i, timeline in zip(shown, batch_timelines(decoded[0], shape.window_ns, shown, shape.bin_ms, tags,
-                                                          [f"{when}, sequence {i}" for i in range(len(run.kept))])):
+                                                          [f"{when}, sequence {i}" for i in range(len(run.kept))],
+                                                          context)):
                 images[f"timeline_{i}"] = png_of(draw_timeline(timeline, width_in=8.0, dpi=90))
         if shape.bin_shifts:
             figure = draw_latency_curve(report, shape.bin_ms, f"D2E latency curve, {when}")

@@ -134,13 +134,17 @@ def _track(fields, ns: np.ndarray, rows: np.ndarray, valid: np.ndarray, origin: 
 
 
 def batch_timelines(batch: EventBatch, window_ns: int, sequences: Sequence[int], bin_ms: Optional[float] = None,
-                    tags: Optional[Sequence[Optional[str]]] = None, names: Optional[Sequence[str]] = None
-                    ) -> list[Timeline]:
+                    tags: Optional[Sequence[Optional[str]]] = None, names: Optional[Sequence[str]] = None,
+                    context: Optional[EventBatch] = None) -> list[Timeline]:
     """The `Timeline` of each of ``sequences`` (rows of ``batch``) of a decoded batch (`decode_batch`): both sides'
     times as the D2E protocol reads them (`batch_events`: with time pairing the matching's axis, else unwrapped from
     the row's first valid true event), in seconds from the row's origin (time pairing) or first valid true event.
-    ``tags`` each row's tag and ``names`` each row's name for the title (default ``sequence {row}``)."""
+    ``tags`` each row's tag and ``names`` each row's name for the title (default ``sequence {row}``). ``context``:
+    the same rows' true ids decoded with their screens (in generation the metric scores ``batch`` without them,
+    screens being context): those screens join the true track (after its events: the indices stay), unwrapped on
+    the row's axis."""
     truth, pred, start, end = batch_events(batch, window_ns)
+    screens = None if context is None else _context_screens(context, start, window_ns)
     t_ns, p_ns, start, end = (x.cpu().numpy() for x in (truth.ns, pred.ns, start, end))
     seq, status = batch.seq_idx.cpu().numpy(), batch.status.cpu().numpy()
     t_ok = batch.target.status.cpu().numpy() == Status.VALID
@@ -156,6 +160,8 @@ def batch_timelines(batch: EventBatch, window_ns: int, sequences: Sequence[int],
     for b in sequences:
         rows, p_rows = np.flatnonzero(seq == b), np.flatnonzero(p_seq == b)
         true, predicted = _track(batch.target, t_ns, rows, t_ok, start[b]), _track(p_fields, p_ns, p_rows, p_ok, start[b])
+        if screens is not None:
+            true = _with_screens(true, screens[1][screens[0] == b] - start[b])
         st = status[rows]
         ok = st == Status.VALID
         local = np.arange(len(rows))
@@ -186,6 +192,27 @@ def batch_timelines(batch: EventBatch, window_ns: int, sequences: Sequence[int],
                                              int(t_ok[rows].sum()), len(p_rows))
         out.append(timeline)
     return out
+
+
+def _context_screens(context: EventBatch, start: torch.Tensor, window_ns: int) -> tuple[np.ndarray, np.ndarray]:
+    """(row, absolute time) of each valid screen among ``context``'s true events, unwrapped from ``start`` (each row's
+    first valid true event of the scored batch, or its time origin: `batch_events`' axis)."""
+    from ..decode.matching import unwrap_ns
+
+    t = context.target
+    valid = t.status == int(Status.VALID)
+    ns = unwrap_ns(context.seq_idx, t.timestamp_ns, valid, start.to(t.timestamp_ns.device), window_ns)
+    screen = (valid & (t.category == int(Category.SCREEN))).cpu().numpy()
+    return context.seq_idx.cpu().numpy()[screen], ns.cpu().numpy()[screen]
+
+
+def _with_screens(track: Track, time_ns: np.ndarray) -> Track:
+    """``track`` followed by screens at ``time_ns``."""
+    n, zero = len(time_ns), np.zeros(len(time_ns), dtype=np.int64)
+    return Track(np.concatenate([track.time_ns, time_ns]),
+                 np.concatenate([track.category, np.full(n, int(Category.SCREEN))]),
+                 *(np.concatenate([getattr(track, c), zero]) for c in _COLUMNS[2:]),
+                 np.concatenate([track.valid, np.ones(n, dtype=bool)]))
 
 
 def score_words(timeline: Timeline, decoded_targets: int, valid_targets: int, pred_events: int) -> str:
