@@ -6,7 +6,7 @@ direction, the per-category and per-tag tables, the D2E keys and latency curve (
 category confusion, and the timelines of the ``sequences`` sequences with the most errors (`sequence_errors`) and of
 the first ``sequences``. MCAP pairs under the D2E protocol: the D2E table and latency curve, a row per file (its name
 links to its timeline when drawn), the timelines of the files with the most wrong (bin, name) counts and of the first.
-A long sequence is drawn wider (`timeline_width_in`) and zoomed in the page.
+A long sequence is drawn wider (`timeline_width_in`), shown at its size in a box that scrolls, and zoomed in the page.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ table { border-collapse: collapse; margin: 8px 0 16px; font-size: 13px; }
 th, td { border: 1px solid #ddd; padding: 3px 8px; text-align: right; } th { background: #f4f4f4; }
 td:first-child, th:first-child { text-align: left; } code { font-size: 12px; color: #555; }
 .figure { margin: 12px 0 28px; } .tools button { font-size: 13px; margin-right: 4px; }
-.scroll { overflow: auto; max-height: 900px; border: 1px solid #eee; } .scroll img { width: 100%; display: block; }
+.scroll { overflow: auto; max-height: 900px; border: 1px solid #eee; } .scroll img { display: block; max-width: none; }
 .wide { overflow-x: auto; }
 .note { color: #555; }
 """
@@ -102,8 +102,8 @@ def every_key(report: dict) -> str:
 
 
 def figure(png: bytes, caption: str, anchor: Optional[str] = None, zoom: bool = False) -> str:
-    """An inline PNG with its caption, at its own size; ``zoom``: at the page's width, with zoom buttons, in a box
-    that scrolls."""
+    """An inline PNG with its caption, at its own size; ``zoom``: in a box that scrolls (a long recording's wide
+    timeline: sideways), with buttons that zoom in and out and fit it to the page's width."""
     data = base64.b64encode(png).decode("ascii")
     tools = ('<div class="tools"><button onclick="zoom(this, 1.6)">zoom in</button>'
              '<button onclick="zoom(this, 1 / 1.6)">zoom out</button><button onclick="fit(this)">fit</button></div>'
@@ -116,7 +116,7 @@ def figure(png: bytes, caption: str, anchor: Optional[str] = None, zoom: bool = 
 
 def timeline_width_in(duration_ns: int) -> float:
     """A timeline's width: 12 in up to 20 s, then 0.6 in a second (a 10-minute recording: 360 in), at most 600 in
-    (matplotlib's 2**16 px at 100 dpi); the page shows it at its width and zooms in."""
+    (matplotlib's 2**16 px at 100 dpi); the page shows it at its size, to scroll through, zoom or fit."""
     return min(max(12.0, duration_ns / 1e9 * 0.6), 600.0)
 
 
