@@ -341,6 +341,19 @@ def test_collate_keeps_each_familys_layout():
     assert qwen["mm_token_type_ids"].tolist() == [[0, 1, 1], [1, 0, 0]]  # per token: [B, T], padded with 0
 
 
+def test_collate_keeps_the_grid_integer_beside_an_item_without_screens():
+    """An item without screens builds its grid from an empty list (``torch.tensor([[1, 4, 4]] * 0)``: float32);
+    the batch's ``image_grid_thw`` stays the other items' int64 (the model reshapes by it), in either order."""
+    shown = {"input_ids": torch.tensor([1, 2]), "image_grid_thw": torch.tensor([[1, 4, 4]]),
+             "pixel_values": torch.ones(16, 24)}
+    none = {"input_ids": torch.tensor([3]), "image_grid_thw": torch.tensor([[1, 4, 4]] * 0).reshape(0, 3),
+            "pixel_values": torch.randn(0, 24)}
+    for items in ([shown, none], [none, shown]):
+        batch = collate(items)
+        assert batch["image_grid_thw"].dtype == torch.int64 and batch["image_grid_thw"].tolist() == [[1, 4, 4]]
+        assert batch["pixel_values"].dtype == torch.float32 and batch["pixel_values"].shape == (16, 24)
+
+
 @pytest.mark.parametrize("family", ["idefics3", "qwen2_vl"])
 def test_images_that_do_not_fit_their_tokens_raise(families, family):
     tokenizer, config, vocab, items, _, model = families[family]
