@@ -52,7 +52,8 @@ def _exec(name: str, namespace: dict) -> dict:
 
 def test_every_python_block_of_the_docs_is_run_here():
     run = {_code(name) for name in BLOCKS}
-    assert [doc for doc, code in _all_blocks() if code not in run] == []
+    missed = [f"docs/{doc}: {code.splitlines()[0]!r}" for doc, code in _all_blocks() if code not in run]
+    assert not missed, f"Python blocks no test runs (add each to BLOCKS, with its prelude and a check): {missed}"
 
 
 @contextlib.contextmanager
