@@ -1,7 +1,7 @@
 """Every Python block of docs/*.md runs as written and does what its text says (issue 44 item 7; the README's blocks:
 tests/test_readme.py). A block that goes on from another (a fragment) runs after a hidden prelude, given per block
-in `BLOCKS`: the names the doc says it takes from elsewhere. No block is left out (none needs a GPU, the network or
-a long training: the models are tiny, built from configs). Also: the one line numba's first compile prints, and the
+below `BLOCKS`: the names the doc says it takes from elsewhere. No block is left out (none needs a GPU, the network or
+a long training: the models are tiny, built from configs). Also: the one line numba's first compile logs, and the
 error `token_sequences` gives a tokenizer without image tokens."""
 
 import contextlib
@@ -18,19 +18,19 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 FENCE = re.compile(r"```python\n(.*?)```", re.S)
 
-# name: (doc, a string only its block holds, the block it goes on from or None). The preludes, per block:
+# name: (doc, a string only its block holds). The hidden preludes of the fragments:
 # - the VLM families after InternVL: InternVL's names (imports, `Agent`), its stand-in tokenizer built with the
 #   words of the block's `# tokenizer: words = [...]` line, as that line says;
 # - Qwen2.5-VL: the Qwen2-VL block's names (tokenizer, `ids`, data, callback), as its text says;
 # - MLflow: the README's Lightning block up to its callback (tokenizer, `Agent`, model, loader), as its text says.
 BLOCKS = {
-    "internvl": ("VLM.md", "InternVLConfig(", None),
-    "llava": ("VLM.md", "LlavaConfig(", "internvl"),
-    "smolvlm": ("VLM.md", "Idefics3Config(", "internvl"),
-    "qwen2-vl": ("VLM.md", "Qwen2VLConfig(", "internvl"),
-    "qwen2.5-vl": ("VLM.md", "Qwen2_5_VLConfig(", "qwen2-vl"),
-    "register": ("METRICS.md", "register(Definition(", None),
-    "mlflow": ("TRAINING.md", "MLFlowLogger(", None),
+    "internvl": ("VLM.md", "InternVLConfig("),
+    "llava": ("VLM.md", "LlavaConfig("),
+    "smolvlm": ("VLM.md", "Idefics3Config("),
+    "qwen2-vl": ("VLM.md", "Qwen2VLConfig("),
+    "qwen2.5-vl": ("VLM.md", "Qwen2_5_VLConfig("),
+    "register": ("METRICS.md", "register(Definition("),
+    "mlflow": ("TRAINING.md", "MLFlowLogger("),
 }
 
 
@@ -39,7 +39,7 @@ def _all_blocks() -> list[tuple[str, str]]:
 
 
 def _code(name: str) -> str:
-    doc, marker, _ = BLOCKS[name]
+    doc, marker = BLOCKS[name]
     found = [code for d, code in _all_blocks() if d == doc and marker in code]
     assert len(found) == 1, f"docs/{doc}: expected one Python block with {marker!r}"
     return found[0]
