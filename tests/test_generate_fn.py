@@ -11,6 +11,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from owa_metrics.callbacks import OWAEventMetricsCallback
 from lightning_fixtures import TinyLM, collate, event_sequences, report_of, reported
+from oracles import expected_prompt
 
 
 @pytest.fixture(scope="module")
@@ -145,3 +146,55 @@ def test_new_ids_that_repeat_the_prompt_are_read_as_generate_output_says(tmp_pat
     with pytest.raises(RuntimeError, match=r"validation batch 1 \(ValueError: every row begins with its prompt and "
                                            r"none is longer than max_new_tokens=160 ids.*generate_output='new'"):
         validate([auto])  # batch 1: every row repeats its prompt
+
+
+def test_generation_fits_the_models_positions_with_the_defaults(tmp_path, tokenizer, vocab):
+    """A GPT-2 of 256 positions (n_positions) validated on 256-token windows, the callback's defaults (issue 44
+    item 2): max_new_tokens is 4 x 80 at most half the context, 128, and each prompt is its row cut before the last 4
+    actions and then from the left, whole events kept, to 256 - 128 tokens (the oracle above)."""
+    data = event_sequences(vocab, 256)[:8]
+    module = TinyLM(vocab.size)
+    assert module.model.config.n_positions == 256 and max(len(x["input_ids"]) for x in data) > 240
+    calls, generate = [], module.model.generate
+
+    def recording(*args, **kwargs):  # the real generate, its inputs kept
+        calls.append(kwargs)
+        return generate(*args, **kwargs)
+
+    module.model.generate = recording
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
+                        callbacks=[OWAEventMetricsCallback(tokenizer, alignment="generation")],
+                        enable_checkpointing=False, default_root_dir=tmp_path)
+    trainer.validate(module, DataLoader(data, batch_size=4, collate_fn=collate))
+    assert report_of(reported(trainer))["count/sequences"] == 8 and len(calls) == 2
+    start, cuts = vocab.ids["<EVENT_START>"], 0
+    for batch_idx, call in enumerate(calls):
+        assert call["max_new_tokens"] == 128 and call["input_ids"].shape[1] + 128 <= 256
+        for row, (ids, mask) in enumerate(zip(call["input_ids"], call["attention_mask"])):
+            full = data[4 * batch_idx + row]["input_ids"].tolist()
+            prompt, cut = expected_prompt(full, vocab, 4, 256 - 128)
+            assert ids[mask.bool()].tolist() == prompt
+            assert prompt[0] == start and (cut == len(full) or full[cut] == start)  # whole events
+            cuts += len(prompt) < cut
+    assert cuts > 0  # some prompts were cut from the left
+
+
+@pytest.mark.parametrize("settings, expected", [
+    (dict(max_new_tokens=250), r"the prompts get context_tokens - max_new_tokens = 256 - 250 = 6 tokens "
+                               r"\(context_tokens from model.config.n_positions\), and the last event of row 0's "
+                               r"prompt alone is \d+ tokens: give a smaller max_new_tokens="),
+    (dict(context_tokens=300), r"context_tokens=300 is more than the model's model.config.n_positions=256"),
+    (dict(context_tokens=200, generate_fn=lambda input_ids, attention_mask, max_new_tokens, *, batch, cut: None),
+     r"cut from the left to fit the context.*give generate_fn a keyword argument start= too"),
+], ids=["no room", "more than the model's", "generate_fn without start"])
+def test_a_prompt_that_cannot_fit_stops_the_run_naming_the_numbers(tmp_path, tokenizer, vocab, settings, expected):
+    """Caught in the sanity check, before the first training step."""
+    data = event_sequences(vocab, 256)[:4]
+    loader = DataLoader(data, batch_size=4, collate_fn=collate)
+    callback = OWAEventMetricsCallback(tokenizer, alignment="generation", **settings)
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
+                        callbacks=[callback], enable_checkpointing=False, default_root_dir=tmp_path, max_epochs=1)
+    module = TinyLM(vocab.size)
+    with pytest.raises((RuntimeError, ValueError), match=expected):
+        trainer.fit(module, loader, loader)
+    assert trainer.global_step == 0
