@@ -67,7 +67,8 @@ def generation_budget(pl_module, generate_fn: Optional[Callable], predict_events
     if context_tokens is not None and own is not None and context_tokens > own[0]:
         raise ValueError(f"OWAEventMetricsCallback: context_tokens={context_tokens} is more than the model's "
                          f"{own[1]}={own[0]}: give at most {own[0]}, or leave context_tokens out")
-    context, source = (context_tokens, "context_tokens") if context_tokens is not None else own or (None, "")
+    context, source = (context_tokens, "the callback's context_tokens=") if context_tokens is not None else \
+        own or (None, "")
     if max_new_tokens is None:
         max_new_tokens = predict_events * TOKENS_PER_EVENT
         if context is not None:
@@ -120,9 +121,14 @@ def generate_batch(pl_module, batch: Any, batch_idx: int, tokenizer, vocab: Voca
         except PromptInputsError:
             raise
         except Exception as err:
-            who = "generate_fn" if generate_fn else "the default generation (model.generate)"
-            raise RuntimeError(f"OWAEventMetricsCallback: {who} failed at validation batch {batch_idx} "
-                               f"({type(err).__name__}: {err}). {GENERATE_NEEDS}") from err
+            failed = f"failed at validation batch {batch_idx} ({type(err).__name__}: {err})"
+            if generate_fn is None:
+                context = "no context known" if budget.context is None else \
+                    f"context {budget.context} tokens from {budget.source}"
+                raise RuntimeError(f"OWAEventMetricsCallback: the default generation (model.generate) {failed}, "
+                                   f"on prompts of up to {prompt.shape[1]} tokens with max_new_tokens="
+                                   f"{budget.max_new} ({context})") from err
+            raise RuntimeError(f"OWAEventMetricsCallback: generate_fn {failed}. {GENERATE_NEEDS}") from err
     try:
         generated = new_ids(as_ids(out, prompt.device), prompt, mask, budget.max_new,
                             generate_output if generate_fn else "prompt_and_new")
@@ -298,8 +304,8 @@ class PromptInputsError(RuntimeError):
 def prompt_inputs(batch: Mapping, cut: torch.Tensor, image_token_id: Optional[int],
                   start: Optional[torch.Tensor] = None) -> dict[str, torch.Tensor]:
     """The batch's model inputs besides the prompt ids, cut to the prompts ``batch["input_ids"][b, start[b]:cut[b]]``
-    (``start`` 0 when None) of its first ``len(cut)`` rows: a key shaped like ``input_ids`` (``mm_token_type_ids``) as the ids are; the images
-    whose ``image_token_id`` tokens are in a prompt, in the batch's layout (`_prompt_images`: one entry per image,
+    (``start`` 0 when None) of its first ``len(cut)`` rows: a key shaped like ``input_ids`` (``mm_token_type_ids``)
+    as the ids are; the images whose ``image_token_id`` tokens are in a prompt, in the batch's layout (`_prompt_images`: one entry per image,
     [B, images, ...] with ``pixel_attention_mask``, or patches with ``image_grid_thw``), none without image tokens
     in the prompts. Any other input (``image_sizes``, ...): a `PromptInputsError` naming it and pointing at
     ``generate_fn``."""
@@ -329,7 +335,8 @@ def _prompt_images(inputs: Mapping, ids: torch.Tensor, cut: torch.Tensor, start:
     row b's images first, with ``pixel_attention_mask`` [B, max images, H, W] (Idefics3 / SmolVLM: an equal run
     each); or patches [sum of patches, dim] with ``image_grid_thw`` [images, 3] (Qwen2-VL / Qwen2.5-VL: image i's
     prod(grid[i]) patches, merged into prod(grid[i]) / merge tokens). An image is a prompt's when its whole run is
-    in it (columns ``start[b]`` to ``cut[b]``); runs that do not fit the rows, or a prompt that cuts one, are a `PromptInputsError`."""
+    in it (columns ``start[b]`` to ``cut[b]``); runs that do not fit the rows, or a prompt that cuts one, are a
+    `PromptInputsError`."""
     pixels, grid, pixel_mask = inputs["pixel_values"], inputs.get("image_grid_thw"), inputs.get("pixel_attention_mask")
     is_image = ids == image_token_id
     per_row = is_image.sum(1)
