@@ -150,7 +150,7 @@ def _check_shared_compute(synced, tokenizer, shards):
 
     def same(got, want):
         assert got.keys() == want.keys()
-        assert not {k: (got[k], v) for k, v in want.items() if abs(got[k] - v) > 1e-12 * max(1, abs(v))}
+        assert not _bits_differ(got, want)
 
     everything = shards[0] + shards[1] + shards[2]
     want, names = one(everything, tags=TAGS[:2], tag_keys="all")
@@ -164,6 +164,11 @@ def _check_shared_compute(synced, tokenizer, shards):
     assert failed[1].startswith("ZeroDivisionError"), failed
     same(synced["local"], one(shards[0])[0])  # sync_on_compute=False: rank 0's own states, the others idle
     same(synced["synced_local"], one(everything)[0])  # synced by hand, then computed on rank 0 alone
+
+
+def _bits_differ(got: dict, want: dict) -> dict:
+    """The keys of ``want`` whose value in ``got`` is not the same float bit for bit, with both values."""
+    return {k: (got[k], v) for k, v in want.items() if float(got[k]).hex() != float(v).hex()}
 
 
 TAGS = ["even", "odd", "even_big", "odd_big", "never"]
@@ -256,9 +261,8 @@ def test_synced_compute_equals_one_process(synced_by_world, expected, world):
         assert got["confusion"] == confusion
         assert got["report"].keys() == report.keys()
         # exact mode: the same values; sketch mode: the same bucket sums, so the same result too
-        differ = {k: (got["report"][k], v) for k, v in report.items()
-                  if abs(got["report"][k] - v) > 1e-12 * max(1, abs(v))}
-        assert not differ, differ
+        differ = _bits_differ(got["report"], report)
+        assert not differ, (mode, differ)
     if world == 2:
         tokenizer = build_tokenizer()
         shards = _batches(VocabMap.from_tokenizer(tokenizer))
@@ -267,14 +271,14 @@ def test_synced_compute_equals_one_process(synced_by_world, expected, world):
             metric.update(preds, target)
         one = {k: v.item() for k, v in metric.compute().items()}
         for answer in synced["mid_epoch"]:  # the same answer on both ranks: no stale cache on the idle one
-            assert answer.keys() == one.keys() and all(abs(answer[k] - v) <= 1e-12 * max(1, abs(v)) for k, v in one.items())
+            assert answer.keys() == one.keys() and not _bits_differ(answer, one)
         _check_shared_compute(synced, tokenizer, shards)
     for mode in ("exact", "sketch"):
         one = expected[f"tags_{mode}"]
         got = synced[f"tags_{mode}"]["report"]
         assert got.keys() == one.keys() and {k.split("/")[1] for k in one if k.startswith("tag/")} == set(TAGS[:4])
-        differ = {k: (got[k], v) for k, v in one.items() if abs(got[k] - v) > 1e-12 * max(1, abs(v))}
-        assert not differ, differ
+        differ = _bits_differ(got, one)
+        assert not differ, (mode, differ)
         assert one["tag/even_big/detect/f1"] < 1 and one["tag/odd/count/sequences"] > 0
     exact, sketch = expected["exact"][0], expected["sketch"][0]
     for key in ("timestamp/abs_error_p95_ms", "mouse/direction_error_p95_deg", "mouse/euclidean_pe_p95_pct"):

@@ -6,6 +6,7 @@ from typing import Optional
 
 import torch
 
+from ..functional.declare import SUM_PARTS
 from ..functional.events import (
     digit_precision_sums, keyboard_report, keyboard_sums, mouse_action_report, mouse_action_sums, ratio,
 )
@@ -66,7 +67,7 @@ class KeyboardAccuracy(_SumMetric):
     """
 
     def __init__(self, **kwargs):
-        super().__init__("keyboard_sums", 6, **kwargs)
+        super().__init__("keyboard_sums", 5 + SUM_PARTS, **kwargs)
 
     def update(self, pred_vk, pred_action, target_vk, target_action, seq_idx: Optional[torch.Tensor] = None) -> None:
         extra = {} if seq_idx is None else {"seq_idx": seq_idx}
