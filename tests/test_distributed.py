@@ -285,6 +285,31 @@ def test_synced_compute_equals_one_process(synced_by_world, expected, world):
         assert abs(sketch[key] - exact[key]) <= 0.005 * abs(exact[key]) + 1e-9, key
 
 
+@pytest.mark.parametrize("pairing", ["index", "time"])
+def test_update_order_and_merge_state_keep_every_bit(expected, pairing):
+    """Issue 44: every key the same float bit for bit (sums of means and cosines among them) when the batches come
+    in the reverse order, and from two metrics' ``merge_state`` (the 2 ranks' shards), as from one process."""
+    tokenizer = build_tokenizer()
+    shards = _batches(VocabMap.from_tokenizer(tokenizer))
+    batches = [b for shard in shards for b in shard]
+
+    def metric(updates):
+        out = OWAEventMetrics(tokenizer, alignment="generation", pairing=pairing, **(D2E if pairing == "index" else {}))
+        for preds, target in updates:
+            out.update(preds, target)
+        return out
+
+    one = expected["exact" if pairing == "index" else "time"][0]
+    assert "comparable_rate_seq_macro" in one and "keyboard/accuracy_seq_macro" in one
+    assert pairing == "index" or "mouse/cosine_with_misses" in one
+    reverse = {k: v.item() for k, v in metric(batches[::-1]).compute().items()}
+    assert reverse.keys() == one.keys() and not _bits_differ(reverse, one), _bits_differ(reverse, one)
+    merged = metric(shards[0])
+    merged.merge_state(metric(shards[1] + shards[2]))
+    merged = {k: v.item() for k, v in merged.compute().items()}
+    assert merged.keys() == one.keys() and not _bits_differ(merged, one), _bits_differ(merged, one)
+
+
 def test_deal_gives_the_costliest_first_to_the_least_loaded_rank():
     """By hand: a (5) to rank 0; b (3) to rank 1; c (3) to rank 1 (3 < 5); d (1) to rank 0 (5 < 6); ties to the
     lowest rank."""
