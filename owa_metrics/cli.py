@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         with _processes():
             if args.bin_ms is not None or args.bin_shifts or args.empty_bins_as_correct:
                 return _evaluate_d2e(args.pred, args.target, args.bin_ms, args.empty_bins_as_correct, args.bin_shifts,
-                                     args.json, progress)
+                                     args.json, progress, args.strict)
             if args.tolerance_ms is not None and args.pairing != "time":  # it would have no effect: say so
                 print("owa-metrics evaluate: --tolerance-ms is the tolerance of --pairing time: add --pairing time "
                       "to match events within it, or leave --tolerance-ms out (index pairing matches nothing by "
@@ -207,10 +207,13 @@ def _evaluate(pred: Path, target: Path, mode: str, json_path: Path | None, forma
 
 
 def _evaluate_d2e(pred: Path, target: Path, bin_ms: float | None, empty_bins_as_correct: bool,
-                  bin_shifts: list[int] | None, json_path: Path | None, progress: bool | None = None) -> int:
+                  bin_shifts: list[int] | None, json_path: Path | None, progress: bool | None = None,
+                  strict: bool = False) -> int:
     """The D2E protocol on one MCAP pair, or on two folders' pairs (pooled keys, and a tag per file): its keys as a
-    table (and in full in --json); bad input: one line, exit 2."""
+    table (and in full in --json), each warning (a file whose mouse it cannot read) a line on stderr (exit 1 with
+    ``strict``); bad input: one line, exit 2."""
     import json
+    import warnings
 
     from .d2e import evaluate_d2e, evaluate_d2e_folders
     from .report import tag_table
@@ -231,8 +234,10 @@ def _evaluate_d2e(pred: Path, target: Path, bin_ms: float | None, empty_bins_as_
                         "folders of them")
     shifts = range(bin_shifts[0], bin_shifts[1] + 1) if bin_shifts else ()
     try:
-        report = evaluate_d2e_folders(pred, target, bin_ms, empty_bins_as_correct, shifts, progress) if folders \
-            else evaluate_d2e(pred, target, bin_ms, empty_bins_as_correct, shifts)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            report = evaluate_d2e_folders(pred, target, bin_ms, empty_bins_as_correct, shifts, progress) if folders \
+                else evaluate_d2e(pred, target, bin_ms, empty_bins_as_correct, shifts)
     except (ValueError, ImportError) as err:  # a file without screens, no overlap: the message names the file
         return fail(str(err))
     except Exception as err:  # noqa: BLE001 - an unreadable MCAP: one line naming it
@@ -241,13 +246,16 @@ def _evaluate_d2e(pred: Path, target: Path, bin_ms: float | None, empty_bins_as_
     lines += [f"| {key} | {value:.6g} |" for key, value in report.items() if not key.startswith("tag/")]
     tags = tag_table(report)
     print("\n".join(lines + (["", "## Per file", "", tags] if tags else [])))
+    warned = list(dict.fromkeys(_cli_words(w.message) for w in caught))  # one file on both sides: once
+    for line in warned:
+        print(f"owa-metrics evaluate: warning: {line}", file=sys.stderr)
     if json_path and _rank_zero():
         try:
             write_output(json_path, json.dumps(report, indent=1) + "\n")
         except OSError as err:
             return fail(f"{json_path}: cannot write the JSON report ({err.strerror or err})")
         print(f"wrote {json_path}")
-    return 0
+    return 1 if strict and warned else 0
 
 
 def _cli_words(warning: Warning) -> str:
