@@ -310,6 +310,35 @@ def test_update_order_and_merge_state_keep_every_bit(expected, pairing):
     assert merged.keys() == one.keys() and not _bits_differ(merged, one), _bits_differ(merged, one)
 
 
+def test_teacher_forcing_keeps_every_bit_in_another_order_of_batches():
+    """Issue 44: teacher forcing with random timestamp digits (errors of seconds: sums of squared ns would pass 2^53
+    and round) over 12 batches: every key (timestamp R² among them) the same float bit for bit when the batches come
+    in the reverse order, and from two metrics' ``merge_state``."""
+    tokenizer = build_tokenizer()
+    vocab = VocabMap.from_tokenizer(tokenizer)
+    rows = vocab.encode_sequences(simulate_session(300.0, seed=7), 256, ignore_images=True)[:48]
+    labels = torch.tensor([r[:min(map(len, rows))] for r in rows])
+    digits = torch.tensor([vocab.ids[f"<{i}>"] for i in range(10)])
+    preds = labels.clone()
+    wrong = torch.isin(labels, digits)
+    preds[wrong] = digits[torch.randint(0, 10, (int(wrong.sum()),), generator=torch.Generator().manual_seed(0))]
+    batches = [(preds[i:i + 4], labels[i:i + 4]) for i in range(0, len(labels), 4)]
+
+    def report(*parts):
+        metrics = [OWAEventMetrics(tokenizer) for _ in parts]
+        for metric, part in zip(metrics, parts):
+            for p, t in part:
+                metric.update(p, t)
+        for other in metrics[1:]:
+            metrics[0].merge_state(other)
+        return {k: v.item() for k, v in metrics[0].compute().items()}
+
+    one = report(batches)
+    assert "timestamp/r2" in one and "keyboard/accuracy_seq_macro" in one and one["timestamp/abs_error_p95_ms"] > 1000
+    for got in (report(batches[::-1]), report(batches[5:], batches[:5])):
+        assert got.keys() == one.keys() and not _bits_differ(got, one), _bits_differ(got, one)
+
+
 def test_deal_gives_the_costliest_first_to_the_least_loaded_rank():
     """By hand: a (5) to rank 0; b (3) to rank 1; c (3) to rank 1 (3 < 5); d (1) to rank 0 (5 < 6); ties to the
     lowest rank."""

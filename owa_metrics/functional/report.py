@@ -16,7 +16,7 @@ from ..decode.matching import _detection_counts
 from ..schema import CATEGORY_NAMES, Status
 from .declare import (
     ONE, SUM_PARTS, BatchCounts, Definition, Given, GivenSamples, Samples, SequenceMean, Shape, Sums, Value, code_is,
-    digit_prefix, error, exact_total, same, true, within,
+    digit_prefix, error, exact_total, ms, same, true, within,
 )
 from . import d2e, sequences, values
 from .events import detection_report, event_type_report, keyboard_report, mouse_action_report, movement_r2_report, ratio
@@ -168,7 +168,9 @@ TIMESTAMP = Definition("timestamp", _timestamp_states, _timestamp_keys)
 
 # ------------------------------------------------------------------ timestamps: upstream OWA evaluator's parity keys
 def _timestamp_r2_states(s: Shape) -> dict:
-    e, t = values.TIMESTAMP_ERROR_NS, true("timestamp_ns")  # in ns: R² has no unit
+    # in ms (R² has no unit): on a format's grid of whole ms (10 ms by default) integers, whose squares and sums are
+    # exact in float64 (squared ns pass 2^53: their sums would round, differently in another order of batches)
+    e, t = values.TIMESTAMP_ERROR_MS, ms(true("timestamp_ns"))
     return {"timestamp_r2": Sums(TIMESTAMP_GROUPS, {"squared_error": e * e, "true": t, "true_squared": t * t,
                                                     "events": ONE})}
 
