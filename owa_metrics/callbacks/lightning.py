@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import tempfile
 import uuid
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,7 +52,8 @@ class OWAEventMetricsCallback(Callback):
     pipe). ``callback.reported`` holds the last epoch's every key on every rank, named as ``{prefix}{key}``, and in
     the process that launched spawned ranks (``ddp_spawn``, ``ddp_fork``, ``ddp_notebook``) once they are done: their
     local rank zero leaves it in a file of the temporary directory (`tempfile.gettempdir`), which ``reported`` reads
-    back once and removes, as Lightning returns ``callback_metrics`` and the weights. With
+    back once and removes (unread, it goes with the callback or at exit), as Lightning returns ``callback_metrics``
+    and the weights. With
     several dataloaders each has its own metric and its names end in ``/dataloader_idx_{i}``, as Lightning's.
 
     Teacher forcing (default): logits or argmax ids from what ``validation_step`` returns, labels from there or
@@ -120,6 +122,7 @@ class OWAEventMetricsCallback(Callback):
         # a spawned rank is a copy of this object in another process: its local rank zero hands `reported` over here
         self._launcher_pid = os.getpid()
         self._handoff = Path(tempfile.gettempdir()) / f"owa_metrics_reported_{os.getpid()}_{uuid.uuid4().hex}.pt"
+        weakref.finalize(self, self._handoff.unlink, missing_ok=True)  # unread: removed with this object (or at exit)
         if generate_output not in OUTPUT_FORMS or (generate_output == "new" and generate_fn is None):
             raise ValueError(f"generate_output={generate_output!r}: it says how generate_fn's rows read, one of "
                              f"{', '.join(map(repr, OUTPUT_FORMS))}; 'new' needs a generate_fn (the default generation "
