@@ -20,6 +20,7 @@ compiled CPU path read: no metric is written twice.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable, Optional, Union
 
@@ -199,7 +200,12 @@ class GivenSamples:
 
 
 SUM_PARTS, PART_SCALE = 3, 2.0 ** 28  # `exact_parts`: 3 integers of 28 bits
-_SCALES = PART_SCALE ** torch.arange(1, SUM_PARTS + 1, dtype=torch.float64)
+
+
+@functools.lru_cache(maxsize=None)
+def _scales(device) -> torch.Tensor:
+    """[SUM_PARTS]: 2^28, 2^56, 2^84 on ``device`` (made once: no copy to a GPU per update)."""
+    return PART_SCALE ** torch.arange(1, SUM_PARTS + 1, dtype=torch.float64, device=device)
 
 
 def exact_parts(x: torch.Tensor) -> torch.Tensor:
@@ -207,7 +213,7 @@ def exact_parts(x: torch.Tensor) -> torch.Tensor:
     |x| <= 1; the last rounded down, so x is kept exactly on the 2^-84 grid: a mean c / n of 0s and 1s over
     n < 2^31 events is). Parts add as integers, exactly below 2^53 (2^25 terms of |x| <= 1), so a sum of them is
     the same whatever the order of adding (batches, ranks, files); `exact_total` reads it. A float sum is not."""
-    floors = torch.floor(x[..., None] * _SCALES.to(x.device))  # floor(x 2^(28 (j + 1))): exact
+    floors = torch.floor(x[..., None] * _scales(x.device))  # floor(x 2^(28 (j + 1))): exact
     return floors - torch.nn.functional.pad(floors[..., :-1] * PART_SCALE, (1, 0))  # exact: the parts are integers
 
 
