@@ -52,12 +52,12 @@ class D2ERecording:
 
 
 def read_d2e_recording(path: str | Path) -> D2ERecording:
-    """The first screen, keyboard and ``mouse/raw`` of an OWA MCAP file (log times, as written); raises
-    `RecordingError` naming the file when it has no screen message, and warns (`NoRawMouseWarning`) when it has
-    absolute ``mouse`` messages but no ``mouse/raw`` (its mouse keys would count nothing, silently). One pass of the ``mcap`` package's reader in the
-    file's order, without its log-time sort (binning adds, in any order); each keyboard / ``mouse/raw`` message's
-    JSON read by ``json.loads`` (the pydantic models are not built: ~10x the reading), the screens' only for the
-    first one."""
+    """The first screen, keyboard and ``mouse/raw`` of an OWA MCAP file (log times, as written); raises `RecordingError`
+    naming the file when it has no screen message, and warns (`NoRawMouseWarning`) when it has absolute ``mouse``
+    messages but no ``mouse/raw`` (its mouse keys would count nothing, silently). One pass of the ``mcap`` package's
+    reader in the file's order, without its log-time sort (binning adds, in any order); each keyboard / ``mouse/raw``
+    message's JSON read by ``json.loads`` (the pydantic models are not built: ~10x the reading), the screens' only for
+    the first one."""
     import json
     from array import array
 

@@ -271,4 +271,4 @@ def movement_with_misses_sums(batch: EventBatch, extras: Optional[dict] = None) 
     cosine = torch.where(norms > 0, (px * tx + py * ty) / norms.clamp(min=1e-300), 0.0)
     values = torch.cat([torch.stack([(px - tx) ** 2 + (py - ty) ** 2, tx, ty, tx * tx, ty * ty, torch.ones_like(tx)], 1),
                         exact_parts(cosine), paired.double()[:, None]], 1)
-    return per_group(values * moved[:, None], batch.seq_idx, extras or {})  # by group of sequences: [groups, 8]
+    return per_group(values * moved[:, None], batch.seq_idx, extras or {})  # by group of sequences: [groups, 7 + SUM_PARTS]
