@@ -31,6 +31,12 @@ NEEDS = ("validation_step must return a dict with 'logits' (or 'preds': argmax t
          "optionally 'token_loss': the per-token cross-entropy, [:, t] the loss of label t + 1 ([B, T - 1] or [B, T])")
 
 
+def _discard(path: Path, pid: int) -> None:
+    """Remove ``path`` in process ``pid`` only (a forked rank inherits the finalizer, not the file's reading)."""
+    if os.getpid() == pid:
+        path.unlink(missing_ok=True)
+
+
 @dataclass
 class _Run:
     """One dataloader's metric in the running epoch, and the sequences it keeps for the sample table."""
@@ -122,7 +128,7 @@ class OWAEventMetricsCallback(Callback):
         # a spawned rank is a copy of this object in another process: its local rank zero hands `reported` over here
         self._launcher_pid = os.getpid()
         self._handoff = Path(tempfile.gettempdir()) / f"owa_metrics_reported_{os.getpid()}_{uuid.uuid4().hex}.pt"
-        weakref.finalize(self, self._handoff.unlink, missing_ok=True)  # unread: removed with this object (or at exit)
+        weakref.finalize(self, _discard, self._handoff, self._launcher_pid)  # unread: removed with this object
         if generate_output not in OUTPUT_FORMS or (generate_output == "new" and generate_fn is None):
             raise ValueError(f"generate_output={generate_output!r}: it says how generate_fn's rows read, one of "
                              f"{', '.join(map(repr, OUTPUT_FORMS))}; 'new' needs a generate_fn (the default generation "
