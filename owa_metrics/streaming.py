@@ -367,8 +367,9 @@ class InputLines:
             if lines or eof:
                 break
             size *= 2  # a line longer than the block
-        if not lines:
-            raise RuntimeError(f"{self.path}: fewer lines than counted (did it change while being read?)")
+        if not lines:  # the file shrank since its line index (a writer still at it)
+            raise InputError(f"{self.path}: fewer lines than counted a moment before: it changed while being read "
+                             "(is something still writing it?); evaluate it once it is complete")
         starts, ends, counts, flags, tails, unks = (a[:lines] for a in (starts, ends, counts, flags, tails, unks))
         used = min(int(ends[-1]) + 1, got)
         data = bytes(memoryview(buf)[:used])
@@ -415,7 +416,7 @@ class InputLines:
         rest = data[tail:e].rstrip(b"\r")
         try:
             fields = json.loads(b"{" + rest[1:]) if rest[:1] == b"," else None
-        except ValueError:
+        except (ValueError, RecursionError):  # (the readable path says what is wrong with it)
             fields = None
         if not isinstance(fields, dict) or not fields or "text" in fields:
             return _FALLBACK
@@ -457,6 +458,9 @@ def json_line(line: str, path, number: int) -> tuple[str, Optional[str]]:
         item = json.loads(line)
     except json.JSONDecodeError as err:
         raise InputError(f"{path}:{number}: not JSON ({err.msg})") from None
+    except RecursionError:
+        raise InputError(f"{path}:{number}: JSON nested too deep to read (expected a string or an object with a "
+                         "'text' field)") from None
     text = item["text"] if isinstance(item, dict) and "text" in item else item
     if not isinstance(text, str):
         raise InputError(f"{path}:{number}: expected a string or an object with a 'text' field")
@@ -553,7 +557,7 @@ def _tags_of(data: bytes, at: int, end: int, number: int, names: dict[str, int])
         if b'"tag"' in line or b"\\" in line:
             try:
                 item = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):  # (the reading pass says what is wrong with it)
                 item = None
             tag = item.get("tag") if isinstance(item, dict) else None
             if is_tag_name(tag):
