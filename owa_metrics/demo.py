@@ -270,7 +270,7 @@ def main(config_path: Optional[str], epochs: Optional[int], logger: Optional[str
          out: Optional[str], format: Optional[str] = None) -> int:
     config = DemoConfig.from_yaml(config_path) if config_path else DemoConfig()
     if epochs is not None and epochs < 1:
-        raise InputError(f"--epochs: the epochs to train, >= 1, got {epochs}")
+        raise InputError(f"--epochs must be a whole number >= 1 (the epochs to train), got {epochs}")
     for name, value in (("epochs", epochs), ("logger", logger), ("mcap", mcap), ("out", out), ("format", format)):
         if value is not None:
             setattr(config, name, [str(p) for p in value] if name == "mcap" else value)
