@@ -20,11 +20,11 @@ which ``str.strip`` might remove) goes the readable way, `owa_metrics.evaluate.r
 from __future__ import annotations
 
 import datetime
-import functools
 import json
 import os
 import re
 import uuid
+import weakref
 from pathlib import Path
 from typing import Optional
 
@@ -629,13 +629,22 @@ class Claims:
             yield k
 
 
+_CLIENTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # the default process group -> its clients
+
+
 def _store() -> Optional[torch.distributed.Store]:
-    """A client of the store at ``MASTER_ADDR:MASTER_PORT`` (None when unset or unreachable)."""
+    """A client of the store at ``MASTER_ADDR:MASTER_PORT`` (None when unset or unreachable), made once per process
+    group: a group set up later on the same address (a notebook, a sweep) has a new store there, and the earlier
+    group's client would talk to the dead one. Call under an initialized process group."""
     host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT", "")
-    return _client(host, int(port)) if host and port.isdigit() else None
+    if not (host and port.isdigit()):
+        return None
+    clients = _CLIENTS.setdefault(torch.distributed.group.WORLD, {})
+    if (host, port) not in clients:
+        clients[host, port] = _client(host, int(port))
+    return clients[host, port]
 
 
-@functools.lru_cache(maxsize=None)
 def _client(host: str, port: int) -> Optional[torch.distributed.Store]:
     try:
         return torch.distributed.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=30))
