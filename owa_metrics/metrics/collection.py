@@ -161,7 +161,8 @@ class OWAEventMetrics(Float64Metric):
     def sync_settings(self) -> dict:
         """The arguments that decide the states and the report (not ``backend`` or ``persistent``): the ranks'
         must be equal to sync (`Float64Metric._sync_dist`)."""
-        config = {f"config.{k}": v for k, v in dataclasses.asdict(self.vocab.config).items() if k != "format"}
+        config = {f"config.{f.name}": getattr(self.vocab.config, f.name) for f in dataclasses.fields(self.vocab.config)
+                  if f.name != "format"}
         return {**super().sync_settings(), "format": self.vocab.config.format, "alignment": self.alignment,
                 "mode": self.mode, "pairing": self.pairing, "tolerance_ms": self.tolerance_ms, "tags": list(self.tags),
                 "tag_keys": self.tag_keys, "bin_ms": self.shape.bin_ms, "bin_shifts": list(self.shape.bin_shifts),
