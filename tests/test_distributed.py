@@ -4,6 +4,7 @@ import dataclasses
 import json
 import os
 import socket
+import time
 from datetime import timedelta
 
 import numpy as np
@@ -60,6 +61,13 @@ def _worker(rank, port, out_dir):
                 json.dump(results, f)
         dist.barrier()
         dist.destroy_process_group()
+        closed = os.path.join(out_dir, f"closed_{world}")  # rank 0's store is gone: no rank reaches it for the next
+        if rank == 0:
+            open(closed, "w").close()
+        for _ in range(600):
+            if os.path.exists(closed):
+                break
+            time.sleep(0.1)
 
 
 def _synced(rank, world):

@@ -234,8 +234,8 @@ class Float64Metric(Metric):
         for attr in self._reductions:
             if attr not in pieces:
                 others.setdefault(getattr(self, attr).dtype, []).append(attr)
-        layout = self._layout()
-        digest = hashlib.blake2b(json.dumps(layout, sort_keys=True).encode(), digest_size=8).digest()
+        layout = json.dumps(self._layout(), default=repr)  # (in the settings' order; a value JSON lacks: its repr)
+        digest = hashlib.blake2b(layout.encode(), digest_size=8).digest()
         mine = [sum(p.numel() for p in pieces[attr]) for attr in cats]
         head = [int.from_bytes(digest, "little", signed=True), len(mine)] + (mine + [0] * SYNC_HEAD)[:SYNC_HEAD]
         gathered = torch.empty((world, len(head)), dtype=torch.int64, device=self.device)
@@ -243,7 +243,7 @@ class Float64Metric(Metric):
                                                                             device=self.device), group=group)
         gathered = gathered.tolist()
         if len({row[0] for row in gathered}) > 1:  # every rank sees it: each raises, none waits
-            raise ValueError(mismatch(type(self).__name__, gather_json(layout, group, self.device)))
+            raise ValueError(mismatch(type(self).__name__, gather_json(json.loads(layout), group, self.device)))
         sizes = [row[2:2 + len(mine)] for row in gathered]  # [rank][cat state]
         if len(mine) > SYNC_HEAD:
             rest = torch.empty((world, len(mine) - SYNC_HEAD), dtype=torch.int64, device=self.device)
