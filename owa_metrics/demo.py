@@ -126,7 +126,7 @@ LIMITS = {
     "metric_mode": (lambda v: v in ("exact", "sketch"), "exact or sketch"),
     "samples": _whole(0),
     "logger": (lambda v: v in ("tensorboard", "csv", "wandb"), "tensorboard, csv or wandb"),
-    "out": (lambda v: isinstance(v, str) and v != "", "a folder's path"),
+    "out": (lambda v: isinstance(v, str) and v != "" and not os.path.isfile(v), "a folder's path (not a file's)"),
 }
 
 
@@ -269,11 +269,13 @@ def summary(result: dict, logger: str) -> str:
 def main(config_path: Optional[str], epochs: Optional[int], logger: Optional[str], mcap: Optional[list],
          out: Optional[str], format: Optional[str] = None) -> int:
     config = DemoConfig.from_yaml(config_path) if config_path else DemoConfig()
-    if epochs is not None and epochs < 1:
-        raise InputError(f"--epochs must be a whole number >= 1 (the epochs to train), got {epochs}")
-    for name, value in (("epochs", epochs), ("logger", logger), ("mcap", mcap), ("out", out), ("format", format)):
-        if value is not None:
-            setattr(config, name, [str(p) for p in value] if name == "mcap" else value)
+    given = {name: value for name, value in (("epochs", epochs), ("logger", logger), ("mcap", mcap), ("out", out),
+                                             ("format", format)) if value is not None}
+    for name, value in given.items():  # the flags override the file
+        setattr(config, name, [str(p) for p in value] if name == "mcap" else value)
+    problem = config.problem(given)
+    if problem:
+        raise InputError(f"--{problem}")
     for path in config.mcap or ():
         check_mcap(Path(path))
     result = run_demo(config, f"{config_path}: " if config_path else "")

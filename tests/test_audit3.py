@@ -88,7 +88,10 @@ def test_demo_epochs_below_one_is_refused_and_one_epoch_prints_one_column(tmp_pa
     for epochs in ("0", "-1"):
         assert main(["demo", "--epochs", epochs, "--out", str(tmp_path / "runs")]) == 2
         one_line(capsys, "owa-metrics demo: --epochs must be a whole number >= 1", f"got {epochs}")
-    assert not (tmp_path / "runs").exists()
+    (tmp_path / "c.yaml").write_text("epochs: 2\n")
+    assert main(["demo", "--config", str(tmp_path / "c.yaml"), "--out", str(tmp_path / "c.yaml")]) == 2
+    one_line(capsys, "owa-metrics demo: --out must be a folder's path (not a file's)")
+    assert not (tmp_path / "runs").exists() and (tmp_path / "c.yaml").read_text() == "epochs: 2\n"
     report = {"epoch": 0, "step": 5, "comparable_rate": 0.25, "timestamp/abs_error_p95_ms": 120.0}
     lines = summary({"log_dir": "runs/csv/version_0", "first": report, "last": report}, "csv").splitlines()
     assert lines[2].split() == ["metric", "unit", "epoch", "0", "key"]  # one column, no "better"
