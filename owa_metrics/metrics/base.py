@@ -212,9 +212,9 @@ class Float64Metric(Metric):
         with a ``dist_sync_fn`` of the user's, gathers each state alone: two collectives and a barrier a state, the
         samples padded to the longest rank's and concatenated twice):
 
-        - one ``all_gather`` of a fixed size (`SYNC_HEAD` + 2): a fingerprint of `_layout` (the arguments that
-          decide the states, the states' shapes), the number of ``cat`` states and their numbers of samples (more
-          than `SYNC_HEAD`: the rest in a second). Fingerprints that differ raise a ValueError on every rank naming
+        - one ``all_gather`` of a fixed size (`SYNC_HEAD` + 1): a fingerprint of `_layout` (the arguments that
+          decide the states, the states' shapes) and the ``cat`` states' numbers of samples (more than `SYNC_HEAD`
+          states: the rest in a second). Fingerprints that differ raise a ValueError on every rank naming
           the argument (`mismatch`), before anything whose size depends on them: summing states built with other
           arguments would be a silent wrong report;
         - one ``all_gather`` per dtype of the other states, flat, each then reduced over the ranks (``sum``: the
@@ -237,14 +237,14 @@ class Float64Metric(Metric):
         layout = json.dumps(self._layout(), default=repr)  # (in the settings' order; a value JSON lacks: its repr)
         digest = hashlib.blake2b(layout.encode(), digest_size=8).digest()
         mine = [sum(p.numel() for p in pieces[attr]) for attr in cats]
-        head = [int.from_bytes(digest, "little", signed=True), len(mine)] + (mine + [0] * SYNC_HEAD)[:SYNC_HEAD]
+        head = [int.from_bytes(digest, "little", signed=True)] + (mine + [0] * SYNC_HEAD)[:SYNC_HEAD]
         gathered = torch.empty((world, len(head)), dtype=torch.int64, device=self.device)
         torch.distributed.all_gather(list(gathered.unbind(0)), torch.tensor(head, dtype=torch.int64,
                                                                             device=self.device), group=group)
         gathered = gathered.tolist()
         if len({row[0] for row in gathered}) > 1:  # every rank sees it: each raises, none waits
             raise ValueError(mismatch(type(self).__name__, gather_json(json.loads(layout), group, self.device)))
-        sizes = [row[2:2 + len(mine)] for row in gathered]  # [rank][cat state]
+        sizes = [row[1:1 + len(mine)] for row in gathered]  # [rank][cat state] (as many on every rank: same layout)
         if len(mine) > SYNC_HEAD:
             rest = torch.empty((world, len(mine) - SYNC_HEAD), dtype=torch.int64, device=self.device)
             torch.distributed.all_gather(list(rest.unbind(0)), torch.tensor(mine[SYNC_HEAD:], dtype=torch.int64,
