@@ -8,6 +8,7 @@ import contextlib
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 KEY_A = "<EVENT_START><KEYBOARD><1><0><0><65><press><EVENT_END>"  # hierarchical: key A (vk 65) pressed at 1.00 s
 SCREEN = "<EVENT_START><SCREEN><1><5><0><fake_image_placeholder><EVENT_END>"  # a screen frame at 1.50 s
@@ -120,6 +121,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"owa-metrics demo: {err}".splitlines()[0], file=sys.stderr)
             return 2
     if args.command == "evaluate":
+        clash = output_is_input({"--json": args.json}, [args.pred, args.target])
+        if clash:  # refused before anything is read: writing the report would replace an input file
+            print(f"owa-metrics evaluate: {clash}", file=sys.stderr)
+            return 2
         progress = False if args.no_progress else None
         with _processes():
             if args.bin_ms is not None or args.bin_shifts or args.empty_bins_as_correct:
@@ -279,6 +284,32 @@ def _cli_words(warning: Warning) -> str:
                 f"do not decode in the {warning.format} format (most often: {warning.reason}) and are left out of "
                 f"every rate{fix}")
     return str(warning).splitlines()[0].removeprefix("owa_metrics: ")
+
+
+def output_is_input(outputs: dict[str, Optional[Path]], inputs: list[Path]) -> Optional[str]:
+    """What is wrong when an output flag's path (``outputs``: flag -> path or None) is an existing regular file that is
+    also an input: the same file under any name (a symlink, a hard link, ``./``), or an ``.mcap`` file of an input
+    folder. Writing would replace it; None when no output is an input (pipes and devices are written through, never
+    replaced: `write_output`)."""
+    import os
+    import stat
+
+    read = {}  # (device, inode) -> the input path
+    for path in inputs:
+        for file in sorted(path.glob("*.mcap")) if path.is_dir() else [path]:
+            with contextlib.suppress(OSError):
+                found = os.stat(file)
+                read.setdefault((found.st_dev, found.st_ino), file)
+    for flag, path in outputs.items():
+        try:
+            found = os.stat(path) if path is not None else None
+        except OSError:
+            continue
+        if found is not None and stat.S_ISREG(found.st_mode) and (found.st_dev, found.st_ino) in read:
+            same = read[(found.st_dev, found.st_ino)]
+            named = "" if str(same) == str(path) else f" (the input {same})"
+            return f"{path}: {flag} names an input file{named}: writing there would replace it; choose another path"
+    return None
 
 
 def write_output(path: Path, text: str) -> None:

@@ -4,6 +4,7 @@ import dataclasses
 import json
 import os
 import socket
+import time
 from datetime import timedelta
 
 import numpy as np
@@ -14,6 +15,8 @@ import torch.multiprocessing as mp
 from torchmetrics.utilities.distributed import gather_all_tensors
 
 from owa_metrics import OWAEventMetrics, VocabMap, build_tokenizer
+from owa_metrics.evaluate import evaluate, write_sequences
+from owa_metrics.metrics import base
 from owa_metrics.events import simulate_session
 from metric_oracle import perturb
 
@@ -39,21 +42,32 @@ def _batches(vocab):
     ]
 
 
-def _worker(rank, ports, out_dir):
+def _worker(rank, port, out_dir):
     """One set of processes for both process counts (process start-up is most of the cost): all three ranks in a
-    world of 3, then a fresh default process group of ranks 0 and 1 (world 2); rank 0 writes ``synced_{world}.json``."""
+    world of 3, then a fresh default process group of ranks 0 and 1 (world 2) at the same address (as a notebook or a
+    sweep sets up one after the other); rank 0 writes ``synced_{world}.json``."""
     torch.set_num_threads(1)
-    for world, port in zip((3, 2), ports):
+    for world in (3, 2):
         if rank >= world:
             break
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))  # a hang fails
         results = _synced(rank, world)
+        # evaluate() in each group: the second one's store is a new one at the same address (issue 43 item 10)
+        results["evaluate"] = evaluate(*(os.path.join(out_dir, name) for name in ("pred.txt", "true.txt")),
+                                       progress=False)
         if rank == 0:
             with open(os.path.join(out_dir, f"synced_{world}.json"), "w") as f:
                 json.dump(results, f)
         dist.barrier()
         dist.destroy_process_group()
+        closed = os.path.join(out_dir, f"closed_{world}")  # rank 0's store is gone: no rank reaches it for the next
+        if rank == 0:
+            open(closed, "w").close()
+        for _ in range(600):
+            if os.path.exists(closed):
+                break
+            time.sleep(0.1)
 
 
 def _synced(rank, world):
@@ -73,8 +87,11 @@ def _synced(rank, world):
     metric = OWAEventMetrics(tokenizer, alignment="generation", pairing="time")  # detection counts and samples
     for preds, target in shards[rank]:
         metric.update(preds, target)
+    base.SYNC_HEAD, head = 2, base.SYNC_HEAD  # more cat states (5) than travel with the fingerprint: a second gather
     results["torchmetrics_sync"]["time"] = _against_torchmetrics_sync(metric)
     results["time"] = {"report": {k: v.item() for k, v in metric.compute().items()}, "confusion": []}
+    base.SYNC_HEAD = head
+    results["different_settings"] = _different_settings(tokenizer, shards[rank], world)
     metric = OWAEventMetrics(tokenizer, alignment="generation", tags=TAGS[:2 + rank])  # the ranks' tags differ
     metric.update(*shards[rank][0], tags=torch.zeros(len(shards[rank][0][1]), dtype=torch.int64))
     try:
@@ -96,6 +113,31 @@ def _synced(rank, world):
         results["mid_epoch"] = answers
         results.update(_shared_compute(tokenizer, shards[rank], rank, world))
     return results
+
+
+# issue 43 items 3 and 4: rank 0's argument, the other ranks' (the same state sizes, or other ones)
+DIFFERENT = {"tags": ({"tags": ["minecraft", "vscode"]}, {"tags": ["chrome", "vscode"]}),
+             "bin_ms": ({"bin_ms": 50}, {"bin_ms": 100}),
+             "mode": ({"mode": "exact"}, {"mode": "sketch"}),
+             "pairing": ({"pairing": "time"}, {})}
+
+
+def _different_settings(tokenizer, batches, world):
+    """For each `DIFFERENT` case, what compute() raised on each rank (every rank's, in rank order)."""
+    rank, out = dist.get_rank(), {}
+    for name, kwargs in DIFFERENT.items():
+        metric = OWAEventMetrics(tokenizer, alignment="generation", **kwargs[min(rank, 1)])
+        for preds, target in batches:
+            metric.update(preds, target, **({"tags": torch.zeros(len(target), dtype=torch.int64)} if "tags" in
+                                            kwargs[0] else {}))
+        try:
+            metric.compute()
+            said = "no error"
+        except ValueError as err:
+            said = f"ValueError: {err}"
+        out[name] = [None] * world
+        dist.all_gather_object(out[name], said)
+    return out
 
 
 def _shared_compute(tokenizer, batches, rank, world):
@@ -222,12 +264,24 @@ def _single_process(mode, pairing="index"):
     return {k: v.item() for k, v in metric.compute().items()}, [] if pairing == "time" else metric.confusion_matrix().tolist()
 
 
+def _files(out):
+    """The shards' sequences as the two text files `evaluate` reads (predictions, truths)."""
+    tokenizer = build_tokenizer()
+    batches = [b for shard in _batches(VocabMap.from_tokenizer(tokenizer)) for b in shard]
+    for name, side in (("pred.txt", 0), ("true.txt", 1)):
+        write_sequences(out / name, [row for batch in batches for row in batch[side].tolist()], tokenizer)
+    return out / "pred.txt", out / "true.txt"
+
+
 @pytest.fixture(scope="module")
 def synced_by_world(tmp_path_factory):
-    """Each process count's synced results, from one launch of 3 processes (`_worker`)."""
+    """Each process count's synced results, from one launch of 3 processes (`_worker`), and the one-process report
+    of `evaluate` on the files the processes read."""
     out = tmp_path_factory.mktemp("synced")
-    mp.spawn(_worker, args=(_free_ports(2), str(out)), nprocs=3, join=True)
-    return {world: json.loads((out / f"synced_{world}.json").read_text()) for world in (2, 3)}
+    files = _files(out)
+    mp.spawn(_worker, args=(_free_ports(1)[0], str(out)), nprocs=3, join=True)
+    synced = {world: json.loads((out / f"synced_{world}.json").read_text()) for world in (2, 3)}
+    return synced, evaluate(*files, progress=False)
 
 
 @pytest.fixture(scope="module")
@@ -244,7 +298,7 @@ def expected():
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_synced_compute_equals_one_process(synced_by_world, expected, world):
-    synced = synced_by_world[world]
+    synced = synced_by_world[0][world]
     assert expected["time"][0]["detect/f1"] < 1 and "detect/time_error_abs_p50_ms" in expected["time"][0]
     for mode in ("exact", "sketch", "time"):  # issue 26's keys: samples, sketches and sums, synced like the others
         assert expected[mode][0]["count/click_events"] > 0 and "mouse/click_offset_p95_mu" in expected[mode][0]
@@ -255,6 +309,20 @@ def test_synced_compute_equals_one_process(synced_by_world, expected, world):
     for mode, (compared, differ) in synced["torchmetrics_sync"].items():  # rank 0's synced states
         assert compared >= 20 and not differ, (mode, differ)
     assert "different shapes" in synced["different_tags"], synced["different_tags"]
+    assert "tags ['even', 'odd'] on rank 0 but ['even', 'odd', 'even_big'] on rank 1" in synced["different_tags"]
+    for name, said in synced["different_settings"].items():  # the same ValueError on every rank, naming the argument
+        assert len(said) == world and len(set(said)) == 1, (name, said)
+        assert said[0].startswith("ValueError: OWAEventMetrics: the ranks' metrics were built with different "
+                                  "arguments"), said[0]
+        assert said[0].endswith("construct the metric with the same arguments on every rank"), said[0]
+    different = {name: said[0] for name, said in synced["different_settings"].items()}
+    assert "tags ['minecraft', 'vscode'] on rank 0 but ['chrome', 'vscode'] on rank 1" in different["tags"]
+    assert "hold different things" in different["tags"]  # the same sizes: summed, they would be a wrong report
+    assert "bin_ms 50.0 on rank 0 but 100.0 on rank 1" in different["bin_ms"]
+    assert "mode 'exact' on rank 0 but 'sketch' on rank 1" in different["mode"]
+    assert "pairing 'time' on rank 0 but 'index' on rank 1" in different["pairing"]
+    assert synced["evaluate"] == pytest.approx(synced_by_world[1], rel=1e-12, abs=1e-12)  # a second group, too
+    assert synced_by_world[1]["count/target_events"] == expected["exact"][0]["count/target_events"]
     for mode in ("exact", "sketch", "time"):
         got = synced[mode]
         report, confusion = expected[mode]

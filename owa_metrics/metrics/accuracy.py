@@ -49,6 +49,9 @@ class DigitPrecisionAccuracy(_SumMetric):
         super().__init__("digit_prefix_sums", num_digits + 1, **kwargs)
         self.num_digits = num_digits
 
+    def sync_settings(self) -> dict:
+        return {**super().sync_settings(), "num_digits": self.num_digits}
+
     def update(self, pred_digits: torch.Tensor, target_digits: torch.Tensor) -> None:
         if pred_digits.shape != target_digits.shape or pred_digits.shape[1:2] != (self.num_digits,):
             raise ValueError(f"expected digit tensors [N, {self.num_digits}(, m)], got {tuple(pred_digits.shape)} "
