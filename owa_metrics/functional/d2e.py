@@ -5,11 +5,12 @@ cut into bins of ``bin_ns`` from start (the last one ends at end, shorter); an e
 Per bin and side: the sums of (dx, dy) of the mouse events with ``button_flags == 0`` and whether there is one; the
 counts of each button name (left / right / middle down / up bits of ``button_flags``) and of each key name
 (``(event_type, vk)``). `d2e_states` turns both sides' events into one row of sums per shift (`STATES`: integers
-in float64, exact below 2**53; they add across batches, files and ranks); `d2e_keys` turns the rows into keys:
+in float64 that add across batches, files and ranks: the counts, and the moments as `MOMENTS`' limbs, exact for
+any int64 per-bin sums up to 2**32 bins in all); `d2e_keys` turns the rows into keys:
 
 - ``pearson_{x,y}``: Pearson's r of the true and predicted per-bin sums over the bins where either side has a move
-  (from n, Σt, Σp, Σt², Σp², Σtp, exactly: (nΣtp - ΣtΣp) / sqrt((nΣt² - (Σt)²)(nΣp² - (Σp)²)); none below 2
-  bins or with a constant side); ``scale_ratio_{x,y}``: Σ|t| / Σ|p| over ALL bins (the ratio of the mean |sums|), inverted
+  (from n, Σt, Σp, Σt², Σp², Σtp as Python integers: c = nΣtp - ΣtΣp, v = nΣt² - (Σt)², r = sign(c)
+  sqrt(c² / (v_t v_p)), one rounding; none below 2 bins or with a constant side); ``scale_ratio_{x,y}``: Σ|t| / Σ|p| over ALL bins (the ratio of the mean |sums|), inverted
   when below 1 (none when Σ|p| = 0; inf when Σ|t| = 0 < Σ|p|, as upstream's numpy gives); ``sample_count``: n.
 - ``button_accuracy`` / ``key_accuracy``: over every (bin, name) seen on either side, 1 if the counts are equal;
   a bin with no name on either side adds a right value with ``empty_bins_as_correct``, else nothing.
