@@ -203,7 +203,7 @@ def test_moments_are_exact_at_any_int32_move(tmp_path):
     12,000 bins (sums past 2**53, cancellation in n Σtp - Σt Σp): every key equals the exact rational oracle to
     1e-12, on the MCAP route (the compiled loop), the torch ops (equal sums), and pooled over both files (their states
     added, as ranks add them)."""
-    from owa_metrics.d2e import evaluate_d2e_folders, recording_events
+    from owa_metrics.d2e import evaluate_d2e_folders, pair_events
     from owa_metrics.functional.d2e import d2e_states
 
     rng, big = np.random.default_rng(46), 2**31 - 1
@@ -224,7 +224,7 @@ def test_moments_are_exact_at_any_int32_move(tmp_path):
         t, p = read_d2e_recording(truth), read_d2e_recording(pred)
         compiled = pair_states(t, p, 50)
         rng_ = torch.tensor([[0], [len(huge_t if name == "huge" else close_t) * 50 * MS]])
-        torch_ops = d2e_states(recording_events(t), recording_events(p), *rng_, 50 * MS)
+        torch_ops = d2e_states(*pair_events(t, p), *rng_, 50 * MS)
         assert torch.equal(torch_ops, compiled)
     assert want["huge"]["mouse_move/pearson_x"] < 0.95 and 0.5 < want["close"]["mouse_move/pearson_x"] < 0.99
     for side in ("true", "pred"):  # both pairs in two folders: the pooled keys over all their bins

@@ -87,18 +87,21 @@ def shift_rows(bin_shifts: Sequence[int] = ()) -> tuple[int, ...]:
     return tuple(sorted({0, *(int(k) for k in bin_shifts)}))
 
 
-def bin_ns_of(bin_ms: float) -> int:
-    """A bin width in ms as whole ns (> 0), checked."""
-    if isinstance(bin_ms, bool) or not isinstance(bin_ms, (int, float)) or not math.isfinite(bin_ms) or \
-            round(float(bin_ms) * 1_000_000) <= 0:
-        raise ValueError(f"bin_ms must be a positive number of milliseconds (upstream's D2E protocol: 50), got "
-                         f"{bin_ms!r}")
-    return round(float(bin_ms) * 1_000_000)
+def bin_ns_of(bin_ms: float, name: str = "bin_ms") -> int:
+    """A bin width in ms as whole ns, checked: 0 < ns < 2**63 (int64 nanoseconds); ``name``: the argument's, as the
+    error names it."""
+    ns = round(float(bin_ms) * 1_000_000) if isinstance(bin_ms, (int, float)) and not isinstance(bin_ms, bool) and \
+        math.isfinite(bin_ms) else None
+    if ns is None or not 0 < ns < 2**63:
+        raise ValueError(f"{name} must be a positive number of milliseconds below {(2**63 - 1) / 1e6:.0f} (bins are "
+                         f"whole int64 nanoseconds; upstream's D2E protocol: 50), got {bin_ms!r}")
+    return ns
 
 
 def num_bins(start_ns: torch.Tensor, end_ns: torch.Tensor, bin_ns: int) -> torch.Tensor:
-    """Bins of each range: ceil((end - start) / bin_ns), 0 where end <= start."""
-    return torch.div((end_ns - start_ns).clamp(min=0) + bin_ns - 1, bin_ns, rounding_mode="floor")
+    """Bins of each range: ceil((end - start) / bin_ns), 0 where end <= start (no int64 overflow for any bin_ns)."""
+    span = end_ns - start_ns
+    return torch.where(span > 0, torch.div(span - 1, bin_ns, rounding_mode="floor") + 1, 0)
 
 
 def d2e_states(truth: D2EEvents, pred: D2EEvents, start_ns: torch.Tensor, end_ns: torch.Tensor, bin_ns: int,
