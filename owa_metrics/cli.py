@@ -78,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
                                "(default index)")
     evaluate.add_argument("--tolerance-ms", type=float, nargs="+",
                           help="time pairing's tolerance in ms (default 100; needs --pairing time); several: "
-                               "detection at each (detect/f1@{t}ms, ..., detect/f1_mean), the first pairs")
+                               "detection at each (detect/f1_within_{t}ms, ..., detect/f1_mean), the first pairs")
     evaluate.add_argument("--generated-screens", choices=["context", "scored"], default="context",
                           help="context: screens are what the model is shown, left out of the pairing and every "
                                "key (the predictions are scored on their actions); scored: screens are paired and "
@@ -100,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     d2e.add_argument("--empty-bins-as-correct", action="store_true",
                      help="a bin with no button (key) on either side counts as one right value")
     d2e.add_argument("--bin-shifts", type=int, nargs=2, metavar=("LOW", "HIGH"),
-                     help="also score the prediction moved by k bins for k = LOW..HIGH (...@{k:+d}bins keys) and "
+                     help="also score the prediction moved by k bins for k = LOW..HIGH (..._shift_{k}bins keys) and "
                           "report d2e/best_shift_bins")
     return parser
 

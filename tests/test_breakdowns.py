@@ -46,7 +46,7 @@ def test_each_tolerance_of_a_sweep_equals_a_metric_at_that_tolerance(sweep_run):
     f1 = []
     for t, label, single in zip(SWEEP, LABELS, singles):
         oracle = time_oracle(rows["preds"], rows["targets"], vocab, t, origins=rows["origins"])
-        swept = {k[:-len(f"@{label}ms")]: float(v) for k, v in report.items() if k.endswith(f"@{label}ms")}
+        swept = {k[:-len(f"_within_{label}ms")]: float(v) for k, v in report.items() if k.endswith(f"_within_{label}ms")}
         names = {"detect/f1", "detect/precision", "detect/recall"} | {
             k for k in oracle if k.startswith("detect/") and k.endswith("/f1")}
         assert set(swept) == names, set(swept) ^ names
@@ -58,9 +58,9 @@ def test_each_tolerance_of_a_sweep_equals_a_metric_at_that_tolerance(sweep_run):
     assert abs(float(report["detect/f1_mean"]) - sum(f1) / len(f1)) <= 1e-12
     # every other key comes from the first tolerance: the single metric at 100 ms, no other key added
     first = singles[0]
-    assert set(report) - set(first) == {k for k in report if "@" in k} | {"detect/f1_mean"}
+    assert set(report) - set(first) == {k for k in report if "_within_" in k} | {"detect/f1_mean"}
     assert all(float(report[k]) == float(v) for k, v in first.items())
-    assert not any("@" in k for single in singles for k in single)  # a number: today's keys only
+    assert not any("_within_" in k for single in singles for k in single)  # a number: today's keys only
 
 
 def test_sweep_misuse_raises_saying_what_to_do(tokenizer):
@@ -194,7 +194,7 @@ def test_the_cli_sweeps_and_groups(tmp_path, capsys):
     at = {t: time_oracle(*ids, VocabMap.from_tokenizer(tokenizer), tolerance_ms=t) for t in (50, 100)}
     assert at[50]["detect/f1"] < at[100]["detect/f1"] == 1
     for t, oracle in at.items():
-        assert all(abs(report[f"{k}@{t}ms"] - v) <= 1e-12 for k, v in oracle.items()
+        assert all(abs(report[f"{k}_within_{t}ms"] - v) <= 1e-12 for k, v in oracle.items()
                    if k.startswith("detect/") and k.endswith("f1"))
     assert abs(report["detect/f1"] - at[50]["detect/f1"]) <= 1e-12  # the first tolerance pairs
     assert abs(report["detect/f1_mean"] - (at[50]["detect/f1"] + at[100]["detect/f1"]) / 2) <= 1e-12

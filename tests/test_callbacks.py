@@ -453,7 +453,7 @@ def test_ddp_fit_with_every_default_logs_what_one_process_logs(tmp_path, strateg
                             .read_text())
         keys = {k for k in report if k not in ("epoch", "step")}
         assert sum(k.startswith("tag/") for k in keys) > 100 and len(keys) > 200
-        assert prefix == "owa" or {f"tag/{t}/detect/f1@{ms}ms" for t in ddp_fit.TAGS[:2] for ms in ddp_fit.SWEEP_MS} <= keys
+        assert prefix == "owa" or {f"tag/{t}/detect/f1_within_{ms}ms" for t in ddp_fit.TAGS[:2] for ms in ddp_fit.SWEEP_MS} <= keys
         mine = report_of(logged, f"val/{prefix}/")
         charted = {k for k in keys if report[k] != 0 or unit_of(k) != "count"}  # a zero count is no chart yet
         assert set(mine) == charted and all(close(mine[k], report[k], 1e-6) for k in charted)
@@ -655,7 +655,7 @@ def test_teacher_forcing_and_generation_callbacks_checkpoint_and_resume_with_new
                                                                                                         "owa_gen")]
     assert reports[0]["d2e/num_bins"] > 0 and "d2e/keyboard/sample_count" in reports[0]  # passed through
     # generation: one true event per sequence (predict_events=1) spans no bins (docs/METRICS.md, the range rule)
-    assert reports[1]["d2e/num_bins"] == 0 and "d2e/num_bins@+1bins" in reports[1] and "d2e/best_shift_bins" not in \
+    assert reports[1]["d2e/num_bins"] == 0 and "d2e/num_bins_shift_1bins" in reports[1] and "d2e/best_shift_bins" not in \
         reports[0]
 
     caplog.clear()

@@ -29,13 +29,13 @@ SHIFTS = tuple(range(-3, 4))
 
 
 def _at_shift(keys: dict, k: int) -> dict:
-    """The ``d2e/...@{k:+d}bins`` keys of a report, named as the oracle names them."""
-    suffix = f"@{k:+d}bins"
+    """The ``d2e/..._shift_{k}bins`` keys of a report, named as the oracle names them."""
+    suffix = f"_shift_{k}bins"
     return {key[len("d2e/"):-len(suffix)]: v for key, v in keys.items() if key.endswith(suffix)}
 
 
 def _plain(keys: dict) -> dict:
-    return {key[len("d2e/"):]: v for key, v in keys.items() if "@" not in key and key != "d2e/best_shift_bins"}
+    return {key[len("d2e/"):]: v for key, v in keys.items() if "_shift_" not in key and key != "d2e/best_shift_bins"}
 
 
 def _same(got: dict, want: dict, tol: float = 1e-9) -> None:
@@ -380,9 +380,9 @@ def test_shift_diagnostics_find_a_delayed_prediction(tmp_path):
     pred = write_mcap(tmp_path / "p.mcap", [(0, 0)], late(keys), late(mice), tail_ns=6_600 * MS)
     got = evaluate_d2e(pred, truth, 50, bin_shifts=SHIFTS)
     assert got["d2e/best_shift_bins"] == 2
-    assert got["d2e/keyboard/key_accuracy@+2bins"] == 1 and got["d2e/mouse_button/button_accuracy@+2bins"] == 1
-    assert got["d2e/mouse_move/pearson_x@+2bins"] == pytest.approx(1, abs=1e-12)
-    assert got["d2e/keyboard/key_accuracy@-2bins"] < 0.2
+    assert got["d2e/keyboard/key_accuracy_shift_2bins"] == 1 and got["d2e/mouse_button/button_accuracy_shift_2bins"] == 1
+    assert got["d2e/mouse_move/pearson_x_shift_2bins"] == pytest.approx(1, abs=1e-12)
+    assert got["d2e/keyboard/key_accuracy_shift_-2bins"] < 0.2
     _same(_at_shift(got, 0), {k: v for k, v in _plain(got).items() if k != "duration_s"}, 0)
     for k in (-2, 2):
         want = oracle(truth, pred, 50, shift=k)

@@ -1,5 +1,7 @@
 """Slices (issue 25, item 1): each tag's keys equal the report of that tag's sequences scored alone."""
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -190,7 +192,7 @@ def test_d2e_sweep_and_given_loss_per_tag_equal_its_sequences_scored_alone(token
     if alignment == "teacher_forcing":
         assert got["count/loss_skipped_tokens"] == sum(got[f"tag/{n}/count/loss_skipped_tokens"] for n in TAGS[:3]) > 0
     if "tolerance_ms" in more:
-        assert 0 < got["tag/editor/detect/f1@50ms"] <= got["tag/editor/detect/f1@200ms"] <= 1
+        assert 0 < got["tag/editor/detect/f1_within_50ms"] <= got["tag/editor/detect/f1_within_200ms"] <= 1
 
 
 @pytest.mark.parametrize("backend", ["auto", "torch"])
@@ -245,3 +247,30 @@ def test_the_tag_axis_is_the_same_on_the_kernel_and_the_torch_path(tokenizer, ba
             # counts exactly; the per-sequence means, the direction error (atan2) and the loss to the last bits
             torch.testing.assert_close(got, want, rtol=1e-12, atol=0, equal_nan=True, msg=f"{mode} {name}")
         assert metrics[0].timestamp_digits.shape[0] == len(TAGS)
+
+
+MLFLOW_NAME = re.compile(r"[A-Za-z0-9_\-./: ]+")  # issue 44 item 3: the characters MLflow keeps in a metric name
+
+
+@pytest.mark.parametrize("settings", [
+    {"bin_ms": 50, "bin_shifts": (-2, 0, 2)},
+    {"alignment": "generation", "pairing": "time", "tolerance_ms": (50, 12.5), "bin_ms": 50, "bin_shifts": (-1, 1)}])
+def test_every_key_is_a_name_every_logger_keeps(tokenizer, batches, settings):
+    """Every key of a report with tags, a sweep and D2E shifts, and its charted name, passes MLflow's own metric
+    name check as produced (no logger rewrites it): no ``@`` or ``+`` in the sweep and shift keys."""
+    from mlflow.utils.validation import _validate_metric_name
+
+    from owa_metrics.callbacks.artifacts import breakdown_name
+
+    metric = OWAEventMetrics(tokenizer, tags=TAGS, tag_keys="all", num_resamples=20, **settings)
+    for preds, target, tags, logits, _ in batches:
+        metric.update(preds, target, tags=tags, **({} if "pairing" in settings else {"logits": logits}))
+    keys = list(metric.compute())
+    shifted = [k for k in keys if "_shift_" in k]
+    assert {"d2e/keyboard/key_accuracy_shift_-2bins" if -2 in settings["bin_shifts"] else
+            "tag/game/d2e/num_bins_shift_1bins"} <= set(shifted) and "d2e/best_shift_bins" in keys
+    if "tolerance_ms" in settings:
+        assert {"detect/f1_within_50ms", "detect/f1_within_12.5ms", "tag/game/detect/f1_within_12.5ms"} <= set(keys)
+    for key in keys + [breakdown_name(k, "val/owa/") for k in keys]:
+        assert MLFLOW_NAME.fullmatch(key), key
+        _validate_metric_name(key)

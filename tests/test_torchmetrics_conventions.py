@@ -19,7 +19,7 @@ BY_HAND = {"comparable_rate": True, "category/macro_f1": True, "token_accuracy/t
            "keyboard/accuracy": True, "timestamp/abs_error_p95_ms": False, "mouse/direction_error_p50_deg": False,
            "mouse/euclidean_iqmpe_pct": False, "keyboard/loss": False, "count/target_events": None,
            "timestamp/signed_error_iqm_ms": None, "keyboard/ratio": None, "status/invalid_target_rate": False,
-           "keyboard/sequence_error_rate": False, "detect/f1@100ms": True, "tag/game/comparable_rate": True}
+           "keyboard/sequence_error_rate": False, "detect/f1_within_100ms": True, "tag/game/comparable_rate": True}
 
 
 @pytest.fixture(scope="module")

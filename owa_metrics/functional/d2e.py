@@ -429,7 +429,7 @@ def d2e_keys(states: torch.Tensor, empty_bins_as_correct: bool = False, shifts: 
     ``d2e/duration_s``, ``d2e/mouse_move/{pearson_x, pearson_y, scale_ratio_x, scale_ratio_y, sample_count}``,
     ``d2e/mouse_button/{button_accuracy, sample_count}``, ``d2e/keyboard/{key_accuracy, sample_count}``; a value
     upstream reports as none is left out. With shifts other than 0: every key but the duration at each shift k as
-    ``...@{k:+d}bins``, and ``d2e/best_shift_bins`` (`best_shift`)."""
+    ``..._shift_{k}bins``, and ``d2e/best_shift_bins`` (`best_shift`)."""
     shifts = [int(k) for k in shifts]
     rows = [[float(v) for v in row] for row in states.double().cpu()]
     by_shift = {k: _row_keys(row, empty_bins_as_correct) for k, row in zip(shifts, rows)}
@@ -437,7 +437,7 @@ def d2e_keys(states: torch.Tensor, empty_bins_as_correct: bool = False, shifts: 
     out.update(by_shift[0])
     if shifts != [0]:
         for k, keys in by_shift.items():
-            out.update({f"{name}@{k:+d}bins": v for name, v in keys.items()})
+            out.update({f"{name}_shift_{k}bins": v for name, v in keys.items()})
         best = best_shift(by_shift)
         if best is not None:
             out["best_shift_bins"] = float(best)

@@ -353,12 +353,12 @@ def _sweep_states(s: Shape) -> dict:
 
 
 def _sweep_keys(r) -> dict:
-    """At each tolerance t of the sweep: ``detect/{f1,precision,recall}@{t}ms`` and ``detect/{cat}/f1@{t}ms``
+    """At each tolerance t of the sweep: ``detect/{f1,precision,recall}_within_{t}ms`` and ``detect/{cat}/f1_within_{t}ms``
     (`detection_report` of the counts at t); ``detect/f1_mean``: the mean of the micro F1 over the tolerances."""
     sweep, out, f1 = r.plan.shape.tolerances_ms, {}, []
     for t, counts in zip(sweep, r.given("detection_sweep") if sweep else ()):
         at = detection_report(counts)
-        out.update({f"{k}@{ms_label(t)}ms": v for k, v in at.items()
+        out.update({f"{k}_within_{ms_label(t)}ms": v for k, v in at.items()
                     if k.endswith("/f1") or k in ("detect/precision", "detect/recall")})
         f1 += [at["detect/f1"]] if "detect/f1" in at else []
     if f1:

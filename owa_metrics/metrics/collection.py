@@ -74,7 +74,7 @@ class OWAEventMetrics(Float64Metric):
     every metric, and the detection matches add ``detect/{category}/precision|recall|f1``, the micro
     ``detect/precision|recall|f1``, ``detect/time_error_abs_p50_ms`` and ``count/invalid_pred_events``. A tuple
     ``tolerance_ms=(50, 100, 200, 500)`` sweeps: the detection matching runs at each tolerance t (keys
-    ``detect/f1|precision|recall@{t}ms``, ``detect/{category}/f1@{t}ms``, ``detect/f1_mean``); the pairs and the
+    ``detect/f1|precision|recall_within_{t}ms``, ``detect/{category}/f1_within_{t}ms``, ``detect/f1_mean``); the pairs and the
     keys above come from the first. The model predicts actions and is shown the screens: with
     ``generated_screens="context"`` (the default) both sides' screen events are left out before pairing
     (`without_screen_events`: whatever fills a generated screen's image span), every key is over the actions and
@@ -92,7 +92,7 @@ class OWAEventMetrics(Float64Metric):
     The D2E protocol (the D2E paper's binned metrics, `owa_metrics.functional.d2e`): ``bin_ms=50`` adds
     ``d2e/...`` (mouse Pearson and scale ratio, button and key accuracy over bins of each sequence's range, see
     docs/METRICS.md); ``empty_bins_as_correct`` as upstream's flag; ``bin_shifts=range(-3, 4)`` the keys at each
-    shift of the prediction (``...@{k:+d}bins``) and ``d2e/best_shift_bins``. Off (None) by default.
+    shift of the prediction (``..._shift_{k}bins``) and ``d2e/best_shift_bins``. Off (None) by default.
     """
 
     full_state_update = False
