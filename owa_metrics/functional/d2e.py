@@ -6,7 +6,7 @@ Per bin and side: the sums of (dx, dy) of the mouse events with ``button_flags =
 counts of each button name (left / right / middle down / up bits of ``button_flags``) and of each key name
 (``(event_type, vk)``). `d2e_states` turns both sides' events into one row of sums per shift (`STATES`: integers
 in float64 that add across batches, files and ranks: the counts, and the moments as `MOMENTS`' limbs, exact for
-any int64 per-bin sums up to 2**32 bins in all); `d2e_keys` turns the rows into keys:
+any int64 per-bin sums up to 2**31 bins in all); `d2e_keys` turns the rows into keys:
 
 - ``pearson_{x,y}``: Pearson's r of the true and predicted per-bin sums over the bins where either side has a move
   (from n, Σt, Σp, Σt², Σp², Σtp as Python integers: c = nΣtp - ΣtΣp, v = nΣt² - (Σt)², r = sign(c)
@@ -34,8 +34,9 @@ from ..decode.kernel import available as kernel_available
 
 COUNTS = ("num_bins", "duration_ns", "move_bins", "button_right", "button_values", "button_empty_bins", "key_right",
           "key_values", "key_empty_bins")
-# the Pearson and scale moments, each held exactly as limbs (`DIGIT_BITS`: floor digits of base 2**21, the last
-# signed): 3 for a sum of per-bin sums (|x| < 2**63), 6 for a sum of their products
+# the Pearson and scale moments, each held exactly as limbs of base 2**21 (`DIGIT_BITS`): 3 for a sum of per-bin
+# sums (|x| < 2**63; `_digits`), 6 for a sum of their products (`_product_digits`); a bin adds at most 2**21 + 4 to a
+# limb, so the float64 sums stay exact up to 2**31 bins
 MOMENTS = {**{f"{kind}_{side}{axis}": 3 for axis in "xy" for kind in ("sum", "abs") for side in "tp"},
            **{f"sum_{name}": 6 for axis in "xy" for name in (f"t{axis}2", f"p{axis}2", f"t{axis}p{axis}")}}
 STATES = (*COUNTS, *(f"{name}.{j}" for name, n in MOMENTS.items() for j in range(n)))
