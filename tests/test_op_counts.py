@@ -46,7 +46,8 @@ LIMITS = {
     # run meets its predicted one by a binary search; each case reads what it reads without them. Before: 29 / 28 /
     # 29 / 32 syncs (the numbers of bins and of keys per sequence and name), 668 / 683 / 911 / 1269 ops; with time
     # pairing at 2 syncs, generation by time with the bins: 1193 ops, 2 syncs. Issue 46: the moments exact (their
-    # limbs, 21-bit digits and their products, exact in float64, carried): + 68 ops (596 / 611 / 839 / 1194 before), no sync
+    # limbs: 21-bit digits and their products, exact in float64, carried): + 68 ops (596 / 611 / 839 / 1194 before),
+    # no sync
     "teacher forcing, d2e": (666, 2),
     "teacher forcing, sketch, d2e": (681, 1),
     "generation (index), d2e": (909, 2),

@@ -10,8 +10,9 @@ any int64 per-bin sums up to 2**31 bins in all); `d2e_keys` turns the rows into 
 
 - ``pearson_{x,y}``: Pearson's r of the true and predicted per-bin sums over the bins where either side has a move
   (from n, Σt, Σp, Σt², Σp², Σtp as Python integers: c = nΣtp - ΣtΣp, v = nΣt² - (Σt)², r = sign(c)
-  sqrt(c² / (v_t v_p)), one rounding; none below 2 bins or with a constant side); ``scale_ratio_{x,y}``: Σ|t| / Σ|p| over ALL bins (the ratio of the mean |sums|), inverted
-  when below 1 (none when Σ|p| = 0; inf when Σ|t| = 0 < Σ|p|, as upstream's numpy gives); ``sample_count``: n.
+  sqrt(c² / (v_t v_p)), one rounding; none below 2 bins or with a constant side); ``scale_ratio_{x,y}``: Σ|t| / Σ|p|
+  over ALL bins (the ratio of the mean |sums|), inverted when below 1 (none when Σ|p| = 0; inf when Σ|t| = 0 < Σ|p|,
+  as upstream's numpy gives); ``sample_count``: n.
 - ``button_accuracy`` / ``key_accuracy``: over every (bin, name) seen on either side, 1 if the counts are equal;
   a bin with no name on either side adds a right value with ``empty_bins_as_correct``, else nothing.
 - shift k (`d2e_states`' ``shifts``): true bin i against predicted bin i + k, over the bins where both exist (a
