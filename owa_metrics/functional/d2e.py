@@ -34,7 +34,8 @@ from ..decode.kernel import _jit
 from ..decode.kernel import available as kernel_available
 
 COUNTS = ("num_bins", "duration_ns", "move_bins", "button_right", "button_values", "button_empty_bins", "key_right",
-          "key_values", "key_empty_bins")
+          "key_values", "key_empty_bins", "key_true_bins", "key_exact_bins", "button_true_bins", "button_pred_bins",
+          "button_exact_bins")
 # the Pearson and scale moments, each held exactly as limbs of base 2**21 (`DIGIT_BITS`): 3 for a sum of per-bin
 # sums (|x| < 2**63; `_digits`), 6 for a sum of their products (`_product_limbs`); a bin adds at most 2**21 + 4 to a
 # limb, so the float64 sums stay exact up to 2**31 bins
@@ -163,11 +164,17 @@ def d2e_states(truth: D2EEvents, pred: D2EEvents, start_ns: torch.Tensor, end_ns
     each = torch.cat([has, runs[:, 1:-2].double(), first_name.double()[:, None], *(
         v.permute(1, 2, 0).reshape(len(keys), -1) for v in (limbs, _product_limbs(limbs[:, :, :2], limbs[:, :, :2])))],
         1)  # `_EACH`
+    # each run's bin-side's first key-name run (its head) and, at a head, that bin-side's key names
+    at = torch.arange(len(keys), device=device)
+    head = torch.cummax(torch.where(first_name, at, 0), 0).values
+    names = torch.zeros_like(keys).index_add_(0, head, (real & (name > 0)).long())
     n = len(keys)  # blocks of (shift, run) pairs of bounded size: one block at training sizes
     block = min(n, _PAIRS)
     per = max(1, _PAIRS // block)
     for s0 in range(0, len(ks), per):
         k = ks[s0:s0 + per, None]
+        # at each true head: its key names with the same count on both sides, the prediction's key names in bin i + k
+        right_names, pred_names = (torch.zeros((len(k), n), dtype=torch.long, device=device) for _ in range(2))
         for r0 in range(0, n, block):
             r = slice(r0, r0 + block)
             moved = local[r] + k * (1 - 2 * side[r])
@@ -178,18 +185,25 @@ def d2e_states(truth: D2EEvents, pred: D2EEvents, start_ns: torch.Tensor, end_ns
             found = true_valid & (keys.take(met) == wanted)
             # a true key name's first run of its bin i: does the prediction have a key name in bin i + k?
             first_wanted = torch.where(true_valid & first_name[r], (bin_side[r] + 2 * k + 1) * _NAMES + 1, -1)
-            names_met = keys.take(torch.searchsorted(keys, first_wanted)) >> _NAME_BITS == first_wanted >> _NAME_BITS
+            names_at = torch.searchsorted(keys, first_wanted)
+            names_met = keys.take(names_at) >> _NAME_BITS == first_wanted >> _NAME_BITS
             flat, truth_group = met.flatten(), run_group[::2, r]
             met_found = found.double()[:, None] * truth_group  # [shifts, groups, runs]
             other = each[:, :17].index_select(0, flat).view(*met.shape, -1)  # the counts a met pair compares
+            same = each[r, 9:17] == other[..., 9:17]  # each button name, any, the key name
             met_xy = limbs[:, :, :2].index_select(1, flat).view(3, *met.shape, 2)  # x', y' of the met runs
             products = _product_limbs(limbs[:, None, r, :2], met_xy).permute(1, 2, 3, 0).reshape(*met.shape, 12)
-            parts[s0:s0 + per, :, :-2] += torch.cat([
+            parts[s0:s0 + per, :, :-3] += torch.cat([
                 ((valid.double()[:, None] * run_group[:, r]) @ each[r]).view(len(k), groups, -1),
                 met_found @ (each[r, :9] * other[..., :9]),
-                met_found @ ((each[r, 9:17] == other[..., 9:17]) * has[r, 1:]),
+                met_found @ (same * has[r, 1:]),
                 (names_met.double()[:, None] * truth_group).sum(-1, keepdim=True),
-                met_found @ products], -1)
+                met_found @ products,
+                met_found @ (same[..., :6].all(-1, keepdim=True) * has[r, 7:8])], -1)
+            right_names.index_add_(1, head[r], (found & same[..., 7] & (name[r] > 0)).long())
+            pred_names[:, r] = torch.where(names_met, names.take(names_at), -1)  # -1: not a valid true head
+        exact = (pred_names == names) & (right_names == names)  # a true head: its bin's names all alike
+        parts[s0:s0 + per, :, -3] += (exact.double()[:, None] * run_group[::2, :n]).sum(-1)
     return _by_state(parts, to_states, grouped)
 
 
@@ -209,9 +223,10 @@ _EACH = (*(f"has_{name}" for name in _VALUES[:-2]), *(f"n_{name}" for name in _V
          *_LIMBS("dx", 3), *_LIMBS("dy", 3), *_LIMBS("adx", 3), *_LIMBS("ady", 3), *_LIMBS("dx2", 6), *_LIMBS("dy2", 6))
 # a valid true run's that met a predicted one (same bin + k and name): both have each of `_VALUES` but x, y; the
 # same count of each (one of them unused: any button); the prediction has a key name in bin i + k where this run is
-# its bin's first key name; the limbs of the products x x', y y'
+# its bin's first key name; the limbs of the products x x', y y'; the true bin has a button name and each name's
+# count equal; (its bin's first key name) the true bin has a key name and each name's count equal
 _BOTH = (*(f"both_{name}" for name in _VALUES[:-2]), *(f"same_{name}" for name in _VALUES[1:-2]), "both_key",
-         *_LIMBS("dxdx", 6), *_LIMBS("dydy", 6))
+         *_LIMBS("dxdx", 6), *_LIMBS("dydy", 6), "exact_button", "exact_key")
 _PARTS = (*(f"{name}_{s}" for s in "tp" for name in _EACH), *_BOTH, "n_valid", "duration")
 _STATE_PARTS = {  # each state as a sum of `_PARTS` columns (a true run that met a predicted one counts twice)
     "num_bins": "+n_valid", "duration_ns": "+duration", "move_bins": "+has_move_t +has_move_p -both_move",
@@ -219,7 +234,8 @@ _STATE_PARTS = {  # each state as a sum of `_PARTS` columns (a true run that met
     "button_values": " ".join(f"+has_{name}_t +has_{name}_p -both_{name}" for name, _ in BUTTONS),
     "button_empty_bins": "+n_valid -has_button_t -has_button_p +both_button",
     "key_right": "+same_name", "key_values": "+has_name_t +has_name_p -both_name",
-    "key_empty_bins": "+n_valid -key_t -key_p +both_key",
+    "key_empty_bins": "+n_valid -key_t -key_p +both_key", "key_true_bins": "+key_t", "key_exact_bins": "+exact_key",
+    "button_true_bins": "+has_button_t", "button_pred_bins": "+has_button_p", "button_exact_bins": "+exact_button",
     **{f"{kind}_{side}{axis}{sq}.{j}": f"+{a}d{axis}{sq}.{j}_{side}" for axis in "xy" for side in "tp"
        for kind, sq, a, n in (("sum", "", "", 3), ("sum", "2", "", 6), ("abs", "", "a", 3)) for j in range(n)},
     **{f"sum_t{axis}p{axis}.{j}": f"+d{axis}d{axis}.{j}" for axis in "xy" for j in range(6)}}
@@ -336,6 +352,8 @@ def _bin_side(seq, ns, is_key, key_code, dx, dy, flags, counts, start, end, firs
 _NUM_BINS, _DURATION, _MOVE_BINS = S["num_bins"], S["duration_ns"], S["move_bins"]
 _BUTTON_RIGHT, _BUTTON_VALUES, _BUTTON_EMPTY = S["button_right"], S["button_values"], S["button_empty_bins"]
 _KEY_RIGHT, _KEY_VALUES, _KEY_EMPTY = S["key_right"], S["key_values"], S["key_empty_bins"]
+_KEY_TRUE, _KEY_EXACT = S["key_true_bins"], S["key_exact_bins"]
+_BUTTON_TRUE, _BUTTON_PRED, _BUTTON_EXACT = S["button_true_bins"], S["button_pred_bins"], S["button_exact_bins"]
 _SUM_T, _SUM_P, _ABS_T, _ABS_P, _SUM_T2, _SUM_P2, _SUM_TP = (
     tuple(S[f"{name.format(a=a)}.0"] for a in "xy") for name in (
         "sum_t{a}", "sum_p{a}", "abs_t{a}", "abs_p{a}", "sum_t{a}2", "sum_p{a}2", "sum_t{a}p{a}"))
@@ -419,23 +437,33 @@ def _binned(t_seq, t_ns, t_is_key, t_code, t_dx, t_dy, t_flags, t_counts, p_seq,
                 for axis in range(2):
                     _add_limbs(row, _ABS_T[axis], abs(sums[g, 0, axis]))
                     _add_limbs(row, _ABS_P[axis], abs(sums[j, 1, axis]))
+                same = True  # every name's counts equal (the bin's multiset of names)
                 for n in range(_N_BUTTONS):  # a name seen on either side: a value, right when the counts are equal
                     ct, cp = buttons[g, 0, n], buttons[j, 1, n]
                     if ct or cp:
                         row[_BUTTON_VALUES] += 1
                         row[_BUTTON_RIGHT] += ct == cp
-                row[_BUTTON_EMPTY] += buttons[g, 0, _N_BUTTONS] == 0 and buttons[j, 1, _N_BUTTONS] == 0
+                        same &= ct == cp
+                t_has, p_has = buttons[g, 0, _N_BUTTONS] > 0, buttons[j, 1, _N_BUTTONS] > 0
+                row[_BUTTON_EMPTY] += not t_has and not p_has
+                row[_BUTTON_TRUE] += t_has
+                row[_BUTTON_PRED] += p_has
+                row[_BUTTON_EXACT] += t_has and same
                 x, y = t_at[g], p_at[j]  # the two bins' key names, merged in order
+                same = True
                 while x < t_at[g + 1] or y < p_at[j + 1]:
                     row[_KEY_VALUES] += 1
                     if y == p_at[j + 1] or (x < t_at[g + 1] and t_name[x] < p_name[y]):
-                        x += 1
+                        x, same = x + 1, False
                     elif x == t_at[g + 1] or p_name[y] < t_name[x]:
-                        y += 1
+                        y, same = y + 1, False
                     else:
                         row[_KEY_RIGHT] += t_count[x] == p_count[y]
+                        same &= t_count[x] == p_count[y]
                         x, y = x + 1, y + 1
                 row[_KEY_EMPTY] += keys[g, 0] == 0 and keys[j, 1] == 0
+                row[_KEY_TRUE] += keys[g, 0] > 0
+                row[_KEY_EXACT] += keys[g, 0] > 0 and same
 
 
 def d2e_keys(states: torch.Tensor, empty_bins_as_correct: bool = False, shifts: Sequence[int] = (0,),
@@ -483,7 +511,30 @@ def _row_keys(row: list[float], empty_bins_as_correct: bool) -> dict[str, float]
         if values:
             out[name] = right / values
         out[name.split("/")[0] + "/sample_count"] = float(values)
+    out.update(_strict_keys(v))
     out["num_bins"] = float(v["num_bins"])
+    return out
+
+
+def _strict_keys(v: dict[str, int]) -> dict[str, float]:
+    """The community's per-bin keys (fdm-d2e-reproduction's ``paper_idm_metrics.py``, "strict"): a bin is right
+    when its multiset of names is the same on both sides. Keyboard: the share of the bins with a true key event that
+    are right; buttons: TP the right bins with a true button name, precision TP / the bins with a predicted one,
+    recall TP / the bins with a true one, F1 2TP / (both); each kind's false-positive rate: the share of the bins
+    without a true event that have a predicted one. A ratio over nothing is left out."""
+    n = v["num_bins"]
+    out = {"keyboard/strict_sample_count": float(v["key_true_bins"])}
+    if v["key_true_bins"]:
+        out["keyboard/strict_accuracy"] = v["key_exact_bins"] / v["key_true_bins"]
+    tp, true, pred = v["button_exact_bins"], v["button_true_bins"], v["button_pred_bins"]
+    for name, den in (("precision", pred), ("recall", true), ("f1", true + pred)):
+        if den:
+            out[f"mouse_button/{name}"] = (2 * tp if name == "f1" else tp) / den
+    for kind, state in (("keyboard", "key"), ("mouse_button", "button")):
+        without = n - v[f"{state}_true_bins"]  # bins without a true event; the predicted ones: those not empty
+        out[f"{kind}/false_positive_sample_count"] = float(without)
+        if without:
+            out[f"{kind}/false_positive_rate"] = (without - v[f"{state}_empty_bins"]) / without
     return out
 
 
