@@ -15,6 +15,9 @@ any int64 per-bin sums up to 2**31 bins in all); `d2e_keys` turns the rows into 
   as upstream's numpy gives); ``sample_count``: n.
 - ``button_accuracy`` / ``key_accuracy``: over every (bin, name) seen on either side, 1 if the counts are equal;
   a bin with no name on either side adds a right value with ``empty_bins_as_correct``, else nothing.
+- the community's per-bin keys (`_strict_keys`): a bin alike when every name's counts are equal; keyboard
+  ``strict_accuracy`` over the bins with a true key; button ``precision`` / ``recall`` / ``f1`` over bins; each
+  kind's ``false_positive_rate`` over the bins without a true event.
 - shift k (`d2e_states`' ``shifts``): true bin i against predicted bin i + k, over the bins where both exist (a
   sequence of n bins gives n - |k| pairs): a prediction late by k bins scores best at shift +k.
 """
@@ -470,9 +473,10 @@ def d2e_keys(states: torch.Tensor, empty_bins_as_correct: bool = False, shifts: 
              prefix: str = KEY_PREFIX) -> dict[str, float]:
     """The keys of `d2e_states`' rows (one per shift of ``shifts``; the plain keys from shift 0): ``d2e/num_bins``,
     ``d2e/duration_s``, ``d2e/mouse_move/{pearson_x, pearson_y, scale_ratio_x, scale_ratio_y, sample_count}``,
-    ``d2e/mouse_button/{button_accuracy, sample_count}``, ``d2e/keyboard/{key_accuracy, sample_count}``; a value
-    upstream reports as none is left out. With shifts other than 0: every key but the duration at each shift k as
-    ``..._shift_{k}bins``, and ``d2e/best_shift_bins`` (`best_shift`)."""
+    ``d2e/mouse_button/{button_accuracy, sample_count, precision, recall, f1}``, ``d2e/keyboard/{key_accuracy,
+    sample_count, strict_accuracy, strict_sample_count}``, ``.../{false_positive_rate, false_positive_sample_count}``
+    of both; a value upstream reports as none is left out. With shifts other than 0: every key but the duration at
+    each shift k as ``..._shift_{k}bins``, and ``d2e/best_shift_bins`` (`best_shift`)."""
     shifts = [int(k) for k in shifts]
     rows = [[float(v) for v in row] for row in states.double().cpu()]
     by_shift = {k: _row_keys(row, empty_bins_as_correct) for k, row in zip(shifts, rows)}
