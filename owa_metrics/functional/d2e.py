@@ -430,16 +430,18 @@ def _binned(t_seq, t_ns, t_is_key, t_code, t_dx, t_dy, t_flags, t_counts, p_seq,
                 row[_NUM_BINS] += 1
                 if moves[g, 0] or moves[j, 1]:  # the Pearson bins
                     row[_MOVE_BINS] += 1
-                    for axis in range(2):
+                    for axis in range(2):  # a 0 adds nothing (its limbs are 0)
                         t, p = sums[g, 0, axis], sums[j, 1, axis]
-                        _add_limbs(row, _SUM_T[axis], t)
-                        _add_limbs(row, _SUM_P[axis], p)
-                        _add_product(row, _SUM_T2[axis], t, t)
-                        _add_product(row, _SUM_P2[axis], p, p)
-                        _add_product(row, _SUM_TP[axis], t, p)
-                for axis in range(2):
-                    _add_limbs(row, _ABS_T[axis], abs(sums[g, 0, axis]))
-                    _add_limbs(row, _ABS_P[axis], abs(sums[j, 1, axis]))
+                        if t:
+                            _add_limbs(row, _SUM_T[axis], t)
+                            _add_limbs(row, _ABS_T[axis], abs(t))
+                            _add_product(row, _SUM_T2[axis], t, t)
+                        if p:
+                            _add_limbs(row, _SUM_P[axis], p)
+                            _add_limbs(row, _ABS_P[axis], abs(p))
+                            _add_product(row, _SUM_P2[axis], p, p)
+                        if t and p:
+                            _add_product(row, _SUM_TP[axis], t, p)
                 same = True  # every name's counts equal (the bin's multiset of names)
                 for n in range(_N_BUTTONS):  # a name seen on either side: a value, right when the counts are equal
                     ct, cp = buttons[g, 0, n], buttons[j, 1, n]
