@@ -550,14 +550,14 @@ BEST_SHIFT_SCORES = ("keyboard/key_accuracy", "mouse_button/button_accuracy", "m
 def best_shift(by_shift: dict[int, dict[str, float]]) -> Optional[int]:
     """The shift with the highest mean of the key accuracy, the button accuracy and the mouse Pearson r (the mean of
     x and y; each of the three where defined); ties: the smallest |k|, then the smallest k. None when no shift has
-    any of them."""
+    any of them, or none scores above 0 (nothing right at any shift: no shift is better)."""
     scores = {}
     for k, keys in by_shift.items():
         pearson = [keys[f"mouse_move/pearson_{a}"] for a in ("x", "y") if f"mouse_move/pearson_{a}" in keys]
         parts = [keys[n] for n in BEST_SHIFT_SCORES[:2] if n in keys] + ([sum(pearson) / len(pearson)] if pearson else [])
         if parts:
             scores[k] = sum(parts) / len(parts)
-    if not scores:
+    if not scores or max(scores.values()) <= 0:
         return None
     return min(scores, key=lambda k: (-scores[k], abs(k), k))
 
