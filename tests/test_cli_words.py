@@ -79,7 +79,7 @@ def test_every_option_of_every_command_has_help():
     helps = dict(walk(build_parser(), "owa-metrics"))
     assert {"owa-metrics evaluate --mode", "owa-metrics demo --epochs", "owa-metrics inspect --max-tokens",
             "owa-metrics inspect paths", "owa-metrics demo"} <= set(helps)
-    assert len(helps) == 31, sorted(helps)  # 2 + 3 commands + inspect 4, demo 7, evaluate 15 (each with -h)
+    assert len(helps) == 33, sorted(helps)  # 2 + 3 commands + inspect 4, demo 7, evaluate 17 (each with -h)
     assert not [name for name, text in helps.items() if not text or text == argparse.SUPPRESS]
 
 
