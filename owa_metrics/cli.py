@@ -214,6 +214,7 @@ def _evaluate_d2e(pred: Path, target: Path, bin_ms: float | None, empty_bins_as_
 
     from .d2e import evaluate_d2e, evaluate_d2e_folders
     from .functional import d2e_paper
+    from .functional.d2e import bin_ns_of
     from .report import tag_table
 
     def fail(message: str) -> int:
@@ -225,8 +226,14 @@ def _evaluate_d2e(pred: Path, target: Path, bin_ms: float | None, empty_bins_as_
                     "(upstream's is 50)")
     if bin_shifts and bin_shifts[0] > bin_shifts[1]:
         return fail(f"--bin-shifts LOW HIGH with LOW <= HIGH, got {bin_shifts[0]} {bin_shifts[1]}")
+    try:
+        bin_ns_of(bin_ms, "--bin-ms")
+    except ValueError as err:
+        return fail(str(err))
     folders = pred.is_dir() and target.is_dir()
     for path in (pred, target):
+        if not path.exists():
+            return fail(f"{path}: does not exist")
         if not folders and (path.suffix != ".mcap" or not path.is_file()):
             return fail(f"{path}: the D2E protocol (--bin-ms) compares two OWA MCAP recordings (.mcap files), or two "
                         "folders of them")

@@ -12,6 +12,7 @@ import bisect
 import functools
 import math
 import warnings
+from fractions import Fraction
 
 import numpy as np
 
@@ -117,6 +118,19 @@ def oracle(truth_path, pred_path, bin_ms, empty_bins_as_correct=False, shift=0):
     return oracle_events(t_events, p_events, start, end, bin_ms, empty_bins_as_correct, shift)
 
 
+def pearson(ts, ps):
+    """Pearson's r of two lists of integers, exact (`fractions`; one rounding at the end): None below 2 values or
+    with a constant list."""
+    if len(ts) < 2:
+        return None
+    mt, mp = Fraction(sum(ts), len(ts)), Fraction(sum(ps), len(ps))
+    cov = sum((x - mt) * (y - mp) for x, y in zip(ts, ps))
+    vt, vp = sum((x - mt) ** 2 for x in ts), sum((y - mp) ** 2 for y in ps)
+    if vt == 0 or vp == 0:
+        return None
+    return math.copysign(math.sqrt(cov * cov / (vt * vp)), cov)
+
+
 def oracle_events(t_events, p_events, start, end, bin_ms, empty_bins_as_correct=False, shift=0):
     """The keys from events (time, topic, decoded-like object with dx / dy / button_flags or event_type / vk)."""
     size = int(round(bin_ms * 1e6))
@@ -159,17 +173,13 @@ def oracle_events(t_events, p_events, start, end, bin_ms, empty_bins_as_correct=
                 ps.append(pa)
             all_t.append(abs(ta))
             all_p.append(abs(pa))
-        if len(ts) >= 2:
-            n = len(ts)
-            mt, mp = sum(ts) / n, sum(ps) / n
-            cov = sum((x - mt) * (y - mp) for x, y in zip(ts, ps))
-            vt, vp = sum((x - mt) ** 2 for x in ts), sum((y - mp) ** 2 for y in ps)
-            if vt > 0 and vp > 0:
-                keys[f"mouse_move/pearson_{axis}"] = cov / math.sqrt(vt * vp)
-        mean_t, mean_p = sum(all_t) / len(all_t), sum(all_p) / len(all_p)
+        r = pearson(ts, ps)
+        if r is not None:
+            keys[f"mouse_move/pearson_{axis}"] = r
+        mean_t, mean_p = Fraction(sum(all_t), len(all_t)), Fraction(sum(all_p), len(all_p))
         if mean_p > 0:
             r = mean_t / mean_p
-            keys[f"mouse_move/scale_ratio_{axis}"] = r if r >= 1 else (1 / r if r > 0 else math.inf)
+            keys[f"mouse_move/scale_ratio_{axis}"] = float(r if r >= 1 else (1 / r if r > 0 else math.inf))
         keys["mouse_move/sample_count"] = len(ts)
     for kind, name in (("buttons", "mouse_button/button_accuracy"), ("keys", "keyboard/key_accuracy")):
         values = []

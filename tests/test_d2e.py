@@ -21,7 +21,7 @@ from owa_metrics.events.d2e import read_d2e_recording
 from owa_metrics.functional.d2e import d2e_keys, shift_rows
 from owa_metrics.schema import Event
 from conftest import recording_paths
-from d2e_oracle import oracle, oracle_events, read_real, write_mcap
+from d2e_oracle import oracle, oracle_events, pearson, read_real, write_mcap
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))  # count_ops: the host reads
 MS = 1_000_000
@@ -184,6 +184,61 @@ def test_bins_of_many_sequences_in_fixed_shapes_equal_the_protocol_per_sequence(
                 want = oracle_events(oracle_sides[0][b], oracle_sides[1][b], lo, hi, bin_ms, empty, shift=k)
                 assert keys["d2e/duration_s"] == want.pop("duration_s")
                 _same(_at_shift(keys, k), want)
+
+
+def _moves_pair(tmp_path, name, truth_bins, pred_bins, bin_ms=50):
+    """A pair of recordings whose bin i holds the moves ``truth_bins[i]`` / ``pred_bins[i]`` (lists of (dx, dy)),
+    spread over the bin; the common range is the bins'."""
+    width = bin_ms * MS
+    mice = [[(i * width + j * width // (len(moves) + 1), dx, dy, 0) for j, (dx, dy) in enumerate(moves)]
+            for bins in (truth_bins, pred_bins) for i, moves in enumerate(bins)]
+    end = len(truth_bins) * width
+    half = len(truth_bins)
+    return [write_mcap(tmp_path / f"{name}_{side}.mcap", [(0, 0)], (), [m for rows in mice[at:at + half] for m in rows],
+                       tail_ns=end) for side, at in (("true", 0), ("pred", half))]
+
+
+def test_moments_are_exact_at_any_int32_move(tmp_path):
+    """Issue 46 item 1: moves of +-(2**31 - 1), several per bin (products past int64), and dx = 10**6 +- 3 over
+    12,000 bins (sums past 2**53, cancellation in n Σtp - Σt Σp): every key equals the exact rational oracle to
+    1e-12, on the MCAP route (the compiled loop), the torch ops (equal sums), and pooled over both files (their states
+    added, as ranks add them)."""
+    from owa_metrics.d2e import evaluate_d2e_folders, pair_events
+    from owa_metrics.functional.d2e import d2e_states
+
+    rng, big = np.random.default_rng(46), 2**31 - 1
+    signs = lambda n: rng.choice([-1, 1], n)  # noqa: E731
+    huge_t = [[(int(x) * big, int(y) * big) for x, y in zip(signs(k), signs(k))] for k in rng.integers(2, 6, 40)]
+    huge_p = [[(x if rng.random() < 0.8 else -x, -y) for x, y in moves][:len(moves) - (i % 3 == 0)] or [(big, big)]
+              for i, moves in enumerate(huge_t)]
+    noise = rng.integers(-3, 4, 12_000)
+    close_t = [[(10**6 + int(a), 7 + i % 3)] for i, a in enumerate(noise)]
+    close_p = [[(10**6 + int(a) + int(rng.integers(-1, 2)), 7 + (i % 2))] for i, a in enumerate(noise)]
+    (tmp_path / "t").mkdir()
+    pairs = {"huge": _moves_pair(tmp_path / "t", "huge", huge_t, huge_p),
+             "close": _moves_pair(tmp_path / "t", "close", close_t, close_p)}
+    want = {}
+    for name, (truth, pred) in pairs.items():
+        want[name] = oracle(truth, pred, 50)
+        _same(evaluate_d2e(pred, truth), {f"d2e/{k}": v for k, v in want[name].items()}, 1e-12)
+        t, p = read_d2e_recording(truth), read_d2e_recording(pred)
+        compiled = pair_states(t, p, 50)
+        rng_ = torch.tensor([[0], [len(huge_t if name == "huge" else close_t) * 50 * MS]])
+        torch_ops = d2e_states(*pair_events(t, p), *rng_, 50 * MS)
+        assert torch.equal(torch_ops, compiled)
+    assert want["huge"]["mouse_move/pearson_x"] < 0.95 and 0.5 < want["close"]["mouse_move/pearson_x"] < 0.99
+    for side in ("true", "pred"):  # both pairs in two folders: the pooled keys over all their bins
+        (tmp_path / side).mkdir()
+        for name, (truth, pred) in pairs.items():
+            (tmp_path / side / f"{name}.mcap").write_bytes((truth if side == "true" else pred).read_bytes())
+    pooled = evaluate_d2e_folders(tmp_path / "pred", tmp_path / "true")
+    sums = lambda bins, j: [sum(m[j] for m in moves) for moves in bins]  # noqa: E731
+    for axis, j in (("x", 0), ("y", 1)):
+        exact = pearson(sums(huge_t + close_t, j), sums(huge_p + close_p, j))
+        assert pooled[f"d2e/mouse_move/pearson_{axis}"] == pytest.approx(exact, abs=1e-12)
+        for name in pairs:
+            assert pooled[f"tag/{name}/d2e/mouse_move/pearson_{axis}"] == pytest.approx(
+                want[name][f"mouse_move/pearson_{axis}"], abs=1e-12)
 
 
 def test_a_hand_computed_pair(tmp_path):

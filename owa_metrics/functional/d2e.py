@@ -5,11 +5,12 @@ cut into bins of ``bin_ns`` from start (the last one ends at end, shorter); an e
 Per bin and side: the sums of (dx, dy) of the mouse events with ``button_flags == 0`` and whether there is one; the
 counts of each button name (left / right / middle down / up bits of ``button_flags``) and of each key name
 (``(event_type, vk)``). `d2e_states` turns both sides' events into one row of sums per shift (`STATES`: integers
-in float64, exact below 2**53; they add across batches, files and ranks); `d2e_keys` turns the rows into keys:
+in float64 that add across batches, files and ranks: the counts, and the moments as `MOMENTS`' limbs, exact for
+any int64 per-bin sums up to 2**32 bins in all); `d2e_keys` turns the rows into keys:
 
 - ``pearson_{x,y}``: Pearson's r of the true and predicted per-bin sums over the bins where either side has a move
-  (from n, Σt, Σp, Σt², Σp², Σtp, exactly: (nΣtp - ΣtΣp) / sqrt((nΣt² - (Σt)²)(nΣp² - (Σp)²)); none below 2
-  bins or with a constant side); ``scale_ratio_{x,y}``: Σ|t| / Σ|p| over ALL bins (the ratio of the mean |sums|), inverted
+  (from n, Σt, Σp, Σt², Σp², Σtp as Python integers: c = nΣtp - ΣtΣp, v = nΣt² - (Σt)², r = sign(c)
+  sqrt(c² / (v_t v_p)), one rounding; none below 2 bins or with a constant side); ``scale_ratio_{x,y}``: Σ|t| / Σ|p| over ALL bins (the ratio of the mean |sums|), inverted
   when below 1 (none when Σ|p| = 0; inf when Σ|t| = 0 < Σ|p|, as upstream's numpy gives); ``sample_count``: n.
 - ``button_accuracy`` / ``key_accuracy``: over every (bin, name) seen on either side, 1 if the counts are equal;
   a bin with no name on either side adds a right value with ``empty_bins_as_correct``, else nothing.
@@ -31,12 +32,16 @@ import torch.nn.functional as F
 from ..decode.kernel import _jit
 from ..decode.kernel import available as kernel_available
 
-STATES = ("num_bins", "duration_ns", "move_bins",
-          "sum_tx", "sum_px", "sum_tx2", "sum_px2", "sum_txpx",
-          "sum_ty", "sum_py", "sum_ty2", "sum_py2", "sum_typy",
-          "abs_tx", "abs_px", "abs_ty", "abs_py",
-          "button_right", "button_values", "button_empty_bins", "key_right", "key_values", "key_empty_bins")
+COUNTS = ("num_bins", "duration_ns", "move_bins", "button_right", "button_values", "button_empty_bins", "key_right",
+          "key_values", "key_empty_bins")
+# the Pearson and scale moments, each held exactly as limbs (`DIGIT_BITS`: floor digits of base 2**21, the last
+# signed): 3 for a sum of per-bin sums (|x| < 2**63), 6 for a sum of their products
+MOMENTS = {**{f"{kind}_{side}{axis}": 3 for axis in "xy" for kind in ("sum", "abs") for side in "tp"},
+           **{f"sum_{name}": 6 for axis in "xy" for name in (f"t{axis}2", f"p{axis}2", f"t{axis}p{axis}")}}
+STATES = (*COUNTS, *(f"{name}.{j}" for name, n in MOMENTS.items() for j in range(n)))
 S = {name: i for i, name in enumerate(STATES)}
+DIGIT_BITS = 21
+_MASK = (1 << DIGIT_BITS) - 1
 # RawMouseEvent.ButtonFlags: left, right, middle (down, up); the names upstream counts (bit i of button_flags)
 BUTTONS = (("left_down", 0x001), ("left_up", 0x002), ("right_down", 0x004), ("right_up", 0x008),
            ("middle_down", 0x010), ("middle_up", 0x020))
@@ -82,18 +87,21 @@ def shift_rows(bin_shifts: Sequence[int] = ()) -> tuple[int, ...]:
     return tuple(sorted({0, *(int(k) for k in bin_shifts)}))
 
 
-def bin_ns_of(bin_ms: float) -> int:
-    """A bin width in ms as whole ns (> 0), checked."""
-    if isinstance(bin_ms, bool) or not isinstance(bin_ms, (int, float)) or not math.isfinite(bin_ms) or \
-            round(float(bin_ms) * 1_000_000) <= 0:
-        raise ValueError(f"bin_ms must be a positive number of milliseconds (upstream's D2E protocol: 50), got "
-                         f"{bin_ms!r}")
-    return round(float(bin_ms) * 1_000_000)
+def bin_ns_of(bin_ms: float, name: str = "bin_ms") -> int:
+    """A bin width in ms as whole ns, checked: 0 < ns < 2**63 (int64 nanoseconds); ``name``: the argument's, as the
+    error names it."""
+    ns = round(float(bin_ms) * 1_000_000) if isinstance(bin_ms, (int, float)) and not isinstance(bin_ms, bool) and \
+        math.isfinite(bin_ms) else None
+    if ns is None or not 0 < ns < 2**63:
+        raise ValueError(f"{name} must be a positive number of milliseconds below {(2**63 - 1) / 1e6:.0f} (bins are "
+                         f"whole int64 nanoseconds; upstream's D2E protocol: 50), got {bin_ms!r}")
+    return ns
 
 
 def num_bins(start_ns: torch.Tensor, end_ns: torch.Tensor, bin_ns: int) -> torch.Tensor:
-    """Bins of each range: ceil((end - start) / bin_ns), 0 where end <= start."""
-    return torch.div((end_ns - start_ns).clamp(min=0) + bin_ns - 1, bin_ns, rounding_mode="floor")
+    """Bins of each range: ceil((end - start) / bin_ns), 0 where end <= start (no int64 overflow for any bin_ns)."""
+    span = end_ns - start_ns
+    return torch.where(span > 0, torch.div(span - 1, bin_ns, rounding_mode="floor") + 1, 0)
 
 
 def d2e_states(truth: D2EEvents, pred: D2EEvents, start_ns: torch.Tensor, end_ns: torch.Tensor, bin_ns: int,
@@ -149,7 +157,9 @@ def d2e_states(truth: D2EEvents, pred: D2EEvents, start_ns: torch.Tensor, end_ns
     first_name = (name > 0) & real & ((bin_side != F.pad(bin_side[:-1], (1, 0), value=-1)) |
                                       (F.pad(name[:-1], (1, 0)) == 0))
     has, xy = (runs > 0)[:, :-2].double(), runs[:, -2:]  # [runs, 9]: a move, each button name, any, a key name
-    each = torch.cat([has, xy, runs[:, 1:-2], xy * xy, xy.abs(), first_name.double()[:, None]], 1)  # `_EACH`
+    each = torch.cat([has, runs[:, 1:-2].double(), first_name.double()[:, None], *(
+        _digits(v, n).double() for v, n in ((xy[:, 0], 3), (xy[:, 1], 3))), *(
+        _product_digits(v, v).double() for v in xy.T), *(_digits(v, 3).double() for v in xy.abs().T)], 1)  # `_EACH`
     n = len(keys)  # blocks of (shift, run) pairs of bounded size: one block at training sizes
     block = min(n, _PAIRS)
     per = max(1, _PAIRS // block)
@@ -168,12 +178,14 @@ def d2e_states(truth: D2EEvents, pred: D2EEvents, start_ns: torch.Tensor, end_ns
             names_met = keys.take(torch.searchsorted(keys, first_wanted)) >> _NAME_BITS == first_wanted >> _NAME_BITS
             flat, truth_group = met.flatten(), run_group[::2, r]
             met_found = found.double()[:, None] * truth_group  # [shifts, groups, runs]
-            other = each[:, :19].index_select(0, flat).view(*met.shape, -1)  # the columns a met pair compares
+            other = each[:, :17].index_select(0, flat).view(*met.shape, -1)  # the counts a met pair compares
+            met_xy = xy.index_select(0, flat).view(*met.shape, 2)
             parts[s0:s0 + per, :, :-2] += torch.cat([
                 ((valid.double()[:, None] * run_group[:, r]) @ each[r]).view(len(k), groups, -1),
-                met_found @ (each[r, :11] * other[..., :11]),
-                met_found @ ((each[r, 11:19] == other[..., 11:19]) * has[r, 1:]),
-                (names_met.double()[:, None] * truth_group).sum(-1, keepdim=True)], -1)
+                met_found @ (each[r, :9] * other[..., :9]),
+                met_found @ ((each[r, 9:17] == other[..., 9:17]) * has[r, 1:]),
+                (names_met.double()[:, None] * truth_group).sum(-1, keepdim=True),
+                met_found @ torch.cat([_product_digits(xy[r, a], met_xy[..., a]) for a in (0, 1)], -1).double()], -1)
     return _by_state(parts, to_states, grouped)
 
 
@@ -185,28 +197,28 @@ def _by_state(parts: torch.Tensor, to_states: torch.Tensor, grouped: bool) -> to
 # the values summed over a run of (bin, side, name) (integers): its moves, its count of each button name and of
 # events with any (mouse: name 0), its keyboard events (a key name's run), dx and dy of its moves
 _VALUES = ("move", *(name for name, _ in BUTTONS), "button", "name", "dx", "dy")
-# a valid run's columns (by side: name_t, name_p): whether it has each of `_VALUES` but x, y; x, y; its counts (unused;
-# a met pair compares them); the squares and absolute values of x, y; the first key name's run of its bin and side
-# (its bin has a key name)
-_EACH = (*(f"has_{name}" for name in _VALUES[:-2]), "dx", "dy", *(f"n_{name}" for name in _VALUES[1:-2]), "dx2", "dy2",
-         "adx", "ady", "key")
+_LIMBS = lambda name, n: tuple(f"{name}.{j}" for j in range(n))  # noqa: E731
+# a valid run's columns (by side: name_t, name_p): whether it has each of `_VALUES` but x, y; its counts (unused; a
+# met pair compares them); the first key name's run of its bin and side (its bin has a key name); the limbs of x, y,
+# x², y², |x|, |y|
+_EACH = (*(f"has_{name}" for name in _VALUES[:-2]), *(f"n_{name}" for name in _VALUES[1:-2]), "key",
+         *_LIMBS("dx", 3), *_LIMBS("dy", 3), *_LIMBS("dx2", 6), *_LIMBS("dy2", 6), *_LIMBS("adx", 3), *_LIMBS("ady", 3))
 # a valid true run's that met a predicted one (same bin + k and name): both have each of `_VALUES` but x, y; the
-# products x x', y y'; the same count of each (one of them unused: any button); and: the prediction has a key name in
-# bin i + k where this run is its bin's first key name
-_BOTH = (*(f"both_{name}" for name in _VALUES[:-2]), "dxdx", "dydy", *(f"same_{name}" for name in _VALUES[1:-2]),
-         "both_key")
+# same count of each (one of them unused: any button); the prediction has a key name in bin i + k where this run is
+# its bin's first key name; the limbs of the products x x', y y'
+_BOTH = (*(f"both_{name}" for name in _VALUES[:-2]), *(f"same_{name}" for name in _VALUES[1:-2]), "both_key",
+         *_LIMBS("dxdx", 6), *_LIMBS("dydy", 6))
 _PARTS = (*(f"{name}_{s}" for s in "tp" for name in _EACH), *_BOTH, "n_valid", "duration")
 _STATE_PARTS = {  # each state as a sum of `_PARTS` columns (a true run that met a predicted one counts twice)
     "num_bins": "+n_valid", "duration_ns": "+duration", "move_bins": "+has_move_t +has_move_p -both_move",
-    **{f"{s}_{side}{axis}{sq}": f"+d{axis}{sq}_{side}" for s, sq in (("sum", ""), ("sum", "2"))
-       for axis in "xy" for side in "tp"},
-    **{f"abs_{side}{axis}": f"+ad{axis}_{side}" for axis in "xy" for side in "tp"},
-    "sum_txpx": "+dxdx", "sum_typy": "+dydy",
     "button_right": " ".join(f"+same_{name}" for name, _ in BUTTONS),
     "button_values": " ".join(f"+has_{name}_t +has_{name}_p -both_{name}" for name, _ in BUTTONS),
     "button_empty_bins": "+n_valid -has_button_t -has_button_p +both_button",
     "key_right": "+same_name", "key_values": "+has_name_t +has_name_p -both_name",
-    "key_empty_bins": "+n_valid -key_t -key_p +both_key"}
+    "key_empty_bins": "+n_valid -key_t -key_p +both_key",
+    **{f"{kind}_{side}{axis}{sq}.{j}": f"+{a}d{axis}{sq}.{j}_{side}" for axis in "xy" for side in "tp"
+       for kind, sq, a, n in (("sum", "", "", 3), ("sum", "2", "", 6), ("abs", "", "a", 3)) for j in range(n)},
+    **{f"sum_t{axis}p{axis}.{j}": f"+d{axis}d{axis}.{j}" for axis in "xy" for j in range(6)}}
 _PAIRS = 1 << 20  # (shift, run) pairs a block of `d2e_states` holds at most
 
 
@@ -223,14 +235,38 @@ def _constants(shifts: tuple, device) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _runs(key: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(keys [n + 1], sums [n + 1, c])``: the runs of equal keys of ``key`` [n] sorted, at most n: each one's key
-    (ascending; `_NO_RUN` past the last run) and the sums of ``values`` [n, c] over its entries (float64)."""
+    (ascending; `_NO_RUN` past the last run) and the sums of ``values`` [n, c] over its entries (int64: exact)."""
     key, order = torch.sort(key)
     new = torch.ones_like(key, dtype=torch.bool)
     new[1:] = key[1:] != key[:-1]
     run = new.cumsum(0) - 1
     keys = torch.full((len(key) + 1,), _NO_RUN, dtype=torch.long, device=key.device).scatter_(0, run, key)
-    sums = torch.zeros((len(key) + 1, values.shape[1]), dtype=torch.float64, device=key.device)
-    return keys, sums.index_add_(0, run, values.index_select(0, order).double())
+    sums = torch.zeros((len(key) + 1, values.shape[1]), dtype=torch.long, device=key.device)
+    return keys, sums.index_add_(0, run, values.index_select(0, order).long())
+
+
+def _digits(x: torch.Tensor, n: int) -> torch.Tensor:
+    """[..., n]: the limbs of int64 ``x`` [...]: x = sum_j d_j 2**(21 j), d_j in [0, 2**21) but the last (signed)."""
+    d = x[..., None] >> torch.arange(0, n * DIGIT_BITS, DIGIT_BITS, device=x.device)
+    return torch.cat([d[..., :-1] & _MASK, d[..., -1:]], -1)
+
+
+@functools.lru_cache(maxsize=None)
+def _conv(device) -> torch.Tensor:
+    """Where limb i of a times limb j of b lands: i + j (for i, j < 3), on ``device`` (cached: no copy per update)."""
+    return torch.tensor([i + j for i in range(3) for j in range(3)], device=device)
+
+
+def _product_digits(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """[..., 6]: the limbs of a * b (int64 [...], |a|, |b| < 2**63; the product is exact, < 2**126): the products
+    of 3 limbs each (< 2**44 in int64), carried."""
+    outer = (_digits(a, 3)[..., :, None] * _digits(b, 3)[..., None, :]).flatten(-2)
+    c = outer.new_zeros((*outer.shape[:-1], 6)).index_add_(-1, _conv(a.device), outer)
+    limbs = []
+    for j in range(5):
+        limbs.append(c[..., j] & _MASK)
+        c[..., j + 1] += c[..., j] >> DIGIT_BITS
+    return torch.stack([*limbs, c[..., 5]], -1)
 
 
 def _compiled_states(truth: D2EEvents, pred: D2EEvents, start_ns: torch.Tensor, end_ns: torch.Tensor, bin_ns: int,
@@ -280,6 +316,41 @@ def _bin_side(seq, ns, is_key, key_code, dx, dy, flags, counts, start, end, firs
     return np.sort(codes[:n_codes])
 
 
+# `STATES`' places, as the compiled loop reads them (by axis: x, y)
+_NUM_BINS, _DURATION, _MOVE_BINS = S["num_bins"], S["duration_ns"], S["move_bins"]
+_BUTTON_RIGHT, _BUTTON_VALUES, _BUTTON_EMPTY = S["button_right"], S["button_values"], S["button_empty_bins"]
+_KEY_RIGHT, _KEY_VALUES, _KEY_EMPTY = S["key_right"], S["key_values"], S["key_empty_bins"]
+_SUM_T, _SUM_P, _ABS_T, _ABS_P, _SUM_T2, _SUM_P2, _SUM_TP = (
+    tuple(S[f"{name.format(a=a)}.0"] for a in "xy") for name in (
+        "sum_t{a}", "sum_p{a}", "abs_t{a}", "abs_p{a}", "sum_t{a}2", "sum_p{a}2", "sum_t{a}p{a}"))
+
+
+@_jit
+def _add_limbs(row, at, x):
+    """row[at:at + 3] += the limbs of int64 x (`_digits`)."""
+    row[at] += x & _MASK
+    row[at + 1] += (x >> DIGIT_BITS) & _MASK
+    row[at + 2] += x >> (2 * DIGIT_BITS)
+
+
+@_jit
+def _add_product(row, at, a, b):
+    """row[at:at + 6] += the limbs of a * b (`_product_digits`)."""
+    a0, a1, a2 = a & _MASK, (a >> DIGIT_BITS) & _MASK, a >> (2 * DIGIT_BITS)
+    b0, b1, b2 = b & _MASK, (b >> DIGIT_BITS) & _MASK, b >> (2 * DIGIT_BITS)
+    c = a0 * b0
+    row[at] += c & _MASK
+    c = (c >> DIGIT_BITS) + a0 * b1 + a1 * b0
+    row[at + 1] += c & _MASK
+    c = (c >> DIGIT_BITS) + a0 * b2 + a1 * b1 + a2 * b0
+    row[at + 2] += c & _MASK
+    c = (c >> DIGIT_BITS) + a1 * b2 + a2 * b1
+    row[at + 3] += c & _MASK
+    c = (c >> DIGIT_BITS) + a2 * b2
+    row[at + 4] += c & _MASK
+    row[at + 5] += c >> DIGIT_BITS
+
+
 @_jit
 def _binned(t_seq, t_ns, t_is_key, t_code, t_dx, t_dy, t_flags, t_counts, p_seq, p_ns, p_is_key, p_code, p_dx, p_dy,
             p_flags, p_counts, start, end, nb, group, shifts, bin_ns, out):
@@ -317,44 +388,39 @@ def _binned(t_seq, t_ns, t_is_key, t_code, t_dx, t_dy, t_flags, t_counts, p_seq,
         k = shifts[si]
         for b in range(B):
             row = out[group[b], si]
-            row[1] += max(end[b] - start[b], 0)  # duration_ns
+            row[_DURATION] += max(end[b] - start[b], 0)
             for i in range(max(0, -k), min(nb[b], nb[b] - k)):
                 g, j = first[b] + i, first[b] + i + k
-                row[0] += 1  # num_bins
-                tx, ty, px, py = sums[g, 0, 0], sums[g, 0, 1], sums[j, 1, 0], sums[j, 1, 1]
+                row[_NUM_BINS] += 1
                 if moves[g, 0] or moves[j, 1]:  # the Pearson bins
-                    row[2] += 1
-                    row[3] += tx
-                    row[4] += px
-                    row[5] += tx * tx
-                    row[6] += px * px
-                    row[7] += tx * px
-                    row[8] += ty
-                    row[9] += py
-                    row[10] += ty * ty
-                    row[11] += py * py
-                    row[12] += ty * py
-                row[13] += abs(tx)
-                row[14] += abs(px)
-                row[15] += abs(ty)
-                row[16] += abs(py)
+                    row[_MOVE_BINS] += 1
+                    for axis in range(2):
+                        t, p = sums[g, 0, axis], sums[j, 1, axis]
+                        _add_limbs(row, _SUM_T[axis], t)
+                        _add_limbs(row, _SUM_P[axis], p)
+                        _add_product(row, _SUM_T2[axis], t, t)
+                        _add_product(row, _SUM_P2[axis], p, p)
+                        _add_product(row, _SUM_TP[axis], t, p)
+                for axis in range(2):
+                    _add_limbs(row, _ABS_T[axis], abs(sums[g, 0, axis]))
+                    _add_limbs(row, _ABS_P[axis], abs(sums[j, 1, axis]))
                 for n in range(_N_BUTTONS):  # a name seen on either side: a value, right when the counts are equal
                     ct, cp = buttons[g, 0, n], buttons[j, 1, n]
                     if ct or cp:
-                        row[18] += 1
-                        row[17] += ct == cp
-                row[19] += buttons[g, 0, _N_BUTTONS] == 0 and buttons[j, 1, _N_BUTTONS] == 0
+                        row[_BUTTON_VALUES] += 1
+                        row[_BUTTON_RIGHT] += ct == cp
+                row[_BUTTON_EMPTY] += buttons[g, 0, _N_BUTTONS] == 0 and buttons[j, 1, _N_BUTTONS] == 0
                 x, y = t_at[g], p_at[j]  # the two bins' key names, merged in order
                 while x < t_at[g + 1] or y < p_at[j + 1]:
-                    row[21] += 1
+                    row[_KEY_VALUES] += 1
                     if y == p_at[j + 1] or (x < t_at[g + 1] and t_name[x] < p_name[y]):
                         x += 1
                     elif x == t_at[g + 1] or p_name[y] < t_name[x]:
                         y += 1
                     else:
-                        row[20] += t_count[x] == p_count[y]
+                        row[_KEY_RIGHT] += t_count[x] == p_count[y]
                         x, y = x + 1, y + 1
-                row[22] += keys[g, 0] == 0 and keys[j, 1] == 0
+                row[_KEY_EMPTY] += keys[g, 0] == 0 and keys[j, 1] == 0
 
 
 def d2e_keys(states: torch.Tensor, empty_bins_as_correct: bool = False, shifts: Sequence[int] = (0,),
@@ -380,16 +446,17 @@ def d2e_keys(states: torch.Tensor, empty_bins_as_correct: bool = False, shifts: 
 
 def _row_keys(row: list[float], empty_bins_as_correct: bool) -> dict[str, float]:
     """One row's keys (without the ``d2e/`` prefix); ``num_bins``: the bins compared."""
-    v = {name: int(row[i]) for name, i in S.items() if name != "duration_ns"}  # integers: exact below 2**53
+    v = {name: int(row[S[name]]) for name in COUNTS}  # integers: exact below 2**53
+    v.update({name: sum(int(row[S[f"{name}.{j}"]]) << (DIGIT_BITS * j) for j in range(limbs))
+              for name, limbs in MOMENTS.items()})  # exact (Python integers)
     out = {}
     n = v["move_bins"]
     for axis in ("x", "y"):
         st, sp, st2, sp2, stp = (v[f"sum_{name}"] for name in (f"t{axis}", f"p{axis}", f"t{axis}2", f"p{axis}2",
                                                                   f"t{axis}p{axis}"))
-        var_t, var_p = n * st2 - st * st, n * sp2 - sp * sp
-        if n >= 2 and var_t > 0 and var_p > 0:
-            r = (n * stp - st * sp) / (math.sqrt(var_t) * math.sqrt(var_p))
-            out[f"mouse_move/pearson_{axis}"] = max(-1.0, min(1.0, r))
+        cov, var_t, var_p = n * stp - st * sp, n * st2 - st * st, n * sp2 - sp * sp  # n² (co)variances, exact
+        if n >= 2 and var_t > 0 and var_p > 0:  # |cov| <= sqrt(var_t var_p): r in [-1, 1] as it is rounded
+            out[f"mouse_move/pearson_{axis}"] = math.copysign(math.sqrt(cov * cov / (var_t * var_p)), cov)
         abs_t, abs_p = v[f"abs_t{axis}"], v[f"abs_p{axis}"]
         if abs_p > 0:
             out[f"mouse_move/scale_ratio_{axis}"] = (abs_t / abs_p if abs_t >= abs_p else
