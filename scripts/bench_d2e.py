@@ -62,7 +62,7 @@ def main() -> None:
         torch.set_num_threads(1)
         return recording(known.repeats)
     args, tokenizer, vocab, preds, target = setup(30)
-    options = ({}, {"bin_ms": 50}, {"bin_ms": 50, "bin_shifts": range(-3, 4)})
+    options = ({"bin_ms": None}, {"bin_ms": 50}, {"bin_ms": 50, "bin_shifts": range(-3, 4)})
     print("| alignment | backend | update ms, no D2E | bin_ms=50 | with 7 shifts |")
     print("|---|---|---|---|---|")
     for alignment in ("generation", "teacher_forcing"):
