@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import json
 import math
 import warnings
 from fractions import Fraction
@@ -22,24 +23,31 @@ NAMES = [("left_down", 0x001), ("left_up", 0x002), ("right_down", 0x004), ("righ
          ("middle_down", 0x010), ("middle_up", 0x020)]
 
 
-def write_mcap(path, screens, keys=(), mice=(), tail_ns=None):
-    """screens [(log_ns, pts_ns)], keys [(log_ns, 'press'|'release', vk)], mice [(log_ns, dx, dy, flags)];
-    ``tail_ns``: one more screen message there (it sets the file's end time)."""
+def write_mcap(path, screens, keys=(), mice=(), tail_ns=None, in_time_order=True):
+    """screens [(log_ns, pts_ns)] (pts None: no media_ref), keys [(log_ns, 'press'|'release', vk)], mice
+    [(log_ns, dx, dy, flags[, us_flags])]; ``tail_ns``: one more screen message there (it sets the file's end time);
+    ``in_time_order=False``: the messages written as listed (screens, keys, mice, tail), not sorted by time."""
     from mcap_owa.highlevel import OWAMcapWriter
     from owa.msgs.desktop.keyboard import KeyboardEvent
     from owa.msgs.desktop.mouse import RawMouseEvent
     from owa.msgs.desktop.screen import MediaRef, ScreenCaptured
 
+    class NoMedia(ScreenCaptured):  # a screen message without media_ref (the model wants one to serialize)
+        def serialize(self, buffer):
+            buffer.write(json.dumps({"utc_ns": self.utc_ns, "source_shape": [8, 8], "shape": [8, 8]}).encode())
+
     messages = [(t, "screen", ScreenCaptured(utc_ns=t, media_ref=MediaRef(uri="video.mkv", pts_ns=pts),
-                                             source_shape=(8, 8), shape=(8, 8))) for t, pts in screens]
+                                             source_shape=(8, 8), shape=(8, 8)) if pts is not None else
+                 NoMedia.model_construct(utc_ns=t)) for t, pts in screens]
     messages += [(t, "keyboard", KeyboardEvent(event_type=e, vk=vk)) for t, e, vk in keys]
-    messages += [(t, "mouse/raw", RawMouseEvent(last_x=dx, last_y=dy, button_flags=f, button_data=0))
-                 for t, dx, dy, f in mice]
+    messages += [(t, "mouse/raw", RawMouseEvent(last_x=dx, last_y=dy, button_flags=f, button_data=0,
+                                                us_flags=us[0] if us else 0)) for t, dx, dy, f, *us in mice]
     if tail_ns is not None:
         messages.append((tail_ns, "screen", ScreenCaptured(utc_ns=tail_ns, media_ref=MediaRef(uri="video.mkv",
                                                                                                pts_ns=0),
                                                            source_shape=(8, 8), shape=(8, 8))))
-    messages.sort(key=lambda m: m[0])
+    if in_time_order:
+        messages.sort(key=lambda m: m[0])
     with OWAMcapWriter(str(path)) as writer:
         for t, topic, msg in messages:
             writer.write_message(msg, topic=topic, timestamp=int(t))

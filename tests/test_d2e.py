@@ -241,6 +241,103 @@ def test_moments_are_exact_at_any_int32_move(tmp_path):
                 want[name][f"mouse_move/pearson_{axis}"], abs=1e-12)
 
 
+def _random_events(rng, n, end_ms, vks=(65, 66), us_flags=(0,)):
+    """``n`` keys and ``n`` mouse events at random times in [0, end_ms) ms: keys of ``vks``, moves, clicks and
+    wheels, the clicks and wheels carrying one of ``us_flags``."""
+    times = lambda: np.sort(rng.integers(0, end_ms * MS, n)).tolist()  # noqa: E731
+    keys = [(t, ["press", "release"][int(rng.integers(2))], int(rng.choice(vks))) for t in times()]
+    mice = []
+    for t in times():
+        flags = int(rng.choice([0, 0, 0x001, 0x002, 0x004 | 0x008, 0x400]))
+        mice.append((t, int(rng.integers(-9, 10)), int(rng.integers(-9, 10)), flags,
+                     0 if flags == 0 else int(rng.choice(us_flags))))
+    return keys, mice
+
+
+def test_reads_clicks_with_us_flags_and_refuses_only_a_move_with_them_in_range(tmp_path):
+    """Issue 46 item 2: upstream reads a click or wheel whatever its us_flags (it reads only button_flags) and
+    cannot read the dx / dy of a move with non-zero us_flags (RawMouseEvent.dx raises): clicks and wheels with
+    0x1 / 0x4 count as the oracle counts them, a move with 0x4 after the compared range is never read, one inside
+    refuses the file, named, without calling it absolute."""
+    from owa_metrics.events.d2e import RecordingError
+
+    rng = np.random.default_rng(11)
+    keys, mice = _random_events(rng, 60, 2_000, us_flags=(0, 0x1, 0x4))
+    truth = write_mcap(tmp_path / "t.mcap", [(0, 0)], keys, mice + [(1_800 * MS, 3, 3, 0, 0x4)], tail_ns=2_000 * MS)
+    keys, mice = _random_events(rng, 50, 1_500, us_flags=(0, 0x4))
+    pred = write_mcap(tmp_path / "p.mcap", [(0, 0)], keys, mice, tail_ns=1_500 * MS)
+    _check_pair(truth, pred, bins_ms=(50,), shifts=(-1, 0, 1))
+    bad = write_mcap(tmp_path / "bad.mcap", [(0, 0)], keys, mice + [(700 * MS, 3, 3, 0, 0x4)], tail_ns=1_500 * MS)
+    with pytest.raises(RecordingError, match="us_flags") as err:
+        evaluate_d2e(bad, truth)
+    assert str(bad) in str(err.value) and str(truth) not in str(err.value) and "absolute" not in str(err.value)
+    code, _, err = _cli(["--pred", bad, "--target", truth, "--bin-ms", 50])
+    assert code == 2 and len(err.strip().splitlines()) == 1 and str(bad) in err and "0x4" in err
+
+
+def test_any_vk_is_its_own_key_name_and_the_first_screen_is_the_earliest(tmp_path):
+    """Issue 46 item 2: negative and large vks (upstream's name ``{event_type}_{vk}`` for any int) each count under
+    their own name, in their own bin, at every bin width, shift and empty-bin rule; the prediction's file holds a
+    screen without media_ref written before its earliest screen (upstream reads the screens in log-time order)."""
+    rng = np.random.default_rng(12)
+    vks = (-1, -2, -300, 0, 65, 70_000, 2**40)
+    keys, mice = _random_events(rng, 120, 2_000, vks)
+    truth = write_mcap(tmp_path / "t.mcap", [(0, 0)], keys, mice, tail_ns=2_000 * MS)
+    keys = [(t + int(rng.integers(-30, 30)) * MS * (i % 2), e, vk) for i, (t, e, vk) in enumerate(keys)]
+    pred = write_mcap(tmp_path / "p.mcap", [(900 * MS, None), (5 * MS, 5 * MS)], [k for k in keys if k[0] >= 5 * MS],
+                      mice, tail_ns=1_900 * MS, in_time_order=False)
+    assert read_d2e_recording(pred).first_screen_ns == 5 * MS
+    _check_pair(truth, pred, bins_ms=(33, 50), shifts=(-2, 0, 1))
+
+
+def test_bin_ms_beyond_int64_nanoseconds_is_refused_by_name(tmp_path, tokenizer):
+    """Issue 46 item 2: a bin of more than 2**63 - 1 ns is refused before any file is read, naming ``bin_ms``
+    (the API) or ``--bin-ms`` (the CLI); a bin just below it gives one bin over the range."""
+    truth = write_mcap(tmp_path / "t.mcap", [(0, 0)], [(5 * MS, "press", 65)], [(7 * MS, 1, 2, 0)], tail_ns=90 * MS)
+    for bin_ms in (1e13, 2**63 / 1e6, 1e300):
+        with pytest.raises(ValueError, match="bin_ms"):
+            evaluate_d2e(truth, truth, bin_ms)
+        with pytest.raises(ValueError, match="bin_ms"):
+            OWAEventMetrics(tokenizer, bin_ms=bin_ms)
+        code, _, err = _cli(["--pred", truth, "--target", truth, "--bin-ms", bin_ms])
+        assert code == 2 and "--bin-ms" in err and str(truth) not in err, err
+    largest = 9.2e12  # 9.2e18 ns < 2**63
+    _same(evaluate_d2e(truth, truth, largest), {f"d2e/{k}": v for k, v in oracle(truth, truth, largest).items()})
+    assert evaluate_d2e(truth, truth, largest)["d2e/num_bins"] == 1
+
+
+def test_errors_name_the_bad_file_and_why(tmp_path):
+    """Issue 46 item 2: a missing file is said not to exist; a truncated MCAP and a file that is not MCAP are named
+    alone (not the pair), by the API, the CLI (one line, exit 2) and folder mode."""
+    from owa_metrics.d2e import evaluate_d2e_folders
+    from owa_metrics.events.d2e import RecordingError
+
+    good = write_mcap(tmp_path / "good.mcap", [(0, 0)], [(5 * MS, "press", 65)], [(7 * MS, 1, 2, 0)], tail_ns=90 * MS)
+    truncated = tmp_path / "truncated.mcap"
+    truncated.write_bytes(good.read_bytes()[:len(good.read_bytes()) // 2])
+    text = tmp_path / "text.mcap"
+    text.write_text("not an MCAP file\n")
+    missing = tmp_path / "missing.mcap"
+    for bad in (missing, truncated, text):
+        with pytest.raises(RecordingError) as err:
+            evaluate_d2e(bad, good)
+        assert str(bad) in str(err.value) and str(good) not in str(err.value)
+        assert ("does not exist" in str(err.value)) == (bad == missing)
+        for args in (["--pred", bad, "--target", good], ["--pred", good, "--target", bad]):
+            code, _, err = _cli([*args, "--bin-ms", 50])
+            assert code == 2 and len(err.strip().splitlines()) == 1 and str(bad) in err and str(good) not in err, err
+            assert ("does not exist" in err) == (bad == missing)
+    for side in ("pred", "true"):
+        (tmp_path / side).mkdir()
+        (tmp_path / side / "a.mcap").write_bytes(good.read_bytes())
+    (tmp_path / "pred" / "b.mcap").write_bytes(good.read_bytes())
+    (tmp_path / "true" / "b.mcap").write_bytes(truncated.read_bytes())
+    with pytest.raises(RecordingError) as err:
+        evaluate_d2e_folders(tmp_path / "pred", tmp_path / "true")
+    assert str(tmp_path / "true" / "b.mcap") in str(err.value) and "pred" not in str(err.value).replace(
+        str(tmp_path / "true"), "")
+
+
 def test_a_hand_computed_pair(tmp_path):
     """Bins [0, 50), [50, 100), [100, 125) ms. Truth: moves (1, 0) and (2, 1) in bin 0, (-4, 1) in bin 1, a left
     down in bin 1, a wheel in bin 2; keys press A, release A (bin 0), press B (bin 1). Prediction: move (1, 0) in

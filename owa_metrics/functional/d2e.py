@@ -6,7 +6,7 @@ Per bin and side: the sums of (dx, dy) of the mouse events with ``button_flags =
 counts of each button name (left / right / middle down / up bits of ``button_flags``) and of each key name
 (``(event_type, vk)``). `d2e_states` turns both sides' events into one row of sums per shift (`STATES`: integers
 in float64 that add across batches, files and ranks: the counts, and the moments as `MOMENTS`' limbs, exact for
-any int64 per-bin sums up to 2**32 bins in all); `d2e_keys` turns the rows into keys:
+any int64 per-bin sums up to 2**31 bins in all); `d2e_keys` turns the rows into keys:
 
 - ``pearson_{x,y}``: Pearson's r of the true and predicted per-bin sums over the bins where either side has a move
   (from n, Σt, Σp, Σt², Σp², Σtp as Python integers: c = nΣtp - ΣtΣp, v = nΣt² - (Σt)², r = sign(c)
@@ -36,8 +36,9 @@ from ..decode.matching import STEP_BACK_NS
 
 COUNTS = ("num_bins", "duration_ns", "move_bins", "button_right", "button_values", "button_empty_bins", "key_right",
           "key_values", "key_empty_bins")
-# the Pearson and scale moments, each held exactly as limbs (`DIGIT_BITS`: floor digits of base 2**21, the last
-# signed): 3 for a sum of per-bin sums (|x| < 2**63), 6 for a sum of their products
+# the Pearson and scale moments, each held exactly as limbs of base 2**21 (`DIGIT_BITS`): 3 for a sum of per-bin
+# sums (|x| < 2**63; `_digits`), 6 for a sum of their products (`_product_digits`); a bin adds at most 2**21 + 4 to a
+# limb, so the float64 sums stay exact up to 2**31 bins
 MOMENTS = {**{f"{kind}_{side}{axis}": 3 for axis in "xy" for kind in ("sum", "abs") for side in "tp"},
            **{f"sum_{name}": 6 for axis in "xy" for name in (f"t{axis}2", f"p{axis}2", f"t{axis}p{axis}")}}
 STATES = (*COUNTS, *(f"{name}.{j}" for name, n in MOMENTS.items() for j in range(n)))
@@ -160,9 +161,8 @@ def d2e_states(truth: D2EEvents, pred: D2EEvents, start_ns: torch.Tensor, end_ns
     first_name = (name > 0) & real & ((bin_side != F.pad(bin_side[:-1], (1, 0), value=-1)) |
                                       (F.pad(name[:-1], (1, 0)) == 0))
     has, xy = (runs > 0)[:, :-2].double(), runs[:, -2:]  # [runs, 9]: a move, each button name, any, a key name
-    each = torch.cat([has, runs[:, 1:-2].double(), first_name.double()[:, None], *(
-        _digits(v, n).double() for v, n in ((xy[:, 0], 3), (xy[:, 1], 3))), *(
-        _product_digits(v, v).double() for v in xy.T), *(_digits(v, 3).double() for v in xy.abs().T)], 1)  # `_EACH`
+    each = torch.cat([has, torch.cat([runs[:, 1:-2], first_name[:, None], _digits(torch.cat([xy, xy.abs()], 1)).flatten(
+        1)], 1).double()], 1)  # `_EACH`
     n = len(keys)  # blocks of (shift, run) pairs of bounded size: one block at training sizes
     block = min(n, _PAIRS)
     per = max(1, _PAIRS // block)
@@ -182,13 +182,17 @@ def d2e_states(truth: D2EEvents, pred: D2EEvents, start_ns: torch.Tensor, end_ns
             flat, truth_group = met.flatten(), run_group[::2, r]
             met_found = found.double()[:, None] * truth_group  # [shifts, groups, runs]
             other = each[:, :17].index_select(0, flat).view(*met.shape, -1)  # the counts a met pair compares
-            met_xy = xy.index_select(0, flat).view(*met.shape, 2)
+            # the limbs of x x', y y' (x' the met run's) and of x², y², in one product
+            products = _product_digits(xy[r].repeat(1, 2), torch.cat([xy.index_select(0, flat).view(*met.shape, 2),
+                                                                      xy[r].expand(len(k), -1, -1)], -1))
+            products = products.flatten(-2).double()
+            weight = valid.double()[:, None] * run_group[:, r]  # [shifts, groups x sides, runs]
             parts[s0:s0 + per, :, :-2] += torch.cat([
-                ((valid.double()[:, None] * run_group[:, r]) @ each[r]).view(len(k), groups, -1),
+                (weight @ each[r]).view(len(k), groups, -1),
                 met_found @ (each[r, :9] * other[..., :9]),
                 met_found @ ((each[r, 9:17] == other[..., 9:17]) * has[r, 1:]),
                 (names_met.double()[:, None] * truth_group).sum(-1, keepdim=True),
-                met_found @ torch.cat([_product_digits(xy[r, a], met_xy[..., a]) for a in (0, 1)], -1).double()], -1)
+                met_found @ products[..., :12], (weight @ products[..., 12:]).view(len(k), groups, -1)], -1)
     return _by_state(parts, to_states, grouped)
 
 
@@ -203,15 +207,17 @@ _VALUES = ("move", *(name for name, _ in BUTTONS), "button", "name", "dx", "dy")
 _LIMBS = lambda name, n: tuple(f"{name}.{j}" for j in range(n))  # noqa: E731
 # a valid run's columns (by side: name_t, name_p): whether it has each of `_VALUES` but x, y; its counts (unused; a
 # met pair compares them); the first key name's run of its bin and side (its bin has a key name); the limbs of x, y,
-# x², y², |x|, |y|
+# |x|, |y|; and (`_SQUARES`) of x², y²
 _EACH = (*(f"has_{name}" for name in _VALUES[:-2]), *(f"n_{name}" for name in _VALUES[1:-2]), "key",
-         *_LIMBS("dx", 3), *_LIMBS("dy", 3), *_LIMBS("dx2", 6), *_LIMBS("dy2", 6), *_LIMBS("adx", 3), *_LIMBS("ady", 3))
+         *_LIMBS("dx", 3), *_LIMBS("dy", 3), *_LIMBS("adx", 3), *_LIMBS("ady", 3))
 # a valid true run's that met a predicted one (same bin + k and name): both have each of `_VALUES` but x, y; the
 # same count of each (one of them unused: any button); the prediction has a key name in bin i + k where this run is
 # its bin's first key name; the limbs of the products x x', y y'
 _BOTH = (*(f"both_{name}" for name in _VALUES[:-2]), *(f"same_{name}" for name in _VALUES[1:-2]), "both_key",
          *_LIMBS("dxdx", 6), *_LIMBS("dydy", 6))
-_PARTS = (*(f"{name}_{s}" for s in "tp" for name in _EACH), *_BOTH, "n_valid", "duration")
+_SQUARES = (*_LIMBS("dx2", 6), *_LIMBS("dy2", 6))
+_PARTS = (*(f"{name}_{s}" for s in "tp" for name in _EACH), *_BOTH, *(f"{name}_{s}" for s in "tp" for name in _SQUARES),
+          "n_valid", "duration")
 _STATE_PARTS = {  # each state as a sum of `_PARTS` columns (a true run that met a predicted one counts twice)
     "num_bins": "+n_valid", "duration_ns": "+duration", "move_bins": "+has_move_t +has_move_p -both_move",
     "button_right": " ".join(f"+same_{name}" for name, _ in BUTTONS),
@@ -248,28 +254,31 @@ def _runs(key: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.
     return keys, sums.index_add_(0, run, values.index_select(0, order).long())
 
 
-def _digits(x: torch.Tensor, n: int) -> torch.Tensor:
-    """[..., n]: the limbs of int64 ``x`` [...]: x = sum_j d_j 2**(21 j), d_j in [0, 2**21) but the last (signed)."""
-    d = x[..., None] >> torch.arange(0, n * DIGIT_BITS, DIGIT_BITS, device=x.device)
-    return torch.cat([d[..., :-1] & _MASK, d[..., -1:]], -1)
-
-
-@functools.lru_cache(maxsize=None)
-def _conv(device) -> torch.Tensor:
-    """Where limb i of a times limb j of b lands: i + j (for i, j < 3), on ``device`` (cached: no copy per update)."""
-    return torch.tensor([i + j for i in range(3) for j in range(3)], device=device)
+def _digits(x: torch.Tensor) -> torch.Tensor:
+    """[..., 3]: the limbs of int64 ``x`` [...]: x = sum_j d_j 2**(21 j), d_j in [0, 2**21) but the last (signed)."""
+    shifts, masks, _, _ = _limb_constants(x.device)
+    return (x[..., None] >> shifts) & masks
 
 
 def _product_digits(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """[..., 6]: the limbs of a * b (int64 [...], |a|, |b| < 2**63; the product is exact, < 2**126): the products
-    of 3 limbs each (< 2**44 in int64), carried."""
-    outer = (_digits(a, 3)[..., :, None] * _digits(b, 3)[..., None, :]).flatten(-2)
-    c = outer.new_zeros((*outer.shape[:-1], 6)).index_add_(-1, _conv(a.device), outer)
-    limbs = []
-    for j in range(5):
-        limbs.append(c[..., j] & _MASK)
-        c[..., j + 1] += c[..., j] >> DIGIT_BITS
-    return torch.stack([*limbs, c[..., 5]], -1)
+    """[..., 6]: limbs of a * b (int64 [...], |a|, |b| < 2**63; the product is exact, < 2**126): the products of
+    3 limbs each summed by place (< 2**44 in int64), then carried twice in parallel: each limb in [-4, 2**21 + 4),
+    the last about a * b / 2**105 (not the unique digits: `_add_product` carries the same way)."""
+    _, _, conv, masks = _limb_constants(a.device)
+    outer = (_digits(a)[..., :, None] * _digits(b)[..., None, :]).flatten(-2)
+    c = outer.new_zeros((*outer.shape[:-1], 6)).index_add_(-1, conv, outer)
+    for _ in range(2):  # each limb's carry to the next, all at once, twice: limbs in [-4, 2**21 + 4) (`_add_product`)
+        c = (c & masks) + F.pad((c >> DIGIT_BITS)[..., :-1], (1, 0))
+    return c
+
+
+@functools.lru_cache(maxsize=None)
+def _limb_constants(device) -> tuple[torch.Tensor, ...]:
+    """`_digits`' shifts and masks (the last limb keeps its sign); where limb i of a times limb j of b lands (i + j),
+    and the masks of a product's 6 limbs; on ``device`` (cached: no copy per update)."""
+    return (torch.arange(0, 3 * DIGIT_BITS, DIGIT_BITS, device=device), torch.tensor([_MASK, _MASK, -1], device=device),
+            torch.tensor([i + j for i in range(3) for j in range(3)], device=device),
+            torch.tensor([_MASK] * 5 + [-1], device=device))
 
 
 def _compiled_states(truth: D2EEvents, pred: D2EEvents, start_ns: torch.Tensor, end_ns: torch.Tensor, bin_ns: int,
@@ -342,21 +351,20 @@ def _add_limbs(row, at, x):
 
 
 @_jit
+def _carry(c0, c1, c2, c3, c4, c5):
+    """Each limb's carry to the next, all at once (`_product_digits`' step; the last limb keeps its sign)."""
+    return (c0 & _MASK, (c1 & _MASK) + (c0 >> DIGIT_BITS), (c2 & _MASK) + (c1 >> DIGIT_BITS),
+            (c3 & _MASK) + (c2 >> DIGIT_BITS), (c4 & _MASK) + (c3 >> DIGIT_BITS), c5 + (c4 >> DIGIT_BITS))
+
+
+@_jit
 def _add_product(row, at, a, b):
-    """row[at:at + 6] += the limbs of a * b (`_product_digits`)."""
+    """row[at:at + 6] += the limbs of a * b as `_product_digits` gives them (the same carries)."""
     a0, a1, a2 = a & _MASK, (a >> DIGIT_BITS) & _MASK, a >> (2 * DIGIT_BITS)
     b0, b1, b2 = b & _MASK, (b >> DIGIT_BITS) & _MASK, b >> (2 * DIGIT_BITS)
-    c = a0 * b0
-    row[at] += c & _MASK
-    c = (c >> DIGIT_BITS) + a0 * b1 + a1 * b0
-    row[at + 1] += c & _MASK
-    c = (c >> DIGIT_BITS) + a0 * b2 + a1 * b1 + a2 * b0
-    row[at + 2] += c & _MASK
-    c = (c >> DIGIT_BITS) + a1 * b2 + a2 * b1
-    row[at + 3] += c & _MASK
-    c = (c >> DIGIT_BITS) + a2 * b2
-    row[at + 4] += c & _MASK
-    row[at + 5] += c >> DIGIT_BITS
+    c = _carry(*_carry(a0 * b0, a0 * b1 + a1 * b0, a0 * b2 + a1 * b1 + a2 * b0, a1 * b2 + a2 * b1, a2 * b2, 0))
+    for j in range(6):
+        row[at + j] += c[j]
 
 
 @_jit
