@@ -96,3 +96,16 @@ def close(got, want, rel=1e-6):
     if np.isnan(want):
         return np.isnan(got)
     return abs(got - want) <= rel * max(1.0, abs(want))
+
+
+def expected_prompt(ids, vocab, predict_events, budget):
+    """Row ``ids``' prompt by the definitions (issue 44 item 2), over the token list: cut before its last
+    ``predict_events`` actions (an event whose type is not <SCREEN>; the first one kept), then, when longer than
+    ``budget``, from the first event start from which it fits. Returns (prompt, where it was cut)."""
+    start, screen = vocab.ids["<EVENT_START>"], vocab.ids["<SCREEN>"]
+    events = [i for i, t in enumerate(ids) if t == start]
+    actions = [i for i in events if ids[i + 1] != screen]
+    keep = max(len(actions) - predict_events, min(len(actions), 1))
+    cut = actions[keep] if keep < len(actions) else len(ids)
+    first = 0 if cut <= budget else next(i for i in events if cut - i <= budget)
+    return ids[first:cut], cut

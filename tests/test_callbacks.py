@@ -551,7 +551,8 @@ def test_generation_by_time_uses_the_prompts_last_event_as_origin(tmp_path, toke
         return [r + [-100] * (width - len(r)) for r in rows]
 
     callback = OWAEventMetricsCallback(tokenizer, alignment="generation", pairing="time", predict_events=3,
-                                       max_sequences=6, generate_fn=skip_first, generated_screens="scored")
+                                       max_sequences=6, generate_fn=skip_first, generated_screens="scored",
+                                       generate_output="prompt_and_new")  # its rows are as short as new ids could be
     trainer = _trainer(tmp_path, callback, False, epochs=1)
     trainer.validate(TinyLM(vocab.size), val)
     logged = {k: float(v) for k, v in report_of(reported(trainer)).items()}

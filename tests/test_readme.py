@@ -74,25 +74,51 @@ def test_the_hf_trainer_block_evaluates(tmp_path, monkeypatch, capsys):
     assert 0 <= printed["eval_owa/comparable_rate"] <= 1 and printed["eval_owa/count/target_events"] > 0
 
 
-def test_the_your_tokenizer_block_adds_the_event_tokens_and_resizes_the_model(tmp_path, monkeypatch, capsys):
-    """NAME is a folder holding a tiny GPT-2 and a tokenizer without event tokens (as a hub checkpoint would be)."""
+def test_the_your_tokenizer_block_makes_training_data_and_a_metric(tmp_path, monkeypatch, capsys):
+    """The block's NAME, a hub id, is found in a local Hugging Face cache (offline): a tiny Llama and a tokenizer
+    without event or image tokens, as a text checkpoint's. The block's sequences hold every simulated screen, its
+    image tokens (SmolVLM's 64 and 3 markers) labelled -100."""
+    from huggingface_hub import constants
     from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+    from owa_metrics import CodecConfig
+    from owa_metrics.events import simulate_session
+
+    name = re.search(r'^NAME = "([^"]+)"', _block("your tokenizer"), re.M).group(1)
+    snapshot = tmp_path / "hub" / f"models--{name.replace('/', '--')}" / "snapshots" / ("0" * 40)
     words = ["<|endoftext|>", "<unk>", "hello"]
     backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
     PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token="<|endoftext|>").save_pretrained(
-        tmp_path / "ckpt")
-    GPT2LMHeadModel(GPT2Config(vocab_size=3, n_positions=32, n_embd=8, n_layer=1, n_head=2)).save_pretrained(
-        tmp_path / "ckpt")
-    namespace = _run("your tokenizer", tmp_path, monkeypatch, NAME=str(tmp_path / "ckpt"))
-    from owa_metrics import CodecConfig
+        snapshot)
+    LlamaForCausalLM(LlamaConfig(vocab_size=3, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+                                 num_attention_heads=2, num_key_value_heads=1, bos_token_id=None, eos_token_id=0,
+                                 pad_token_id=0)).save_pretrained(snapshot)
+    (snapshot.parents[1] / "refs").mkdir()
+    (snapshot.parents[1] / "refs" / "main").write_text("0" * 40)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    namespace = _run("your tokenizer", tmp_path, monkeypatch)
 
-    tokens = set(CodecConfig.preset("factorized").event_tokens)
-    assert len(namespace["tokenizer"]) == 3 + len(tokens) and tokens <= set(namespace["tokenizer"].get_vocab())
-    assert namespace["model"].get_input_embeddings().weight.shape[0] == len(namespace["tokenizer"])
+    config = CodecConfig.preset("factorized")
+    added = {*config.event_tokens, *config.extra_tokens}
+    tokenizer = namespace["tokenizer"]
+    assert len(tokenizer) == 3 + len(added) and added <= set(tokenizer.get_vocab())
+    assert namespace["model"].get_input_embeddings().weight.shape[0] == len(tokenizer)
+    screens = sum(e.kind == "screen" for e in simulate_session(10.0, format="factorized"))
+    ids, labels = (torch.cat([item[k] for item in namespace["data"]]) for k in ("input_ids", "labels"))
+    assert screens > 0 and int((ids == tokenizer.convert_tokens_to_ids("<global-img>")).sum()) == screens
+    assert int((labels == -100).sum()) == screens * (64 + 3)
     assert namespace["metric"].vocab.config.format == "factorized" and "factorized" in capsys.readouterr().out
+
+
+def test_the_install_says_how_to_get_the_cpu_build_of_torch():
+    """`pip install "torch==2.13.0"` takes PyPI's default build, CUDA on Linux: the README gives PyTorch's CPU index
+    for a machine without a GPU, and no longer says that installing torch first avoids the CUDA wheels."""
+    section = " ".join(README.read_text().split("## Two commands", 1)[1].split("## ", 1)[0].split())
+    assert '`pip install "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu`' in section
+    assert "GPU users keep it" in section and "otherwise pull CUDA wheels" not in section
 
 
 PLACEHOLDER = re.compile(r"\b(TODO|TBD|XXX|FIXME)\b|\b[A-Z][A-Z0-9]*_TIME\b|<fill|\?\?\?", re.I)

@@ -13,6 +13,7 @@ from owa_metrics.callbacks.generation import PromptInputsError, prompt_inputs
 from owa_metrics.events import simulate_session
 from owa_metrics.tokens import collate, token_sequences
 from lightning_fixtures import report_of, reported
+from oracles import expected_prompt
 
 
 def internvl_tokenizer():
@@ -133,15 +134,16 @@ FAMILIES = {  # a screen's image tokens (prefix, token, suffix): 16 image tokens
 GRIDS = ((1, 4, 4), (1, 2, 4))  # Qwen: image k has grid GRIDS[k % 2], 16 or 8 patches of 2 x 2 x 2 x 3, 4 or 2 tokens
 
 
-def tiny_family_model(family, tokenizer):
+def tiny_family_model(family, tokenizer, positions=2048):
     """A 1-layer random-weight model of ``family``, built from its config: 16 image tokens an 8 x 8 (LLaVA) or
-    16 x 16 (Idefics3, pixel-shuffled by 2) image; Qwen: 2 x 2 patches merged 2 x 2."""
+    16 x 16 (Idefics3, pixel-shuffled by 2) image; Qwen: 2 x 2 patches merged 2 x 2; ``positions``: its text
+    config's max_position_embeddings."""
     import transformers as tf
 
     torch.manual_seed(0)
     ids = tokenizer.convert_tokens_to_ids
     text = dict(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048, bos_token_id=None,
+                num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=positions, bos_token_id=None,
                 eos_token_id=ids("<|endoftext|>"), pad_token_id=ids("<|endoftext|>"))
     image = ids(FAMILIES[family][1])
     if family == "llava":
@@ -298,6 +300,45 @@ def test_each_family_generates_with_its_prompts_images(tmp_path, families, famil
     assert 0 < passed < sum(map(len, images))  # the images of the generated events' screens stayed out
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_each_family_fits_its_positions_dropping_the_cut_screens_images(tmp_path, families, family):
+    """A model of 160 positions (its text config's max_position_embeddings) on 160-token windows, the callback's
+    defaults (issue 44 item 2): max_new_tokens 4 x 80 at most half the context, 80; each prompt is its row cut
+    before the last 4 actions and from the left, at an event, to 160 - 80 tokens (`expected_prompt`, over the
+    token list), and each generate call gets exactly the images of the screens left in its prompts."""
+    tokenizer, config, vocab, items, images, _ = families[family]
+    model = tiny_family_model(family, tokenizer, positions=160)
+    assert max(len(x["input_ids"]) for x in items) > 80
+    image, calls, generate = vocab.ids[FAMILIES[family][1]], [], model.generate
+
+    def recording(*args, **kwargs):  # the real generate, its inputs kept
+        calls.append(kwargs)
+        return generate(*args, **kwargs)
+
+    model.generate = recording
+    report = _validate(tmp_path, model, OWAEventMetricsCallback(tokenizer, config=config, alignment="generation",
+                                                                artifacts=False), items)
+    assert report["count/sequences"] == 4 and len(calls) == 2
+    dropped = 0
+    for batch_idx, call in enumerate(calls):
+        assert call["max_new_tokens"] == 80 and call["input_ids"].shape[1] + 80 <= 160
+        rows = []
+        for row, (ids, mask) in enumerate(zip(call["input_ids"], call["attention_mask"])):
+            full = items[2 * batch_idx + row]["input_ids"]
+            prompt, cut = expected_prompt(full.tolist(), vocab, 4, 160 - 80)
+            assert ids[mask.bool()].tolist() == prompt
+            runs = _runs(full, image)  # the screens' images: the runs of image tokens, in order
+            shown = sorted(set(runs[cut - len(prompt):cut].tolist()) - {-1})
+            rows.append([images[2 * batch_idx + row][k] for k in shown])
+            dropped += len(set(runs[:cut - len(prompt)].tolist()) - {-1})
+        expected = _expected_inputs(family, rows, call, image)
+        assert set(call) - {"input_ids", "attention_mask", "max_new_tokens", "do_sample", "pad_token_id"} == set(
+            expected)
+        for key, value in expected.items():
+            assert torch.equal(call[key], value), key
+    assert dropped > 0  # screens cut from the left: their images left out
+
+
 def test_a_batch_the_default_generation_cannot_cut_stops_fit_at_step_0(tmp_path, families):
     """Qwen2-VL's screens as videos (pixel_values_videos, video_grid_thw): the sanity check tries the cut and stops
     the run before any training step, naming the keys and generate_fn."""
@@ -339,6 +380,19 @@ def test_collate_keeps_each_familys_layout():
                      "image_grid_thw": torch.tensor([[1, 2, 2]] * n)} for i, n in zip(ids, (2, 1))])
     assert qwen["pixel_values"][:, 0].tolist() == [2] * 8 + [1] * 4 and qwen["image_grid_thw"].tolist() == [[1, 2, 2]] * 3
     assert qwen["mm_token_type_ids"].tolist() == [[0, 1, 1], [1, 0, 0]]  # per token: [B, T], padded with 0
+
+
+def test_collate_keeps_the_grid_integer_beside_an_item_without_screens():
+    """An item without screens builds its grid from an empty list (``torch.tensor([[1, 4, 4]] * 0)``: float32);
+    the batch's ``image_grid_thw`` stays the other items' int64 (the model reshapes by it), in either order."""
+    shown = {"input_ids": torch.tensor([1, 2]), "image_grid_thw": torch.tensor([[1, 4, 4]]),
+             "pixel_values": torch.ones(16, 24)}
+    none = {"input_ids": torch.tensor([3]), "image_grid_thw": torch.tensor([[1, 4, 4]] * 0).reshape(0, 3),
+            "pixel_values": torch.randn(0, 24)}
+    for items in ([shown, none], [none, shown]):
+        batch = collate(items)
+        assert batch["image_grid_thw"].dtype == torch.int64 and batch["image_grid_thw"].tolist() == [[1, 4, 4]]
+        assert batch["pixel_values"].dtype == torch.float32 and batch["pixel_values"].shape == (16, 24)
 
 
 @pytest.mark.parametrize("family", ["idefics3", "qwen2_vl"])

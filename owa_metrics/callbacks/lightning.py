@@ -20,7 +20,7 @@ from ..metrics.collection import OWAEventMetrics
 from ..functional.report import headline_keys
 from ..report import format_report, sample_note, sample_rows, sample_table, unit_of
 from .artifacts import breakdown_name, log_breakdowns, log_extras, report_json, save_reports
-from .generation import check_batch, generate_batch
+from .generation import OUTPUT_FORMS, GenerateOutput, check_batch, generate_batch
 
 NEEDS = ("validation_step must return a dict with 'logits' (or 'preds': argmax token ids) and 'labels', or an HF "
          "ModelOutput with logits while the batch holds 'labels' (or 'input_ids'); -100 marks ignored labels; "
@@ -54,7 +54,11 @@ class OWAEventMetricsCallback(Callback):
     ``max_sequences`` sequences per epoch and dataloader, counted over all ranks (each rank generates from its
     share, ``max_sequences / world_size``, so that a DDP run scores what one process scores when the ranks' batches
     split the validation set evenly); the sequence minus its last ``predict_events`` actions (events, with
-    ``generated_screens="scored"``) is the prompt; greedy ``generate`` (or ``generate_fn``, see `generation`) continues it, and the generated events are paired with the
+    ``generated_screens="scored"``) is the prompt, cut from the left at an event to fit ``context_tokens -
+    max_new_tokens`` (the context: ``context_tokens``, else the model's config, ``n_positions`` /
+    ``max_position_embeddings`` of its text config, for the default generation; ``max_new_tokens`` by default
+    ``80 predict_events``, at most half the context); greedy ``generate`` (or ``generate_fn``, whose rows
+    ``generate_output`` reads: see `generation.new_ids`) continues it, and the generated events are paired with the
     true ones by index, or with ``pairing="time"`` matched within ``tolerance_ms`` (default 100; with another pairing
     it has no effect and is refused) on the time axis unwrapped from the prompt's last event
     (`generation.last_event_ns`), both on their actions: screens are what the model is shown
@@ -80,14 +84,15 @@ class OWAEventMetricsCallback(Callback):
     """
 
     SETTINGS = ("alignment", "pairing", "tolerance_ms", "mode", "prefix", "test_prefix", "log_loss", "every_n_batches",
-                "max_sequences", "predict_events", "max_new_tokens", "histograms", "confusion_figure", "samples",
-                "artifacts", "artifacts_dir", "log_sanity_check")
+                "max_sequences", "predict_events", "max_new_tokens", "context_tokens", "generate_output", "histograms",
+                "confusion_figure", "samples", "artifacts", "artifacts_dir", "log_sanity_check")
 
     def __init__(self, tokenizer, *, alignment: Literal["teacher_forcing", "generation"] = "teacher_forcing",
                  pairing: Pairing = "index", tolerance_ms: Union[None, float, tuple] = None, mode: Mode = "exact",
                  prefix: str = "val/owa/", test_prefix: Optional[str] = None, log_loss: bool = True,
                  every_n_batches: int = 1, max_sequences: int = 32, predict_events: int = 4,
                  max_new_tokens: Optional[int] = None, generate_fn: Optional[Callable] = None,
+                 generate_output: GenerateOutput = "auto", context_tokens: Optional[int] = None,
                  histograms: bool = True, confusion_figure: bool = True, samples: int = 8,
                  artifacts: bool = True, artifacts_dir: Optional[str] = None, log_sanity_check: bool = False,
                  tag_fn: Optional[Callable] = None, **metric_kwargs: Any):
@@ -98,6 +103,7 @@ class OWAEventMetricsCallback(Callback):
         self.pairing, self.tolerance_ms = pairing, tolerance_ms
         self.every_n_batches, self.max_sequences, self.predict_events = every_n_batches, max_sequences, predict_events
         self.max_new_tokens, self.histograms, self.confusion_figure = max_new_tokens, histograms, confusion_figure
+        self.generate_output, self.context_tokens = generate_output, context_tokens
         self.samples, self.artifacts, self.log_sanity_check = samples, artifacts, log_sanity_check
         self.artifacts_dir = None if artifacts_dir is None else str(artifacts_dir)
         self._metrics = [self._new_metric()]  # one per dataloader, kept across epochs (reset at each start)
@@ -105,6 +111,13 @@ class OWAEventMetricsCallback(Callback):
         self._said_padding = False  # the warning that a sampler's padding cannot be told apart: once
         self._charted: set[str] = set()  # breakdown charts logged so far (rank zero)
         self.reported: dict[str, torch.Tensor] = {}  # the last epoch's reports, every key (`_report`)
+        if generate_output not in OUTPUT_FORMS or (generate_output == "new" and generate_fn is None):
+            raise ValueError(f"generate_output={generate_output!r}: it says how generate_fn's rows read, one of "
+                             f"{', '.join(map(repr, OUTPUT_FORMS))}; 'new' needs a generate_fn (the default generation "
+                             "returns HF generate's rows, each prompt followed by its new ids)")
+        if context_tokens is not None and not (isinstance(context_tokens, int) and context_tokens > 0):
+            raise ValueError(f"context_tokens={context_tokens!r}: give the model's context in tokens (a positive "
+                             "integer), or None to read it from the model's config")
         if tag_fn is not None and not self.metric.tags:
             raise ValueError("tag_fn gives each sequence's tag: name the tags too, OWAEventMetricsCallback(..., "
                              "tags=['minecraft', 'vscode', ...], tag_fn=...)")
@@ -145,7 +158,7 @@ class OWAEventMetricsCallback(Callback):
         if trainer.sanity_checking and not self.log_sanity_check:
             if self.alignment == "generation":  # a batch generation cannot read fails before training starts
                 check_batch(batch, pl_module, self.metric.vocab, self.predict_events, self.generate_fn,
-                            self.metric.generated_screens == "context")
+                            self.metric.generated_screens == "context", self.max_new_tokens, self.context_tokens)
             else:  # and so does a wrong validation_step
                 _find(outputs, batch)
             self._tags(batch)
@@ -212,7 +225,8 @@ class OWAEventMetricsCallback(Callback):
             pl_module, batch, batch_idx, self.tokenizer, run.metric.vocab, self.generate_fn,
             rows=rows, predict_events=self.predict_events,
             max_new_tokens=self.max_new_tokens, time_origin=self.pairing == "time",
-            actions_only=run.metric.generated_screens == "context")
+            actions_only=run.metric.generated_screens == "context", context_tokens=self.context_tokens,
+            generate_output=self.generate_output)
         run.generated += target.shape[0]
         tags = self._tags(batch)
         run.metric.update(generated, target, origin_ns=origin, tags=None if tags is None else tags[:target.shape[0]])

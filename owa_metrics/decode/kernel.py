@@ -4,13 +4,14 @@ For CPU tensors `decode_batch` runs this (numba ``njit``, ``cache=True``, ``nogi
 ops: it finds the spans, checks each event slot by slot against its layout's rules and reads the fields with
 the layout's place values, signs and moduli — the same tables (`_Tables`) and the same rules as the torch
 path, which stays the reference for the GPU and the definition the tests hold this kernel to. The first call
-in a fresh environment compiles (about 10 s; later processes load numba's cache in about 1 s). Without numba
-(or when it fails to load, or under ``NUMBA_DISABLE_JIT=1``) the torch path runs, with one warning; where numba
-cannot write its cache the kernels compile uncached in each process, with one warning.
+in a fresh environment compiles (about 11 s, and one logged line says so); later processes load numba's cache in
+about 1 s. Without numba (or when it fails to load, or under ``NUMBA_DISABLE_JIT=1``) the torch path runs, with
+one warning; where numba cannot write its cache the kernels compile uncached in each process, with one warning.
 """
 
 from __future__ import annotations
 
+import logging
 import warnings
 
 import numpy as np
@@ -65,6 +66,32 @@ def available() -> bool:
                                "uses the torch path instead. Unset NUMBA_DISABLE_JIT to get the compiled kernel.")
         return False
     return True
+
+
+COMPILING = ("owa_metrics: numba compiles the CPU kernels, once per install (about 11 s, 5 s more at the first "
+             "comparable events); later runs load them from numba's cache")
+
+
+if njit is not None:
+    from numba.core import event as _event
+
+    class _FirstCompile(_event.Listener):
+        """numba's ``numba:compile`` event (a compile, not a cache load): `COMPILING`, logged (a warning, so that
+        Python's default handler prints it on stderr, one line) at the first compile of one of this package's
+        kernels in this process."""
+
+        said = False
+
+        def on_start(self, event) -> None:
+            fn = getattr(event.data.get("dispatcher"), "py_func", None)  # any numba compile comes here: read softly
+            if not self.said and (getattr(fn, "__module__", None) or "").startswith("owa_metrics."):
+                self.said = True
+                logging.getLogger("owa_metrics").warning(COMPILING)
+
+        def on_end(self, event) -> None:
+            pass
+
+    _event.register("numba:compile", _FirstCompile())
 
 
 def _jit(fn):

@@ -3,6 +3,7 @@ what a training run feeds the model and the metrics read back)."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -28,7 +29,8 @@ def collate(items: Sequence[dict], pad_id: int = 0) -> dict[str, torch.Tensor]:
     to [B, width]; with ``pixel_attention_mask`` in the items, or 5-D ``pixel_values`` (Idefics3 / SmolVLM:
     [1, images, 3, H, W] or [images, 3, H, W] an item), both are zero-padded to the most images and stacked,
     [B, max images, ...]; any other tensor (``pixel_values`` with one entry per image, or Qwen2-VL's patches,
-    ``image_grid_thw``) is concatenated along its first dimension, in item order. Numbers (a tag id) make a [B]
+    ``image_grid_thw``) is concatenated along its first dimension, in item order, in the dtype of the items that
+    hold some (an item without screens may give an empty float tensor: it does not count). Numbers (a tag id) make a [B]
     tensor, strings (a tag name) a list."""
     width = max(len(x["input_ids"]) for x in items)
     pad = lambda key, value: torch.stack(  # noqa: E731
@@ -52,6 +54,8 @@ def collate(items: Sequence[dict], pad_id: int = 0) -> dict[str, torch.Tensor]:
             rows = [torch.as_tensor(x[key]).reshape(-1, *first[key].shape[-per_row[key]:]) for x in items]
             most = max(len(r) for r in rows)
             batch[key] = torch.stack([torch.cat([r, r.new_zeros(most - len(r), *r.shape[1:])]) for r in rows])
-        else:
-            batch[key] = torch.cat([torch.atleast_1d(torch.as_tensor(x[key])) for x in items])
+        else:  # an item without images (an empty tensor, float when built from []) takes no part in the dtype
+            parts = [torch.atleast_1d(torch.as_tensor(x[key])) for x in items]
+            dtype = functools.reduce(torch.promote_types, [p.dtype for p in parts if p.numel()] or [parts[0].dtype])
+            batch[key] = torch.cat([p.to(dtype) for p in parts])
     return batch

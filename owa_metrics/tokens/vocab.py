@@ -213,5 +213,7 @@ class VocabMap:
                     out.append(self.ids[token])
                 else:
                     raise ValueError(f"the tokenizer has no {token!r}: screen events need the image tokens of "
-                                     "the CodecConfig (image_prefix, image_token, image_suffix)")
+                                     "the CodecConfig (image_prefix, image_token, image_suffix). Add them with "
+                                     "tokenizer.add_tokens(list(config.extra_tokens)) and resize the model's "
+                                     "embeddings, or pass the config of your VLM's image tokens (docs/VLM.md)")
         return out
