@@ -573,7 +573,8 @@ def batch_states(batch, window_ns: int, bin_ms: float, bin_shifts: Sequence[int]
         *sides, start, end, nb = _batch_events(a(batch.seq_idx), a(t.status), a(t.values), a(p_seq), a(p.status),
                                                a(p.values), batch.generated is not None, batch.num_sequences,
                                                window_ns, STEP_BACK_NS, bin_ns)
-        return _binned_states(sides[:8], sides[8:], start, end, nb, bin_ns, shifts, group, groups)
+        n = len(fields(D2EEvents))
+        return _binned_states(sides[:n], sides[n:], start, end, nb, bin_ns, shifts, group, groups)
     truth, pred, start, end = batch_events(batch, window_ns)
     return d2e_states(truth, pred, start, end, bin_ns, shifts, group, groups, compiled)
 
@@ -601,7 +602,7 @@ def _unwrap_side(seq, status, values, origin, window_ns, step_back_ns, out):
 
 
 @_jit
-def _side_events(seq, status, values, ok, ns):
+def _side_events(seq, values, ok, ns):
     """One side's `D2EEvents` fields (int64 arrays, in order) from its decoded rows: ``ok`` [n] whether an event may
     count (a valid one; under teacher forcing also its target valid), ``ns`` its time."""
     n = len(seq)
@@ -620,7 +621,7 @@ def _side_events(seq, status, values, ok, ns):
 def _batch_events(seq, t_status, t_values, p_seq, p_status, p_values, generation, B, window_ns, step_back_ns,
                   bin_ns):
     """`batch_events` (index pairing) and `num_bins` as loops over the decoded arrays: both sides' `D2EEvents` fields
-    (8 int64 arrays each), then each row's start, end and bins [B]."""
+    (int64 arrays, in order), then each row's start, end and bins [B]."""
     n = len(seq)
     origin, start, end, seen = np.zeros(B, np.int64), np.zeros(B, np.int64), np.zeros(B, np.int64), np.zeros(B, np.bool_)
     for e in range(n - 1, -1, -1):  # each row's first valid target event's timestamp
@@ -646,5 +647,4 @@ def _batch_events(seq, t_status, t_values, p_seq, p_status, p_values, generation
     for r in range(B):
         if end[r] > start[r]:
             nb[r] = (end[r] - start[r] - 1) // bin_ns + 1
-    return (*_side_events(seq, t_status, t_values, t_ok, t_ns), *_side_events(p_seq, p_status, p_values, p_ok, p_ns),
-            start, end, nb)
+    return (*_side_events(seq, t_values, t_ok, t_ns), *_side_events(p_seq, p_values, p_ok, p_ns), start, end, nb)
