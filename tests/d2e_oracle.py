@@ -201,4 +201,37 @@ def oracle_events(t_events, p_events, start, end, bin_ms, empty_bins_as_correct=
         if values:
             keys[name] = sum(values) / len(values)
         keys[name.split("/")[0] + "/sample_count"] = len(values)
+    keys.update(strict_oracle(pairs))
+    return keys
+
+
+def strict_oracle(pairs):
+    """fdm-d2e-reproduction's "strict" per-bin keys, as its paper_idm_metrics.py counts them over (true bin,
+    predicted bin) pairs: keyboard, the bins with a true key whose key counts are all equal / the bins with a true
+    key; buttons, per bin with a true button: TP when all counts are equal, else FN (and FP when the prediction has a
+    button), per bin without: FP when the prediction has a button; precision, recall, F1 of TP / FP / FN; each
+    kind's FP rate over the bins without a true event. A ratio over nothing is left out."""
+    keys = {}
+    strict = [a["keys"] == b["keys"] for a, b in pairs if a["keys"]]
+    keys["keyboard/strict_sample_count"] = len(strict)
+    if strict:
+        keys["keyboard/strict_accuracy"] = sum(strict) / len(strict)
+    tp = fp = fn = 0
+    for a, b in pairs:
+        if a["buttons"]:
+            if a["buttons"] == b["buttons"]:
+                tp += 1
+            else:
+                fn += 1
+                fp += bool(b["buttons"])
+        else:
+            fp += bool(b["buttons"])
+    for name, num, den in (("precision", tp, tp + fp), ("recall", tp, tp + fn), ("f1", 2 * tp, 2 * tp + fp + fn)):
+        if den:
+            keys[f"mouse_button/{name}"] = num / den
+    for kind, field in (("keyboard", "keys"), ("mouse_button", "buttons")):
+        without = [bool(b[field]) for a, b in pairs if not a[field]]
+        keys[f"{kind}/false_positive_sample_count"] = len(without)
+        if without:
+            keys[f"{kind}/false_positive_rate"] = sum(without) / len(without)
     return keys

@@ -345,6 +345,9 @@ def test_a_hand_computed_pair(tmp_path):
     x: sums (3, -4, 0) vs (1, 3, 0), Pearson over bins 0, 1: -1; scale 7 / 4. y: (1, 1) is constant: no Pearson;
     scale 2 / 1. Buttons: left_down in bin 1 (1 vs 0), left_down and left_up in bin 2 (0 vs 1): 0 / 3, bin 0
     empty. Keys: bin 0 press A 1 = 1, release A 1 vs 0; bin 1 press B 1 vs 0, release A 0 vs 1: 1 / 4, bin 2 empty.
+    Strict (issue 46): bins 0 and 1 have true keys, neither alike: 0 / 2; bin 2 has none, nor a predicted one: FP rate
+    0 / 1. Buttons: bin 1 true (left_down), bin 2 predicted: TP 0, precision 0 / 1, recall 0 / 1, F1 0 / 2; bins 0
+    and 2 have no true button, bin 2 a predicted one: FP rate 1 / 2.
     """
     screens = [(10_000 * MS, 0)]
     truth = write_mcap(tmp_path / "t.mcap", screens, [(10_000 * MS, "press", 65), (10_010 * MS, "release", 65),
@@ -356,7 +359,11 @@ def test_a_hand_computed_pair(tmp_path):
     want = {"d2e/num_bins": 3, "d2e/duration_s": 0.125, "d2e/mouse_move/pearson_x": -1.0,
             "d2e/mouse_move/scale_ratio_x": 1.75, "d2e/mouse_move/scale_ratio_y": 2.0,
             "d2e/mouse_move/sample_count": 2, "d2e/mouse_button/button_accuracy": 0.0,
-            "d2e/mouse_button/sample_count": 3, "d2e/keyboard/key_accuracy": 0.25, "d2e/keyboard/sample_count": 4}
+            "d2e/mouse_button/sample_count": 3, "d2e/keyboard/key_accuracy": 0.25, "d2e/keyboard/sample_count": 4,
+            "d2e/keyboard/strict_accuracy": 0.0, "d2e/keyboard/strict_sample_count": 2,
+            "d2e/keyboard/false_positive_rate": 0.0, "d2e/keyboard/false_positive_sample_count": 1,
+            "d2e/mouse_button/precision": 0.0, "d2e/mouse_button/recall": 0.0, "d2e/mouse_button/f1": 0.0,
+            "d2e/mouse_button/false_positive_rate": 0.5, "d2e/mouse_button/false_positive_sample_count": 2}
     _same(evaluate_d2e(pred, truth), want, 1e-12)
     want.update({"d2e/mouse_button/button_accuracy": 0.25, "d2e/mouse_button/sample_count": 4,
                  "d2e/keyboard/key_accuracy": 0.4, "d2e/keyboard/sample_count": 5})
@@ -365,7 +372,40 @@ def test_a_hand_computed_pair(tmp_path):
     _same(evaluate_d2e(keys_only, truth), {  # no mouse event at all: no Pearson, no ratio; 3 true button values
         "d2e/num_bins": 3, "d2e/duration_s": 0.125, "d2e/mouse_move/sample_count": 2,
         "d2e/mouse_button/button_accuracy": 0.0, "d2e/mouse_button/sample_count": 1,
-        "d2e/keyboard/key_accuracy": 1 / 3, "d2e/keyboard/sample_count": 3}, 1e-12)
+        "d2e/keyboard/key_accuracy": 1 / 3, "d2e/keyboard/sample_count": 3,
+        "d2e/keyboard/strict_accuracy": 0.0, "d2e/keyboard/strict_sample_count": 2,  # no predicted button: no
+        "d2e/keyboard/false_positive_rate": 0.0, "d2e/keyboard/false_positive_sample_count": 1,  # precision
+        "d2e/mouse_button/recall": 0.0, "d2e/mouse_button/f1": 0.0,
+        "d2e/mouse_button/false_positive_rate": 0.0, "d2e/mouse_button/false_positive_sample_count": 2}, 1e-12)
+
+
+def test_the_community_strict_keys_by_hand(tmp_path):
+    """Issue 46 item 4, four bins of 50 ms. Truth: bin 0 left down, press A; bin 1 left down + up in one message,
+    press A, release A; bin 2 right down; bin 3 nothing. Prediction: bin 0 left down, press A; bin 1 left down,
+    press A, release A; bin 2 nothing; bin 3 left up, press B. Keyboard: bins 0 and 1 have true keys, both alike:
+    1; of bins 2 and 3 (no true key) bin 3 has a predicted one: 1 / 2. Buttons: true in bins 0, 1, 2, predicted in
+    0, 1, 3, alike in bin 0: precision = recall = F1 = 1 / 3; bin 3 (no true button) has a predicted one: 1 / 1. The
+    compiled loop (the MCAP route) and the torch ops."""
+    from owa_metrics.d2e import pair_events
+    from owa_metrics.functional.d2e import d2e_states
+
+    at = lambda b, ms=10: (b * 50 + ms) * MS  # noqa: E731
+    truth = write_mcap(tmp_path / "t.mcap", [(0, 0)], [(at(0), "press", 65), (at(1), "press", 65),
+                                                       (at(1, 20), "release", 65)],
+                       [(at(0), 0, 0, 0x1), (at(1), 0, 0, 0x3), (at(2), 0, 0, 0x4)], tail_ns=200 * MS)
+    pred = write_mcap(tmp_path / "p.mcap", [(0, 0)], [(at(0), "press", 65), (at(1), "press", 65),
+                                                      (at(1, 20), "release", 65), (at(3), "press", 66)],
+                      [(at(0), 0, 0, 0x1), (at(1), 0, 0, 0x1), (at(3), 0, 0, 0x2)], tail_ns=200 * MS)
+    want = {"keyboard/strict_accuracy": 1.0, "keyboard/strict_sample_count": 2, "keyboard/false_positive_rate": 0.5,
+            "keyboard/false_positive_sample_count": 2, "mouse_button/precision": 1 / 3, "mouse_button/recall": 1 / 3,
+            "mouse_button/f1": 1 / 3, "mouse_button/false_positive_rate": 1.0,
+            "mouse_button/false_positive_sample_count": 1}
+    got = evaluate_d2e(pred, truth)
+    _same({k: got[f"d2e/{k}"] for k in want}, want, 1e-12)
+    states = d2e_states(*pair_events(read_d2e_recording(truth), read_d2e_recording(pred)), torch.tensor([0]),
+                        torch.tensor([200 * MS]), 50 * MS)
+    assert torch.equal(states, pair_states(read_d2e_recording(truth), read_d2e_recording(pred)))
+    assert {k: v for k, v in oracle(truth, pred, 50).items() if k in want} == want
 
 
 def test_shift_diagnostics_find_a_delayed_prediction(tmp_path):

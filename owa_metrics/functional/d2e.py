@@ -10,10 +10,14 @@ any int64 per-bin sums up to 2**31 bins in all); `d2e_keys` turns the rows into 
 
 - ``pearson_{x,y}``: Pearson's r of the true and predicted per-bin sums over the bins where either side has a move
   (from n, Σt, Σp, Σt², Σp², Σtp as Python integers: c = nΣtp - ΣtΣp, v = nΣt² - (Σt)², r = sign(c)
-  sqrt(c² / (v_t v_p)), one rounding; none below 2 bins or with a constant side); ``scale_ratio_{x,y}``: Σ|t| / Σ|p| over ALL bins (the ratio of the mean |sums|), inverted
-  when below 1 (none when Σ|p| = 0; inf when Σ|t| = 0 < Σ|p|, as upstream's numpy gives); ``sample_count``: n.
+  sqrt(c² / (v_t v_p)), one rounding; none below 2 bins or with a constant side); ``scale_ratio_{x,y}``: Σ|t| / Σ|p|
+  over ALL bins (the ratio of the mean |sums|), inverted when below 1 (none when Σ|p| = 0; inf when Σ|t| = 0 < Σ|p|,
+  as upstream's numpy gives); ``sample_count``: n.
 - ``button_accuracy`` / ``key_accuracy``: over every (bin, name) seen on either side, 1 if the counts are equal;
   a bin with no name on either side adds a right value with ``empty_bins_as_correct``, else nothing.
+- the community's per-bin keys (`_strict_keys`): a bin alike when every name's counts are equal; keyboard
+  ``strict_accuracy`` over the bins with a true key; button ``precision`` / ``recall`` / ``f1`` over bins; each
+  kind's ``false_positive_rate`` over the bins without a true event.
 - shift k (`d2e_states`' ``shifts``): true bin i against predicted bin i + k, over the bins where both exist (a
   sequence of n bins gives n - |k| pairs): a prediction late by k bins scores best at shift +k.
 """
@@ -35,9 +39,10 @@ from ..decode.kernel import available as kernel_available
 from ..decode.matching import STEP_BACK_NS
 
 COUNTS = ("num_bins", "duration_ns", "move_bins", "button_right", "button_values", "button_empty_bins", "key_right",
-          "key_values", "key_empty_bins")
+          "key_values", "key_empty_bins", "key_true_bins", "key_exact_bins", "button_true_bins", "button_pred_bins",
+          "button_exact_bins")
 # the Pearson and scale moments, each held exactly as limbs of base 2**21 (`DIGIT_BITS`): 3 for a sum of per-bin
-# sums (|x| < 2**63; `_digits`), 6 for a sum of their products (`_product_digits`); a bin adds at most 2**21 + 4 to a
+# sums (|x| < 2**63; `_digits`), 6 for a sum of their products (`_product_limbs`); a bin adds at most 2**21 + 4 to a
 # limb, so the float64 sums stay exact up to 2**31 bins
 MOMENTS = {**{f"{kind}_{side}{axis}": 3 for axis in "xy" for kind in ("sum", "abs") for side in "tp"},
            **{f"sum_{name}": 6 for axis in "xy" for name in (f"t{axis}2", f"p{axis}2", f"t{axis}p{axis}")}}
@@ -161,13 +166,21 @@ def d2e_states(truth: D2EEvents, pred: D2EEvents, start_ns: torch.Tensor, end_ns
     first_name = (name > 0) & real & ((bin_side != F.pad(bin_side[:-1], (1, 0), value=-1)) |
                                       (F.pad(name[:-1], (1, 0)) == 0))
     has, xy = (runs > 0)[:, :-2].double(), runs[:, -2:]  # [runs, 9]: a move, each button name, any, a key name
-    each = torch.cat([has, torch.cat([runs[:, 1:-2], first_name[:, None], _digits(torch.cat([xy, xy.abs()], 1)).flatten(
-        1)], 1).double()], 1)  # `_EACH`
+    limbs = _digits(torch.cat([xy, xy.abs()], 1))  # [3, runs, 4]: x, y, |x|, |y|
+    each = torch.cat([has, runs[:, 1:-2].double(), first_name.double()[:, None], *(
+        v.permute(1, 2, 0).reshape(len(keys), -1) for v in (limbs, _product_limbs(limbs[:, :, :2], limbs[:, :, :2])))],
+        1)  # `_EACH`
+    # each run's bin-side's first key-name run (its head) and, at a head, that bin-side's key names
+    at = torch.arange(len(keys), device=device)
+    head = torch.cummax(torch.where(first_name, at, 0), 0).values
+    names = torch.zeros_like(keys).index_add_(0, head, (real & (name > 0)).long())
     n = len(keys)  # blocks of (shift, run) pairs of bounded size: one block at training sizes
     block = min(n, _PAIRS)
     per = max(1, _PAIRS // block)
     for s0 in range(0, len(ks), per):
         k = ks[s0:s0 + per, None]
+        # at each true head: its key names with the same count on both sides, the prediction's key names in bin i + k
+        right_names, pred_names = (torch.zeros((len(k), n), dtype=torch.long, device=device) for _ in range(2))
         for r0 in range(0, n, block):
             r = slice(r0, r0 + block)
             moved = local[r] + k * (1 - 2 * side[r])
@@ -178,21 +191,25 @@ def d2e_states(truth: D2EEvents, pred: D2EEvents, start_ns: torch.Tensor, end_ns
             found = true_valid & (keys.take(met) == wanted)
             # a true key name's first run of its bin i: does the prediction have a key name in bin i + k?
             first_wanted = torch.where(true_valid & first_name[r], (bin_side[r] + 2 * k + 1) * _NAMES + 1, -1)
-            names_met = keys.take(torch.searchsorted(keys, first_wanted)) >> _NAME_BITS == first_wanted >> _NAME_BITS
+            names_at = torch.searchsorted(keys, first_wanted)
+            names_met = keys.take(names_at) >> _NAME_BITS == first_wanted >> _NAME_BITS
             flat, truth_group = met.flatten(), run_group[::2, r]
             met_found = found.double()[:, None] * truth_group  # [shifts, groups, runs]
             other = each[:, :17].index_select(0, flat).view(*met.shape, -1)  # the counts a met pair compares
-            # the limbs of x x', y y' (x' the met run's) and of x², y², in one product
-            products = _product_digits(xy[r].repeat(1, 2), torch.cat([xy.index_select(0, flat).view(*met.shape, 2),
-                                                                      xy[r].expand(len(k), -1, -1)], -1))
-            products = products.flatten(-2).double()
-            weight = valid.double()[:, None] * run_group[:, r]  # [shifts, groups x sides, runs]
-            parts[s0:s0 + per, :, :-2] += torch.cat([
-                (weight @ each[r]).view(len(k), groups, -1),
+            same = each[r, 9:17] == other[..., 9:17]  # each button name, any, the key name
+            met_xy = limbs[:, :, :2].index_select(1, flat).view(3, *met.shape, 2)  # x', y' of the met runs
+            products = _product_limbs(limbs[:, None, r, :2], met_xy).permute(1, 2, 3, 0).reshape(*met.shape, 12)
+            parts[s0:s0 + per, :, :-3] += torch.cat([
+                ((valid.double()[:, None] * run_group[:, r]) @ each[r]).view(len(k), groups, -1),
                 met_found @ (each[r, :9] * other[..., :9]),
-                met_found @ ((each[r, 9:17] == other[..., 9:17]) * has[r, 1:]),
+                met_found @ (same * has[r, 1:]),
                 (names_met.double()[:, None] * truth_group).sum(-1, keepdim=True),
-                met_found @ products[..., :12], (weight @ products[..., 12:]).view(len(k), groups, -1)], -1)
+                met_found @ products,
+                met_found @ (same[..., :6].all(-1, keepdim=True) * has[r, 7:8])], -1)
+            right_names.index_add_(1, head[r], (found & same[..., 7] & (name[r] > 0)).long())
+            pred_names[:, r] = torch.where(names_met, names.take(names_at), -1)  # -1: not a valid true head
+        exact = (pred_names == names) & (right_names == names)  # a true head: its bin's names all alike
+        parts[s0:s0 + per, :, -3] += (exact.double()[:, None] * run_group[::2, :n]).sum(-1)
     return _by_state(parts, to_states, grouped)
 
 
@@ -207,24 +224,24 @@ _VALUES = ("move", *(name for name, _ in BUTTONS), "button", "name", "dx", "dy")
 _LIMBS = lambda name, n: tuple(f"{name}.{j}" for j in range(n))  # noqa: E731
 # a valid run's columns (by side: name_t, name_p): whether it has each of `_VALUES` but x, y; its counts (unused; a
 # met pair compares them); the first key name's run of its bin and side (its bin has a key name); the limbs of x, y,
-# |x|, |y|; and (`_SQUARES`) of x², y²
+# |x|, |y|, x², y²
 _EACH = (*(f"has_{name}" for name in _VALUES[:-2]), *(f"n_{name}" for name in _VALUES[1:-2]), "key",
-         *_LIMBS("dx", 3), *_LIMBS("dy", 3), *_LIMBS("adx", 3), *_LIMBS("ady", 3))
+         *_LIMBS("dx", 3), *_LIMBS("dy", 3), *_LIMBS("adx", 3), *_LIMBS("ady", 3), *_LIMBS("dx2", 6), *_LIMBS("dy2", 6))
 # a valid true run's that met a predicted one (same bin + k and name): both have each of `_VALUES` but x, y; the
 # same count of each (one of them unused: any button); the prediction has a key name in bin i + k where this run is
-# its bin's first key name; the limbs of the products x x', y y'
+# its bin's first key name; the limbs of the products x x', y y'; the true bin has a button name and each name's
+# count equal; (its bin's first key name) the true bin has a key name and each name's count equal
 _BOTH = (*(f"both_{name}" for name in _VALUES[:-2]), *(f"same_{name}" for name in _VALUES[1:-2]), "both_key",
-         *_LIMBS("dxdx", 6), *_LIMBS("dydy", 6))
-_SQUARES = (*_LIMBS("dx2", 6), *_LIMBS("dy2", 6))
-_PARTS = (*(f"{name}_{s}" for s in "tp" for name in _EACH), *_BOTH, *(f"{name}_{s}" for s in "tp" for name in _SQUARES),
-          "n_valid", "duration")
+         *_LIMBS("dxdx", 6), *_LIMBS("dydy", 6), "exact_button", "exact_key")
+_PARTS = (*(f"{name}_{s}" for s in "tp" for name in _EACH), *_BOTH, "n_valid", "duration")
 _STATE_PARTS = {  # each state as a sum of `_PARTS` columns (a true run that met a predicted one counts twice)
     "num_bins": "+n_valid", "duration_ns": "+duration", "move_bins": "+has_move_t +has_move_p -both_move",
     "button_right": " ".join(f"+same_{name}" for name, _ in BUTTONS),
     "button_values": " ".join(f"+has_{name}_t +has_{name}_p -both_{name}" for name, _ in BUTTONS),
     "button_empty_bins": "+n_valid -has_button_t -has_button_p +both_button",
     "key_right": "+same_name", "key_values": "+has_name_t +has_name_p -both_name",
-    "key_empty_bins": "+n_valid -key_t -key_p +both_key",
+    "key_empty_bins": "+n_valid -key_t -key_p +both_key", "key_true_bins": "+key_t", "key_exact_bins": "+exact_key",
+    "button_true_bins": "+has_button_t", "button_pred_bins": "+has_button_p", "button_exact_bins": "+exact_button",
     **{f"{kind}_{side}{axis}{sq}.{j}": f"+{a}d{axis}{sq}.{j}_{side}" for axis in "xy" for side in "tp"
        for kind, sq, a, n in (("sum", "", "", 3), ("sum", "2", "", 6), ("abs", "", "a", 3)) for j in range(n)},
     **{f"sum_t{axis}p{axis}.{j}": f"+d{axis}d{axis}.{j}" for axis in "xy" for j in range(6)}}
@@ -255,30 +272,39 @@ def _runs(key: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.
 
 
 def _digits(x: torch.Tensor) -> torch.Tensor:
-    """[..., 3]: the limbs of int64 ``x`` [...]: x = sum_j d_j 2**(21 j), d_j in [0, 2**21) but the last (signed)."""
-    shifts, masks, _, _ = _limb_constants(x.device)
-    return (x[..., None] >> shifts) & masks
+    """[3, ...] float64: the limbs of int64 ``x`` [...]: x = sum_j d_j 2**(21 j), d_j in [0, 2**21) but the last
+    (signed, |d_2| <= 2**21)."""
+    shifts, masks, _, _ = _limb_constants(x.device, x.dim())
+    return ((x[None] >> shifts) & masks).double()
 
 
-def _product_digits(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """[..., 6]: limbs of a * b (int64 [...], |a|, |b| < 2**63; the product is exact, < 2**126): the products of
-    3 limbs each summed by place (< 2**44 in int64), then carried twice in parallel: each limb in [-4, 2**21 + 4),
-    the last about a * b / 2**105 (not the unique digits: `_add_product` carries the same way)."""
-    _, _, conv, masks = _limb_constants(a.device)
-    outer = (_digits(a)[..., :, None] * _digits(b)[..., None, :]).flatten(-2)
-    c = outer.new_zeros((*outer.shape[:-1], 6)).index_add_(-1, conv, outer)
-    for _ in range(2):  # each limb's carry to the next, all at once, twice: limbs in [-4, 2**21 + 4) (`_add_product`)
-        c = (c & masks) + F.pad((c >> DIGIT_BITS)[..., :-1], (1, 0))
+def _product_limbs(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """[6, ...] float64: limbs of the products of the numbers whose `_digits` are ``a``, ``b`` ([3, ...], the rest
+    broadcast; |a|, |b| < 2**63, so the product is below 2**126): the digit products summed by place (< 2**44, exact
+    in float64), then each limb's carry to the next, all at once, twice: each limb in [-4, 2**21 + 4), the last about
+    a * b / 2**105 (not the unique digits: `_add_product` carries the same way)."""
+    outer = a[:, None] * b[None, :]  # [3, 3, ...]
+    _, _, conv, keep = _limb_constants(a.device, outer.dim() - 2)
+    c = (conv @ outer.reshape(9, -1)).view(6, *outer.shape[2:])
+    for _ in range(2):
+        carry = torch.floor(c * 2.0 ** -DIGIT_BITS)
+        c = c - carry * keep + torch.cat([torch.zeros_like(carry[:1]), carry[:-1]])
     return c
 
 
 @functools.lru_cache(maxsize=None)
-def _limb_constants(device) -> tuple[torch.Tensor, ...]:
-    """`_digits`' shifts and masks (the last limb keeps its sign); where limb i of a times limb j of b lands (i + j),
-    and the masks of a product's 6 limbs; on ``device`` (cached: no copy per update)."""
-    return (torch.arange(0, 3 * DIGIT_BITS, DIGIT_BITS, device=device), torch.tensor([_MASK, _MASK, -1], device=device),
-            torch.tensor([i + j for i in range(3) for j in range(3)], device=device),
-            torch.tensor([_MASK] * 5 + [-1], device=device))
+def _limb_constants(device, dims: int) -> tuple[torch.Tensor, ...]:
+    """On ``device`` (cached: no copy per update), shaped to broadcast over ``dims`` trailing dimensions: `_digits`'
+    shifts and masks (the last limb keeps its sign); [6, 9] where limb i of a times limb j of b lands (i + j); what a
+    carry takes from each of a product's 6 limbs (2**21 but from the last)."""
+    view = (-1, *(1,) * dims)
+    conv = torch.zeros((6, 9), dtype=torch.float64)
+    for i in range(3):
+        for j in range(3):
+            conv[i + j, 3 * i + j] = 1
+    return (torch.arange(0, 3 * DIGIT_BITS, DIGIT_BITS).view(view).to(device),
+            torch.tensor([_MASK, _MASK, -1]).view(view).to(device), conv.to(device),
+            torch.tensor([2.0 ** DIGIT_BITS] * 5 + [0.0], dtype=torch.float64).view(view).to(device))
 
 
 def _compiled_states(truth: D2EEvents, pred: D2EEvents, start_ns: torch.Tensor, end_ns: torch.Tensor, bin_ns: int,
@@ -337,6 +363,8 @@ def _bin_side(seq, ns, is_key, key_code, dx, dy, flags, counts, start, end, firs
 _NUM_BINS, _DURATION, _MOVE_BINS = S["num_bins"], S["duration_ns"], S["move_bins"]
 _BUTTON_RIGHT, _BUTTON_VALUES, _BUTTON_EMPTY = S["button_right"], S["button_values"], S["button_empty_bins"]
 _KEY_RIGHT, _KEY_VALUES, _KEY_EMPTY = S["key_right"], S["key_values"], S["key_empty_bins"]
+_KEY_TRUE, _KEY_EXACT = S["key_true_bins"], S["key_exact_bins"]
+_BUTTON_TRUE, _BUTTON_PRED, _BUTTON_EXACT = S["button_true_bins"], S["button_pred_bins"], S["button_exact_bins"]
 _SUM_T, _SUM_P, _ABS_T, _ABS_P, _SUM_T2, _SUM_P2, _SUM_TP = (
     tuple(S[f"{name.format(a=a)}.0"] for a in "xy") for name in (
         "sum_t{a}", "sum_p{a}", "abs_t{a}", "abs_p{a}", "sum_t{a}2", "sum_p{a}2", "sum_t{a}p{a}"))
@@ -352,14 +380,14 @@ def _add_limbs(row, at, x):
 
 @_jit
 def _carry(c0, c1, c2, c3, c4, c5):
-    """Each limb's carry to the next, all at once (`_product_digits`' step; the last limb keeps its sign)."""
+    """Each limb's carry to the next, all at once (`_product_limbs`' step; the last limb keeps its sign)."""
     return (c0 & _MASK, (c1 & _MASK) + (c0 >> DIGIT_BITS), (c2 & _MASK) + (c1 >> DIGIT_BITS),
             (c3 & _MASK) + (c2 >> DIGIT_BITS), (c4 & _MASK) + (c3 >> DIGIT_BITS), c5 + (c4 >> DIGIT_BITS))
 
 
 @_jit
 def _add_product(row, at, a, b):
-    """row[at:at + 6] += the limbs of a * b as `_product_digits` gives them (the same carries)."""
+    """row[at:at + 6] += the limbs of a * b as `_product_limbs` gives them (the same carries, in int64)."""
     a0, a1, a2 = a & _MASK, (a >> DIGIT_BITS) & _MASK, a >> (2 * DIGIT_BITS)
     b0, b1, b2 = b & _MASK, (b >> DIGIT_BITS) & _MASK, b >> (2 * DIGIT_BITS)
     c = _carry(*_carry(a0 * b0, a0 * b1 + a1 * b0, a0 * b2 + a1 * b1 + a2 * b0, a1 * b2 + a2 * b1, a2 * b2, 0))
@@ -420,32 +448,43 @@ def _binned(t_seq, t_ns, t_is_key, t_code, t_dx, t_dy, t_flags, t_counts, p_seq,
                 for axis in range(2):
                     _add_limbs(row, _ABS_T[axis], abs(sums[g, 0, axis]))
                     _add_limbs(row, _ABS_P[axis], abs(sums[j, 1, axis]))
+                same = True  # every name's counts equal (the bin's multiset of names)
                 for n in range(_N_BUTTONS):  # a name seen on either side: a value, right when the counts are equal
                     ct, cp = buttons[g, 0, n], buttons[j, 1, n]
                     if ct or cp:
                         row[_BUTTON_VALUES] += 1
                         row[_BUTTON_RIGHT] += ct == cp
-                row[_BUTTON_EMPTY] += buttons[g, 0, _N_BUTTONS] == 0 and buttons[j, 1, _N_BUTTONS] == 0
+                        same &= ct == cp
+                t_has, p_has = buttons[g, 0, _N_BUTTONS] > 0, buttons[j, 1, _N_BUTTONS] > 0
+                row[_BUTTON_EMPTY] += not t_has and not p_has
+                row[_BUTTON_TRUE] += t_has
+                row[_BUTTON_PRED] += p_has
+                row[_BUTTON_EXACT] += t_has and same
                 x, y = t_at[g], p_at[j]  # the two bins' key names, merged in order
+                same = True
                 while x < t_at[g + 1] or y < p_at[j + 1]:
                     row[_KEY_VALUES] += 1
                     if y == p_at[j + 1] or (x < t_at[g + 1] and t_name[x] < p_name[y]):
-                        x += 1
+                        x, same = x + 1, False
                     elif x == t_at[g + 1] or p_name[y] < t_name[x]:
-                        y += 1
+                        y, same = y + 1, False
                     else:
                         row[_KEY_RIGHT] += t_count[x] == p_count[y]
+                        same &= t_count[x] == p_count[y]
                         x, y = x + 1, y + 1
                 row[_KEY_EMPTY] += keys[g, 0] == 0 and keys[j, 1] == 0
+                row[_KEY_TRUE] += keys[g, 0] > 0
+                row[_KEY_EXACT] += keys[g, 0] > 0 and same
 
 
 def d2e_keys(states: torch.Tensor, empty_bins_as_correct: bool = False, shifts: Sequence[int] = (0,),
              prefix: str = KEY_PREFIX) -> dict[str, float]:
     """The keys of `d2e_states`' rows (one per shift of ``shifts``; the plain keys from shift 0): ``d2e/num_bins``,
     ``d2e/duration_s``, ``d2e/mouse_move/{pearson_x, pearson_y, scale_ratio_x, scale_ratio_y, sample_count}``,
-    ``d2e/mouse_button/{button_accuracy, sample_count}``, ``d2e/keyboard/{key_accuracy, sample_count}``; a value
-    upstream reports as none is left out. With shifts other than 0: every key but the duration at each shift k as
-    ``..._shift_{k}bins``, and ``d2e/best_shift_bins`` (`best_shift`)."""
+    ``d2e/mouse_button/{button_accuracy, sample_count, precision, recall, f1}``, ``d2e/keyboard/{key_accuracy,
+    sample_count, strict_accuracy, strict_sample_count}``, ``.../{false_positive_rate, false_positive_sample_count}``
+    of both; a value upstream reports as none is left out. With shifts other than 0: every key but the duration at
+    each shift k as ``..._shift_{k}bins``, and ``d2e/best_shift_bins`` (`best_shift`)."""
     shifts = [int(k) for k in shifts]
     rows = [[float(v) for v in row] for row in states.double().cpu()]
     by_shift = {k: _row_keys(row, empty_bins_as_correct) for k, row in zip(shifts, rows)}
@@ -484,7 +523,30 @@ def _row_keys(row: list[float], empty_bins_as_correct: bool) -> dict[str, float]
         if values:
             out[name] = right / values
         out[name.split("/")[0] + "/sample_count"] = float(values)
+    out.update(_strict_keys(v))
     out["num_bins"] = float(v["num_bins"])
+    return out
+
+
+def _strict_keys(v: dict[str, int]) -> dict[str, float]:
+    """The community's per-bin keys (fdm-d2e-reproduction's ``paper_idm_metrics.py``, "strict"): a bin is right
+    when its multiset of names is the same on both sides. Keyboard: the share of the bins with a true key event that
+    are right; buttons: TP the right bins with a true button name, precision TP / the bins with a predicted one,
+    recall TP / the bins with a true one, F1 2TP / (both); each kind's false-positive rate: the share of the bins
+    without a true event that have a predicted one. A ratio over nothing is left out."""
+    n = v["num_bins"]
+    out = {"keyboard/strict_sample_count": float(v["key_true_bins"])}
+    if v["key_true_bins"]:
+        out["keyboard/strict_accuracy"] = v["key_exact_bins"] / v["key_true_bins"]
+    tp, true, pred = v["button_exact_bins"], v["button_true_bins"], v["button_pred_bins"]
+    for name, den in (("precision", pred), ("recall", true), ("f1", true + pred)):
+        if den:
+            out[f"mouse_button/{name}"] = (2 * tp if name == "f1" else tp) / den
+    for kind, state in (("keyboard", "key"), ("mouse_button", "button")):
+        without = n - v[f"{state}_true_bins"]  # bins without a true event; the predicted ones: those not empty
+        out[f"{kind}/false_positive_sample_count"] = float(without)
+        if without:
+            out[f"{kind}/false_positive_rate"] = (without - v[f"{state}_empty_bins"]) / without
     return out
 
 
