@@ -107,7 +107,7 @@ class OWAEventMetrics(Float64Metric):
                  sketch_range: tuple[float, float] = (1e-4, 1e8), num_resamples: int = 1000, seed: int = 42,
                  persistent: bool = False, backend: Backend = "auto", pairing: Pairing = "index",
                  tolerance_ms: Union[None, float, tuple[float, ...]] = None, tags: Optional[Sequence[str]] = None,
-                 tag_keys: Union[None, str, Sequence[str]] = None, bin_ms: Union[None, float, str] = "auto",
+                 tag_keys: Union[None, str, Sequence[str]] = None, bin_ms: Union[None, float, Literal["auto"]] = "auto",
                  empty_bins_as_correct: bool = False, bin_shifts: Sequence[int] = (),
                  generated_screens: GeneratedScreens = "context", **kwargs):
         kwargs.setdefault("compute_with_cache", False)  # every compute() syncs, on every rank: no stale rank
