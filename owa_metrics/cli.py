@@ -8,6 +8,7 @@ import contextlib
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 KEY_A = "<EVENT_START><KEYBOARD><1><0><0><65><press><EVENT_END>"  # hierarchical: key A (vk 65) pressed at 1.00 s
 SCREEN = "<EVENT_START><SCREEN><1><5><0><fake_image_placeholder><EVENT_END>"  # a screen frame at 1.50 s
@@ -120,11 +121,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"owa-metrics demo: {err}".splitlines()[0], file=sys.stderr)
             return 2
     if args.command == "evaluate":
+        clash = output_is_input({"--json": args.json}, [args.pred, args.target])
+        if clash:  # refused before anything is read: writing the report would replace an input file
+            print(f"owa-metrics evaluate: {clash}", file=sys.stderr)
+            return 2
         progress = False if args.no_progress else None
         with _processes():
             if args.bin_ms is not None or args.bin_shifts or args.empty_bins_as_correct:
                 return _evaluate_d2e(args.pred, args.target, args.bin_ms, args.empty_bins_as_correct, args.bin_shifts,
-                                     args.json, progress)
+                                     args.json, progress, args.strict)
             if args.tolerance_ms is not None and args.pairing != "time":  # it would have no effect: say so
                 print("owa-metrics evaluate: --tolerance-ms is the tolerance of --pairing time: add --pairing time "
                       "to match events within it, or leave --tolerance-ms out (index pairing matches nothing by "
@@ -207,10 +212,13 @@ def _evaluate(pred: Path, target: Path, mode: str, json_path: Path | None, forma
 
 
 def _evaluate_d2e(pred: Path, target: Path, bin_ms: float | None, empty_bins_as_correct: bool,
-                  bin_shifts: list[int] | None, json_path: Path | None, progress: bool | None = None) -> int:
+                  bin_shifts: list[int] | None, json_path: Path | None, progress: bool | None = None,
+                  strict: bool = False) -> int:
     """The D2E protocol on one MCAP pair, or on two folders' pairs (pooled keys, and a tag per file): its keys as a
-    table (and in full in --json); bad input: one line, exit 2."""
+    table (and in full in --json), each warning (a file whose mouse it cannot read) a line on stderr (exit 1 with
+    ``strict``); bad input: one line, exit 2."""
     import json
+    import warnings
 
     from .d2e import evaluate_d2e, evaluate_d2e_folders
     from .functional import d2e_paper
@@ -239,8 +247,10 @@ def _evaluate_d2e(pred: Path, target: Path, bin_ms: float | None, empty_bins_as_
                         "folders of them")
     shifts = range(bin_shifts[0], bin_shifts[1] + 1) if bin_shifts else ()
     try:
-        report = evaluate_d2e_folders(pred, target, bin_ms, empty_bins_as_correct, shifts, progress) if folders \
-            else evaluate_d2e(pred, target, bin_ms, empty_bins_as_correct, shifts)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            report = evaluate_d2e_folders(pred, target, bin_ms, empty_bins_as_correct, shifts, progress) if folders \
+                else evaluate_d2e(pred, target, bin_ms, empty_bins_as_correct, shifts)
     except (ValueError, ImportError) as err:  # a file without screens, no overlap: the message names the file
         return fail(str(err))
     except Exception as err:  # noqa: BLE001 - an unreadable MCAP: one line naming it
@@ -249,13 +259,16 @@ def _evaluate_d2e(pred: Path, target: Path, bin_ms: float | None, empty_bins_as_
     tags = tag_table(report)
     print("\n".join([f"# D2E protocol: {pred.name} vs {target.name} ({bin_ms:g} ms bins)", "", *table,
                      *(["", "## Per file", "", tags] if tags else []), "", *paper]))
+    warned = list(dict.fromkeys(_cli_words(w.message) for w in caught))  # one file on both sides: once
+    for line in warned:
+        print(f"owa-metrics evaluate: warning: {line}", file=sys.stderr)
     if json_path and _rank_zero():
         try:
             write_output(json_path, json.dumps(report, indent=1) + "\n")
         except OSError as err:
             return fail(f"{json_path}: cannot write the JSON report ({err.strerror or err})")
         print(f"wrote {json_path}")
-    return 0
+    return 1 if strict and warned else 0
 
 
 def _d2e_lines(report: dict, paper: bool) -> tuple[list[str], list[str]]:
@@ -301,6 +314,32 @@ def _cli_words(warning: Warning) -> str:
                 f"do not decode in the {warning.format} format (most often: {warning.reason}) and are left out of "
                 f"every rate{fix}")
     return str(warning).splitlines()[0].removeprefix("owa_metrics: ")
+
+
+def output_is_input(outputs: dict[str, Optional[Path]], inputs: list[Path]) -> Optional[str]:
+    """What is wrong when an output flag's path (``outputs``: flag -> path or None) is an existing regular file that is
+    also an input: the same file under any name (a symlink, a hard link, ``./``), or an ``.mcap`` file of an input
+    folder. Writing would replace it; None when no output is an input (pipes and devices are written through, never
+    replaced: `write_output`)."""
+    import os
+    import stat
+
+    read = {}  # (device, inode) -> the input path
+    for path in inputs:
+        for file in sorted(path.glob("*.mcap")) if path.is_dir() else [path]:
+            with contextlib.suppress(OSError):
+                found = os.stat(file)
+                read.setdefault((found.st_dev, found.st_ino), file)
+    for flag, path in outputs.items():
+        try:
+            found = os.stat(path) if path is not None else None
+        except OSError:
+            continue
+        if found is not None and stat.S_ISREG(found.st_mode) and (found.st_dev, found.st_ino) in read:
+            same = read[(found.st_dev, found.st_ino)]
+            named = "" if str(same) == str(path) else f" (the input {same})"
+            return f"{path}: {flag} names an input file{named}: writing there would replace it; choose another path"
+    return None
 
 
 def write_output(path: Path, text: str) -> None:

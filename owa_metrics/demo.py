@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -14,10 +15,12 @@ from typing import Optional
 import torch
 
 from .events import read_recording, simulate_session
+from .events.simulate import ACTIVITY_MIX
 from .evaluate import InputError, check_mcap
 from .schema import Event
 from .functional.report import WORDS, higher_is_better
 from .report import format_number, unit_of
+from .tokens.codec import FORMATS
 from .tokens.data import collate, token_sequences
 from .tokens.vocab import VocabMap, build_tokenizer
 
@@ -49,7 +52,7 @@ class DemoConfig:
     @classmethod
     def from_yaml(cls, path: str | Path) -> "DemoConfig":
         """The settings of a YAML file; `InputError` naming the file when it cannot be read or is not a mapping
-        of known keys."""
+        of known keys, and the file and the key when a value is not what the setting takes (`problem`)."""
         import yaml
 
         try:
@@ -62,13 +65,69 @@ class DemoConfig:
             where = getattr(err, "problem_mark", None)
             line = f" (line {where.line + 1})" if where is not None else ""
             raise InputError(f"{path}: not valid YAML{line}: {getattr(err, 'problem', None) or err}") from None
+        except RecursionError:
+            raise InputError(f"{path}: YAML nested too deep to read; expected a mapping of settings") from None
         if not isinstance(data, dict):
             raise InputError(f"{path}: expected a mapping of settings, got a {type(data).__name__}")
         known = {f.name for f in fields(cls)}
         unknown = set(data) - known
         if unknown:
-            raise InputError(f"{path}: unknown keys {sorted(unknown)}; known: {sorted(known)}")
-        return cls(**data)
+            raise InputError(f"{path}: unknown keys {sorted(map(str, unknown))}; known: {sorted(known)}")
+        config = cls(**data)
+        problem = config.problem(data)
+        if problem:
+            raise InputError(f"{path}: {problem}")
+        return config
+
+    def problem(self, names=None) -> Optional[str]:
+        """What is wrong with the settings ``names`` (default: all), as ``"key must be ..., got value"`` (`LIMITS`;
+        ``n_head`` must split ``n_embd`` into heads of an even width: the rotary positions' pairs); None when
+        nothing is."""
+        for f in fields(self):
+            test, words = LIMITS[f.name]
+            if (names is None or f.name in names) and not test(getattr(self, f.name)):
+                return f"{f.name} must be {words}, got {getattr(self, f.name)!r}"
+        if (names is None or {"n_embd", "n_head"} & set(names)) and (self.n_embd % self.n_head or
+                                                                     self.n_embd // self.n_head % 2):
+            return (f"n_head must split n_embd into heads of an even width (n_embd / n_head: the rotary positions' "
+                    f"pairs), got n_head {self.n_head} and n_embd {self.n_embd}")
+        return None
+
+
+def _number(test=lambda v: True, words: str = "a number") -> tuple:
+    """A `LIMITS` row: a finite number (an int or a float, not a bool) that passes ``test``."""
+    return (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and test(v), words)
+
+
+def _whole(low: int) -> tuple:
+    """A `LIMITS` row: a whole number >= ``low`` (not a bool)."""
+    return (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= low, f"a whole number >= {low}")
+
+
+# what each demo setting must be: a test and its words
+LIMITS = {
+    "seed": _whole(0),
+    "format": (lambda v: v in FORMATS, " or ".join(FORMATS)),
+    "duration_s": _number(lambda v: v > 0, "a number of seconds > 0"),
+    "screen_hz": _number(lambda v: v > 0, "a number > 0"),
+    "mix": (lambda v: isinstance(v, dict) and all(k in ACTIVITY_MIX and _number(lambda w: w >= 0)[0](w)
+                                                  for k, w in v.items()) and sum({**ACTIVITY_MIX, **v}.values()) > 0,
+            f"a mapping of activity weights >= 0 ({', '.join(ACTIVITY_MIX)}), not all 0"),
+    "mcap": (lambda v: isinstance(v, list) and all(isinstance(p, str) for p in v), "a list of paths"),
+    "seq_len": _whole(1),
+    "val_fraction": _number(lambda v: 0 < v < 1, "a number in (0, 1)"),
+    "n_layer": _whole(1),
+    "n_embd": _whole(1),
+    "n_head": _whole(1),
+    "epochs": _whole(1),
+    "batch_size": _whole(1),
+    "lr": _number(lambda v: v > 0, "a number > 0"),
+    "threads": _whole(1),
+    "metric_mode": (lambda v: v in ("exact", "sketch"), "exact or sketch"),
+    "samples": _whole(0),
+    "logger": (lambda v: v in ("tensorboard", "csv", "wandb"), "tensorboard, csv or wandb"),
+    "out": (lambda v: isinstance(v, str) and v != "" and not os.path.isfile(v), "a folder's path (not a file's)"),
+}
 
 
 def split_by_time(events: list[Event], val_fraction: float) -> tuple[list[Event], list[Event]]:
@@ -87,12 +146,20 @@ def load_sessions(config: DemoConfig) -> list[list[Event]]:
                              mix=config.mix)]
 
 
-def build_data(config: DemoConfig, vocab: VocabMap):
-    """Train / validation token sequences (inputs with image tokens, labels with them as -100)."""
+def build_data(config: DemoConfig, vocab: VocabMap, where: str = ""):
+    """Train / validation token sequences (inputs with image tokens, labels with them as -100); `InputError` naming
+    the setting (after ``where``, e.g. the config file) when an event is longer than ``seq_len`` or a split is
+    empty."""
     splits = {"train": [], "val": []}
     for events in load_sessions(config):
         for name, part in zip(("train", "val"), split_by_time(events, config.val_fraction)):
-            splits[name] += token_sequences(vocab, part, config.seq_len)
+            try:
+                splits[name] += token_sequences(vocab, part, config.seq_len)
+            except ValueError as err:  # an event longer than the sequences
+                raise InputError(f"{where}seq_len: {err}; raise seq_len") from None
+    if not splits["train"] or not splits["val"]:
+        raise InputError(f"{where}duration_s: not enough events for a train and a validation split: use a longer "
+                         "session (or more recordings)")
     return splits["train"], splits["val"]
 
 
@@ -129,19 +196,21 @@ def demo_model(config: DemoConfig, vocab_size: int, pad_id: int, eos_id: int):
     return _DemoModel()
 
 
-def run_demo(config: DemoConfig) -> dict:
-    """Train, log, and return ``{"log_dir", "first", "last"}`` (the first and last epoch's reports)."""
+def run_demo(config: DemoConfig, where: str = "") -> dict:
+    """Train, log, and return ``{"log_dir", "first", "last"}`` (the first and last epoch's reports). Raises
+    `InputError` naming the setting that is wrong (after ``where``: the config file's name in messages)."""
     import lightning as L
 
     from .callbacks import OWAEventMetricsCallback
 
+    problem = config.problem()
+    if problem:
+        raise InputError(f"{where}{problem}")
     torch.set_num_threads(config.threads)
     L.seed_everything(config.seed, verbose=False)
     tokenizer = build_tokenizer(format=config.format)
     vocab = VocabMap.from_tokenizer(tokenizer)
-    train, val = build_data(config, vocab)
-    if not train or not val:
-        raise ValueError("not enough events for a train and a validation split: use a longer session")
+    train, val = build_data(config, vocab, where)
 
     out = Path(config.out)
     logger = _logger(config.logger, out)
@@ -185,25 +254,30 @@ def summary(result: dict, logger: str) -> str:
     lines = [f"logs: {result['log_dir']}"]
     if logger == "tensorboard":
         lines.append(f"open: tensorboard --logdir {Path(result['log_dir']).parent}")
-    epochs = [f"epoch {report['epoch']}" for report in (first, last)]
+    one = first["epoch"] == last["epoch"]  # one epoch: its column alone, nothing to compare
+    epochs = "".join(f" {'epoch ' + str(report['epoch']):>9}" for report in ((last,) if one else (first, last)))
     width = max(len(WORDS[key]) for key in COMPARED)
-    lines += ["", f"{'metric':<{width}}  {'unit':<5} {epochs[0]:>9} {epochs[1]:>9}  better  key"]
+    lines += ["", f"{'metric':<{width}}  {'unit':<5}{epochs}  {'' if one else 'better  '}key"]
     for key in COMPARED:
         a, b, unit, higher = first.get(key), last.get(key), unit_of(key), higher_is_better(key)
         better = "" if a is None or b is None else ("yes" if (b > a) == higher and a != b else "no")
-        lines.append(f"{WORDS[key]:<{width}}  {unit:<5} {format_number(a, unit):>9} {format_number(b, unit):>9}  "
-                     f"{better:<6}  {key}")
+        values = "".join(f" {format_number(x, unit):>9}" for x in ((b,) if one else (a, b)))
+        lines.append(f"{WORDS[key]:<{width}}  {unit:<5}{values}  {'' if one else f'{better:<6}  '}{key}")
     return "\n".join(lines)
 
 
 def main(config_path: Optional[str], epochs: Optional[int], logger: Optional[str], mcap: Optional[list],
          out: Optional[str], format: Optional[str] = None) -> int:
     config = DemoConfig.from_yaml(config_path) if config_path else DemoConfig()
-    for name, value in (("epochs", epochs), ("logger", logger), ("mcap", mcap), ("out", out), ("format", format)):
-        if value:
-            setattr(config, name, [str(p) for p in value] if name == "mcap" else value)
+    given = {name: value for name, value in (("epochs", epochs), ("logger", logger), ("mcap", mcap), ("out", out),
+                                             ("format", format)) if value is not None}
+    for name, value in given.items():  # the flags override the file
+        setattr(config, name, [str(p) for p in value] if name == "mcap" else value)
+    problem = config.problem(given)
+    if problem:
+        raise InputError(f"--{problem}")
     for path in config.mcap or ():
         check_mcap(Path(path))
-    result = run_demo(config)
+    result = run_demo(config, f"{config_path}: " if config_path else "")
     print(summary(result, config.logger))
     return 0

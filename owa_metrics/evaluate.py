@@ -22,12 +22,14 @@ import torch
 from .schema import Event
 from .metrics.collection import MAX_TAGS, InvalidTargetsWarning, OWAEventMetrics
 from .tokens.codec import FORMATS, CodecConfig, EventCodec, EventEncodeError, possible_formats
-from .tokens.vocab import IMAGE_CONVENTIONS, VocabMap, build_tokenizer, image_tokens as read_image_tokens
+from .tokens.vocab import (IMAGE_CONVENTIONS, SPECIAL_TOKENS, VocabMap, build_tokenizer,
+                           image_tokens as read_image_tokens)
 from . import streaming
 from .streaming import _PIECES, InputError, InputLines, TokenTable, exchange, raise_first, rank_world, tokenize
 
 
 MCAP_MAGIC = b"\x89MCAP0\r\n"
+UNKNOWN = SPECIAL_TOKENS["unk_token"]  # what `write_sequences` writes for an id the tokenizer has no token for
 
 
 class FormatGuessWarning(UserWarning):
@@ -420,17 +422,22 @@ def write_sequences(path: str | Path, sequences, tokenizer, tags: Optional[list[
     ``sequences``: a [B, T] tensor or lists of ids, e.g. ``model.generate(...)[:, prompt_len:]`` (the generated
     continuations) and the true continuations' ids; each id is written as the tokenizer names it
     (``convert_ids_to_tokens``), joined without separators, so every event token reads back as itself; ids < 0
-    (ignored labels) and the pad id are left out, and so is everything from the first eos id on."""
+    (ignored labels) and the pad id are left out, and so is everything from the first eos id on. An id the tokenizer
+    has no token for (a model whose embedding is larger than its tokenizer can generate one) is written as
+    ``<unk>``, the unknown token `evaluate` reads: inside an event the event does not decode (the model's error,
+    counted like any malformed event), between events it is text and ignored."""
     path = Path(path)
     rows = sequences.tolist() if isinstance(sequences, torch.Tensor) else [list(map(int, row)) for row in sequences]
     if tags is not None and len(tags) != len(rows):
         raise ValueError(f"write_sequences: {len(tags)} tags for {len(rows)} sequences: give one tag per sequence")
-    pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
+    pad, eos, size = tokenizer.pad_token_id, tokenizer.eos_token_id, len(tokenizer)
     lines = []
     for k, row in enumerate(rows):
         if eos is not None and eos != pad and eos in row:
             row = row[:row.index(eos)]
-        text = "".join(tokenizer.convert_ids_to_tokens([i for i in row if i >= 0 and i != pad]))
+        kept = [i for i in row if i >= 0 and i != pad]
+        named = tokenizer.convert_ids_to_tokens([i for i in kept if i < size])[::-1]
+        text = "".join(UNKNOWN if i >= size else named.pop() or UNKNOWN for i in kept)
         if "\n" in text or "\r" in text:
             raise ValueError(f"write_sequences: sequence {k} holds a line break token; the file holds one per line")
         lines.append(json.dumps({"text": text, **({"tag": tags[k]} if tags is not None else {})})

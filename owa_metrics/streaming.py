@@ -20,11 +20,11 @@ which ``str.strip`` might remove) goes the readable way, `owa_metrics.evaluate.r
 from __future__ import annotations
 
 import datetime
-import functools
 import json
 import os
 import re
 import uuid
+import weakref
 from pathlib import Path
 from typing import Optional
 
@@ -367,8 +367,9 @@ class InputLines:
             if lines or eof:
                 break
             size *= 2  # a line longer than the block
-        if not lines:
-            raise RuntimeError(f"{self.path}: fewer lines than counted (did it change while being read?)")
+        if not lines:  # the file shrank since its line index (a writer still at it)
+            raise InputError(f"{self.path}: fewer lines than counted a moment before: it changed while being read "
+                             "(is something still writing it?); evaluate it once it is complete")
         starts, ends, counts, flags, tails, unks = (a[:lines] for a in (starts, ends, counts, flags, tails, unks))
         used = min(int(ends[-1]) + 1, got)
         data = bytes(memoryview(buf)[:used])
@@ -415,7 +416,7 @@ class InputLines:
         rest = data[tail:e].rstrip(b"\r")
         try:
             fields = json.loads(b"{" + rest[1:]) if rest[:1] == b"," else None
-        except ValueError:
+        except (ValueError, RecursionError):  # (the readable path says what is wrong with it)
             fields = None
         if not isinstance(fields, dict) or not fields or "text" in fields:
             return _FALLBACK
@@ -457,6 +458,9 @@ def json_line(line: str, path, number: int) -> tuple[str, Optional[str]]:
         item = json.loads(line)
     except json.JSONDecodeError as err:
         raise InputError(f"{path}:{number}: not JSON ({err.msg})") from None
+    except RecursionError:
+        raise InputError(f"{path}:{number}: JSON nested too deep to read (expected a string or an object with a "
+                         "'text' field)") from None
     text = item["text"] if isinstance(item, dict) and "text" in item else item
     if not isinstance(text, str):
         raise InputError(f"{path}:{number}: expected a string or an object with a 'text' field")
@@ -553,7 +557,7 @@ def _tags_of(data: bytes, at: int, end: int, number: int, names: dict[str, int])
         if b'"tag"' in line or b"\\" in line:
             try:
                 item = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):  # (the reading pass says what is wrong with it)
                 item = None
             tag = item.get("tag") if isinstance(item, dict) else None
             if is_tag_name(tag):
@@ -625,13 +629,22 @@ class Claims:
             yield k
 
 
+_CLIENTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # the default process group -> its clients
+
+
 def _store() -> Optional[torch.distributed.Store]:
-    """A client of the store at ``MASTER_ADDR:MASTER_PORT`` (None when unset or unreachable)."""
+    """A client of the store at ``MASTER_ADDR:MASTER_PORT`` (None when unset or unreachable), made once per process
+    group: a group set up later on the same address (a notebook, a sweep) has a new store there, and the earlier
+    group's client would talk to the dead one. Call under an initialized process group."""
     host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT", "")
-    return _client(host, int(port)) if host and port.isdigit() else None
+    if not (host and port.isdigit()):
+        return None
+    clients = _CLIENTS.setdefault(torch.distributed.group.WORLD, {})
+    if (host, port) not in clients:
+        clients[host, port] = _client(host, int(port))
+    return clients[host, port]
 
 
-@functools.lru_cache(maxsize=None)
 def _client(host: str, port: int) -> Optional[torch.distributed.Store]:
     try:
         return torch.distributed.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=30))

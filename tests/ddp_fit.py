@@ -10,7 +10,8 @@ there are.
 Run by tests/test_callbacks.py (one process: `run` in the test's own); with strategy "ddp" Lightning starts the
 other ranks by re-running this script. A hang fails within the process group's timeout. ``--tags``: both callbacks
 with `TAGS` (each sequence tagged in turn) and ``tag_keys="all"``, generation paired by time over a tolerance sweep:
-some 700 keys per epoch; the main process then writes ``trainer.callback_metrics``' names to ``callback_metrics.json``.
+some 700 keys per epoch; the main process then writes ``trainer.callback_metrics``' names to ``callback_metrics.json``
+and every callback's ``reported`` (name: value) to ``reported.json`` (under ddp_spawn: what the spawned ranks left).
 """
 
 import argparse
@@ -26,7 +27,7 @@ from lightning.pytorch.strategies import DDPStrategy
 from torch.utils.data import DataLoader
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from lightning_fixtures import TinyLM, collate, event_sequences, warm_up  # noqa: E402
+from lightning_fixtures import TinyLM, collate, event_sequences, reported, warm_up  # noqa: E402
 
 from owa_metrics import VocabMap, build_tokenizer  # noqa: E402
 from owa_metrics.callbacks import OWAEventMetricsCallback  # noqa: E402
@@ -73,6 +74,7 @@ def run(devices: int, strategy: str, out: Path, tags: bool = False) -> None:
     trainer.fit(module, loader, loader)
     if tags:
         (out / "callback_metrics.json").write_text(json.dumps(sorted(trainer.callback_metrics)))
+        (out / "reported.json").write_text(json.dumps({k: float(v) for k, v in reported(trainer).items()}))
 
 
 def main() -> None:

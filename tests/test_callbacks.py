@@ -414,7 +414,8 @@ def test_ddp_fit_with_every_default_logs_what_one_process_logs(tmp_path, strateg
     tags with tag_keys="all", and generation is paired by time over a 4-tolerance sweep (issue 33: it hung when every
     key went through callback_metrics, which Lightning's spawn launcher sends back through a pipe that blocks past 64
     KiB): callback_metrics holds the headline keys only, and every other key of each report file reaches the CSV
-    logger."""
+    logger; in the launching process each callback's ``reported`` holds every key of its report file, the same float
+    (issue 44: empty before)."""
     import subprocess
     import sys
     from pathlib import Path
@@ -443,6 +444,8 @@ def test_ddp_fit_with_every_default_logs_what_one_process_logs(tmp_path, strateg
     if not tags:
         return
     returned = set(json.loads((out / "callback_metrics.json").read_text()))
+    launcher = json.loads((out / "reported.json").read_text())
+    files = {}
     headline = {f"val/owa/{k}" for k in headline_keys("teacher_forcing")} | {
         f"val/owa_gen/{k}" for k in headline_keys("generation")}
     assert "val/owa/comparable_rate" in returned and {n for n in returned if n.startswith("val")} <= headline
@@ -457,6 +460,8 @@ def test_ddp_fit_with_every_default_logs_what_one_process_logs(tmp_path, strateg
         mine = report_of(logged, f"val/{prefix}/")
         charted = {k for k in keys if report[k] != 0 or unit_of(k) != "count"}  # a zero count is no chart yet
         assert set(mine) == charted and all(close(mine[k], report[k], 1e-6) for k in charted)
+        files.update({f"val/{prefix}/{k}": report[k] for k in keys})
+    assert launcher == files  # every key of both reports, each the same float
 
 
 def test_hf_trainer_evaluate_matches_the_callback(tmp_path, tokenizer, vocab, warm_state):

@@ -21,7 +21,7 @@ from owa_metrics.events.d2e import read_d2e_recording
 from owa_metrics.functional.d2e import d2e_keys, shift_rows
 from owa_metrics.schema import Event
 from conftest import recording_paths
-from d2e_oracle import oracle, oracle_events, pearson, read_real, write_mcap
+from d2e_oracle import convert_recording, oracle, oracle_events, pearson, read_real, write_mcap
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))  # count_ops: the host reads
 MS = 1_000_000
@@ -454,6 +454,34 @@ def test_cli_gives_the_protocol_and_refuses_bad_input(d2e_pairs, tmp_path):
         assert code == 2 and len(err.strip().splitlines()) == 1 and str(named) in err, err
     code, _, err = _cli(["--pred", pred, "--target", truth, "--bin-shifts", -3, 3])
     assert code == 2 and "--bin-ms" in err
+
+
+def test_a_recording_without_raw_mouse_is_said_and_no_shift_scoring_nothing_is_best(tmp_path):
+    """Issue 44: the shared example.mcap has 209 absolute ``mouse`` messages and no ``mouse/raw``: the CLI scores
+    its mouse over nothing (sample counts 0, as the protocol reads it) and says so in one warning line naming the
+    file and the topic (--strict: exit 1). A prediction whose keys are all wrong, without mouse events, scores 0 at
+    every shift: no d2e/best_shift_bins (it was 0)."""
+    example = [p for p in recording_paths() if p.name == "example.mcap"][0]
+    code, out, err = _cli(["--pred", example, "--target", example, "--bin-ms", 50, "--json", tmp_path / "r.json"])
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert code == 0 and report["d2e/mouse_move/sample_count"] == 0 and report["d2e/keyboard/key_accuracy"] == 1
+    warned = err.strip().splitlines()
+    assert len(warned) == 1 and str(example) in warned[0] and "mouse/raw" in warned[0] and "209" in warned[0], err
+    assert _cli(["--pred", example, "--target", example, "--bin-ms", 50, "--strict"])[0] == 1
+    converted = tmp_path / "raw.mcap"
+    code, _, err = _cli(["--pred", convert_recording(example, converted), "--target", converted, "--bin-ms", 50])
+    assert code == 0 and err == ""  # with mouse/raw: no word
+
+    truth = write_mcap(tmp_path / "t.mcap", [(0, 0)], [(i * 40 * MS, ["press", "release"][i % 2], 65) for i in range(20)],
+                       tail_ns=1_000 * MS)
+    pred = write_mcap(tmp_path / "p.mcap", [(0, 0)], [(i * 40 * MS, ["press", "release"][i % 2], 66) for i in range(20)],
+                      tail_ns=1_000 * MS)
+    got = evaluate_d2e(pred, truth, 50, bin_shifts=SHIFTS)
+    assert [got[f"d2e/keyboard/key_accuracy_shift_{k}bins"] for k in SHIFTS] == [0.0] * len(SHIFTS)
+    assert "d2e/mouse_button/button_accuracy" not in got and "d2e/mouse_move/pearson_x" not in got
+    assert "d2e/best_shift_bins" not in got
+    code, out, err = _cli(["--pred", pred, "--target", truth, "--bin-ms", 50, "--bin-shifts", -2, 2])
+    assert code == 0 and "best_shift_bins" not in out and err == ""
 
 
 # ------------------------------------------------------------------------------------------ the token route

@@ -4,6 +4,7 @@ import dataclasses
 import json
 import os
 import socket
+import time
 from datetime import timedelta
 
 import numpy as np
@@ -14,6 +15,8 @@ import torch.multiprocessing as mp
 from torchmetrics.utilities.distributed import gather_all_tensors
 
 from owa_metrics import OWAEventMetrics, VocabMap, build_tokenizer
+from owa_metrics.evaluate import evaluate, write_sequences
+from owa_metrics.metrics import base
 from owa_metrics.events import simulate_session
 from metric_oracle import perturb
 
@@ -39,21 +42,32 @@ def _batches(vocab):
     ]
 
 
-def _worker(rank, ports, out_dir):
+def _worker(rank, port, out_dir):
     """One set of processes for both process counts (process start-up is most of the cost): all three ranks in a
-    world of 3, then a fresh default process group of ranks 0 and 1 (world 2); rank 0 writes ``synced_{world}.json``."""
+    world of 3, then a fresh default process group of ranks 0 and 1 (world 2) at the same address (as a notebook or a
+    sweep sets up one after the other); rank 0 writes ``synced_{world}.json``."""
     torch.set_num_threads(1)
-    for world, port in zip((3, 2), ports):
+    for world in (3, 2):
         if rank >= world:
             break
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))  # a hang fails
         results = _synced(rank, world)
+        # evaluate() in each group: the second one's store is a new one at the same address (issue 43 item 10)
+        results["evaluate"] = evaluate(*(os.path.join(out_dir, name) for name in ("pred.txt", "true.txt")),
+                                       progress=False)
         if rank == 0:
             with open(os.path.join(out_dir, f"synced_{world}.json"), "w") as f:
                 json.dump(results, f)
         dist.barrier()
         dist.destroy_process_group()
+        closed = os.path.join(out_dir, f"closed_{world}")  # rank 0's store is gone: no rank reaches it for the next
+        if rank == 0:
+            open(closed, "w").close()
+        for _ in range(600):
+            if os.path.exists(closed):
+                break
+            time.sleep(0.1)
 
 
 def _synced(rank, world):
@@ -73,8 +87,11 @@ def _synced(rank, world):
     metric = OWAEventMetrics(tokenizer, alignment="generation", pairing="time")  # detection counts and samples
     for preds, target in shards[rank]:
         metric.update(preds, target)
+    base.SYNC_HEAD, head = 2, base.SYNC_HEAD  # more cat states (5) than travel with the fingerprint: a second gather
     results["torchmetrics_sync"]["time"] = _against_torchmetrics_sync(metric)
     results["time"] = {"report": {k: v.item() for k, v in metric.compute().items()}, "confusion": []}
+    base.SYNC_HEAD = head
+    results["different_settings"] = _different_settings(tokenizer, shards[rank], world)
     metric = OWAEventMetrics(tokenizer, alignment="generation", tags=TAGS[:2 + rank])  # the ranks' tags differ
     metric.update(*shards[rank][0], tags=torch.zeros(len(shards[rank][0][1]), dtype=torch.int64))
     try:
@@ -96,6 +113,31 @@ def _synced(rank, world):
         results["mid_epoch"] = answers
         results.update(_shared_compute(tokenizer, shards[rank], rank, world))
     return results
+
+
+# issue 43 items 3 and 4: rank 0's argument, the other ranks' (the same state sizes, or other ones)
+DIFFERENT = {"tags": ({"tags": ["minecraft", "vscode"]}, {"tags": ["chrome", "vscode"]}),
+             "bin_ms": ({"bin_ms": 50}, {"bin_ms": 100}),
+             "mode": ({"mode": "exact"}, {"mode": "sketch"}),
+             "pairing": ({"pairing": "time"}, {})}
+
+
+def _different_settings(tokenizer, batches, world):
+    """For each `DIFFERENT` case, what compute() raised on each rank (every rank's, in rank order)."""
+    rank, out = dist.get_rank(), {}
+    for name, kwargs in DIFFERENT.items():
+        metric = OWAEventMetrics(tokenizer, alignment="generation", **kwargs[min(rank, 1)])
+        for preds, target in batches:
+            metric.update(preds, target, **({"tags": torch.zeros(len(target), dtype=torch.int64)} if "tags" in
+                                            kwargs[0] else {}))
+        try:
+            metric.compute()
+            said = "no error"
+        except ValueError as err:
+            said = f"ValueError: {err}"
+        out[name] = [None] * world
+        dist.all_gather_object(out[name], said)
+    return out
 
 
 def _shared_compute(tokenizer, batches, rank, world):
@@ -150,7 +192,7 @@ def _check_shared_compute(synced, tokenizer, shards):
 
     def same(got, want):
         assert got.keys() == want.keys()
-        assert not {k: (got[k], v) for k, v in want.items() if abs(got[k] - v) > 1e-12 * max(1, abs(v))}
+        assert not _bits_differ(got, want)
 
     everything = shards[0] + shards[1] + shards[2]
     want, names = one(everything, tags=TAGS[:2], tag_keys="all")
@@ -164,6 +206,11 @@ def _check_shared_compute(synced, tokenizer, shards):
     assert failed[1].startswith("ZeroDivisionError"), failed
     same(synced["local"], one(shards[0])[0])  # sync_on_compute=False: rank 0's own states, the others idle
     same(synced["synced_local"], one(everything)[0])  # synced by hand, then computed on rank 0 alone
+
+
+def _bits_differ(got: dict, want: dict) -> dict:
+    """The keys of ``want`` whose value in ``got`` is not the same float bit for bit, with both values."""
+    return {k: (got[k], v) for k, v in want.items() if float(got[k]).hex() != float(v).hex()}
 
 
 TAGS = ["even", "odd", "even_big", "odd_big", "never"]
@@ -217,12 +264,24 @@ def _single_process(mode, pairing="index"):
     return {k: v.item() for k, v in metric.compute().items()}, [] if pairing == "time" else metric.confusion_matrix().tolist()
 
 
+def _files(out):
+    """The shards' sequences as the two text files `evaluate` reads (predictions, truths)."""
+    tokenizer = build_tokenizer()
+    batches = [b for shard in _batches(VocabMap.from_tokenizer(tokenizer)) for b in shard]
+    for name, side in (("pred.txt", 0), ("true.txt", 1)):
+        write_sequences(out / name, [row for batch in batches for row in batch[side].tolist()], tokenizer)
+    return out / "pred.txt", out / "true.txt"
+
+
 @pytest.fixture(scope="module")
 def synced_by_world(tmp_path_factory):
-    """Each process count's synced results, from one launch of 3 processes (`_worker`)."""
+    """Each process count's synced results, from one launch of 3 processes (`_worker`), and the one-process report
+    of `evaluate` on the files the processes read."""
     out = tmp_path_factory.mktemp("synced")
-    mp.spawn(_worker, args=(_free_ports(2), str(out)), nprocs=3, join=True)
-    return {world: json.loads((out / f"synced_{world}.json").read_text()) for world in (2, 3)}
+    files = _files(out)
+    mp.spawn(_worker, args=(_free_ports(1)[0], str(out)), nprocs=3, join=True)
+    synced = {world: json.loads((out / f"synced_{world}.json").read_text()) for world in (2, 3)}
+    return synced, evaluate(*files, progress=False)
 
 
 @pytest.fixture(scope="module")
@@ -239,7 +298,7 @@ def expected():
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_synced_compute_equals_one_process(synced_by_world, expected, world):
-    synced = synced_by_world[world]
+    synced = synced_by_world[0][world]
     assert expected["time"][0]["detect/f1"] < 1 and "detect/time_error_abs_p50_ms" in expected["time"][0]
     for mode in ("exact", "sketch", "time"):  # issue 26's keys: samples, sketches and sums, synced like the others
         assert expected[mode][0]["count/click_events"] > 0 and "mouse/click_offset_p95_mu" in expected[mode][0]
@@ -250,15 +309,28 @@ def test_synced_compute_equals_one_process(synced_by_world, expected, world):
     for mode, (compared, differ) in synced["torchmetrics_sync"].items():  # rank 0's synced states
         assert compared >= 20 and not differ, (mode, differ)
     assert "different shapes" in synced["different_tags"], synced["different_tags"]
+    assert "tags ['even', 'odd'] on rank 0 but ['even', 'odd', 'even_big'] on rank 1" in synced["different_tags"]
+    for name, said in synced["different_settings"].items():  # the same ValueError on every rank, naming the argument
+        assert len(said) == world and len(set(said)) == 1, (name, said)
+        assert said[0].startswith("ValueError: OWAEventMetrics: the ranks' metrics were built with different "
+                                  "arguments"), said[0]
+        assert said[0].endswith("construct the metric with the same arguments on every rank"), said[0]
+    different = {name: said[0] for name, said in synced["different_settings"].items()}
+    assert "tags ['minecraft', 'vscode'] on rank 0 but ['chrome', 'vscode'] on rank 1" in different["tags"]
+    assert "hold different things" in different["tags"]  # the same sizes: summed, they would be a wrong report
+    assert "bin_ms 50.0 on rank 0 but 100.0 on rank 1" in different["bin_ms"]
+    assert "mode 'exact' on rank 0 but 'sketch' on rank 1" in different["mode"]
+    assert "pairing 'time' on rank 0 but 'index' on rank 1" in different["pairing"]
+    assert synced["evaluate"] == pytest.approx(synced_by_world[1], rel=1e-12, abs=1e-12)  # a second group, too
+    assert synced_by_world[1]["count/target_events"] == expected["exact"][0]["count/target_events"]
     for mode in ("exact", "sketch", "time"):
         got = synced[mode]
         report, confusion = expected[mode]
         assert got["confusion"] == confusion
         assert got["report"].keys() == report.keys()
         # exact mode: the same values; sketch mode: the same bucket sums, so the same result too
-        differ = {k: (got["report"][k], v) for k, v in report.items()
-                  if abs(got["report"][k] - v) > 1e-12 * max(1, abs(v))}
-        assert not differ, differ
+        differ = _bits_differ(got["report"], report)
+        assert not differ, (mode, differ)
     if world == 2:
         tokenizer = build_tokenizer()
         shards = _batches(VocabMap.from_tokenizer(tokenizer))
@@ -267,18 +339,72 @@ def test_synced_compute_equals_one_process(synced_by_world, expected, world):
             metric.update(preds, target)
         one = {k: v.item() for k, v in metric.compute().items()}
         for answer in synced["mid_epoch"]:  # the same answer on both ranks: no stale cache on the idle one
-            assert answer.keys() == one.keys() and all(abs(answer[k] - v) <= 1e-12 * max(1, abs(v)) for k, v in one.items())
+            assert answer.keys() == one.keys() and not _bits_differ(answer, one)
         _check_shared_compute(synced, tokenizer, shards)
     for mode in ("exact", "sketch"):
         one = expected[f"tags_{mode}"]
         got = synced[f"tags_{mode}"]["report"]
         assert got.keys() == one.keys() and {k.split("/")[1] for k in one if k.startswith("tag/")} == set(TAGS[:4])
-        differ = {k: (got[k], v) for k, v in one.items() if abs(got[k] - v) > 1e-12 * max(1, abs(v))}
-        assert not differ, differ
+        differ = _bits_differ(got, one)
+        assert not differ, (mode, differ)
         assert one["tag/even_big/detect/f1"] < 1 and one["tag/odd/count/sequences"] > 0
     exact, sketch = expected["exact"][0], expected["sketch"][0]
     for key in ("timestamp/abs_error_p95_ms", "mouse/direction_error_p95_deg", "mouse/euclidean_pe_p95_pct"):
         assert abs(sketch[key] - exact[key]) <= 0.005 * abs(exact[key]) + 1e-9, key
+
+
+@pytest.mark.parametrize("pairing", ["index", "time"])
+def test_update_order_and_merge_state_keep_every_bit(expected, pairing):
+    """Issue 44: every key the same float bit for bit (sums of means and cosines among them) when the batches come
+    in the reverse order, and from two metrics' ``merge_state`` (the 2 ranks' shards), as from one process."""
+    tokenizer = build_tokenizer()
+    shards = _batches(VocabMap.from_tokenizer(tokenizer))
+    batches = [b for shard in shards for b in shard]
+
+    def metric(updates):
+        out = OWAEventMetrics(tokenizer, alignment="generation", pairing=pairing, **(D2E if pairing == "index" else {}))
+        for preds, target in updates:
+            out.update(preds, target)
+        return out
+
+    one = expected["exact" if pairing == "index" else "time"][0]
+    assert "comparable_rate_seq_macro" in one and "keyboard/accuracy_seq_macro" in one
+    assert pairing == "index" or "mouse/cosine_with_misses" in one
+    reverse = {k: v.item() for k, v in metric(batches[::-1]).compute().items()}
+    assert reverse.keys() == one.keys() and not _bits_differ(reverse, one), _bits_differ(reverse, one)
+    merged = metric(shards[0])
+    merged.merge_state(metric(shards[1] + shards[2]))
+    merged = {k: v.item() for k, v in merged.compute().items()}
+    assert merged.keys() == one.keys() and not _bits_differ(merged, one), _bits_differ(merged, one)
+
+
+def test_teacher_forcing_keeps_every_bit_in_another_order_of_batches():
+    """Issue 44: teacher forcing with random timestamp digits (errors of seconds: sums of squared ns would pass 2^53
+    and round) over 12 batches: every key (timestamp R² among them) the same float bit for bit when the batches come
+    in the reverse order, and from two metrics' ``merge_state``."""
+    tokenizer = build_tokenizer()
+    vocab = VocabMap.from_tokenizer(tokenizer)
+    rows = vocab.encode_sequences(simulate_session(300.0, seed=7), 256, ignore_images=True)[:48]
+    labels = torch.tensor([r[:min(map(len, rows))] for r in rows])
+    digits = torch.tensor([vocab.ids[f"<{i}>"] for i in range(10)])
+    preds = labels.clone()
+    wrong = torch.isin(labels, digits)
+    preds[wrong] = digits[torch.randint(0, 10, (int(wrong.sum()),), generator=torch.Generator().manual_seed(0))]
+    batches = [(preds[i:i + 4], labels[i:i + 4]) for i in range(0, len(labels), 4)]
+
+    def report(*parts):
+        metrics = [OWAEventMetrics(tokenizer) for _ in parts]
+        for metric, part in zip(metrics, parts):
+            for p, t in part:
+                metric.update(p, t)
+        for other in metrics[1:]:
+            metrics[0].merge_state(other)
+        return {k: v.item() for k, v in metrics[0].compute().items()}
+
+    one = report(batches)
+    assert "timestamp/r2" in one and "keyboard/accuracy_seq_macro" in one and one["timestamp/abs_error_p95_ms"] > 1000
+    for got in (report(batches[::-1]), report(batches[5:], batches[:5])):
+        assert got.keys() == one.keys() and not _bits_differ(got, one), _bits_differ(got, one)
 
 
 def test_deal_gives_the_costliest_first_to_the_least_loaded_rank():

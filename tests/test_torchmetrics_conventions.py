@@ -1,6 +1,6 @@
 """OWAEventMetrics as torchmetrics users compose metrics: torchmetrics' MetricTracker (and `OWAMetricTracker`, its
-subclass whose best_metric reads each key's direction), `higher_is_better` per key, and `plot()` of the headline
-keys with torchmetrics' plotting."""
+subclass whose compute_all and best_metric keep every key over steps whose keys differ, and read each key's
+direction), `higher_is_better` per key, and `plot()` of the headline keys with torchmetrics' plotting."""
 
 import matplotlib
 
@@ -103,3 +103,61 @@ def test_plot_draws_the_headline_keys_over_steps(steps):
         [float(results[-1][k]) for k in keys])
     with pytest.raises(ValueError, match="one axes per key"):
         tracker[-1].plot(results, ax=[axes.flat[0]])
+
+
+def test_tracker_keeps_every_key_when_the_keys_change_between_steps():
+    """Step 0: tag a's sequences, every event token wrong (nothing comparable: no error keys); step 1: tag b's,
+    right; step 2: tag a's, a tenth wrong. Keys come (step 1's errors, tag b) and go (tag a at step 1, tag b at
+    step 2). Oracle: each step's report scored alone, and the union / NaN / best-over-present of plain Python."""
+    tokenizer = build_tokenizer()
+    vocab = VocabMap.from_tokenizer(tokenizer)
+    rows = vocab.encode_sequences(simulate_session(10.0, seed=3), 384, ignore_images=True)[:4]
+    labels = torch.tensor([row[:min(map(len, rows))] for row in rows])
+    none_right = labels.clone()
+    none_right[labels >= 0] = vocab.ids["<5>"]
+    some_wrong = labels.clone()
+    some_wrong[(torch.rand(labels.shape, generator=torch.Generator().manual_seed(1)) < 0.1) & (labels >= 0)] = \
+        vocab.ids["<5>"]
+    steps = [(none_right[:2], labels[:2], [0, 0]), (labels[2:], labels[2:], [1, 1]),
+             (some_wrong[:2], labels[:2], [0, 0])]
+
+    def metric():
+        return OWAEventMetrics(tokenizer, tags=["a", "b"], num_resamples=20)
+
+    alone = []
+    for preds, target, tags in steps:
+        one = metric()
+        one.update(preds, target, tags=torch.tensor(tags))
+        alone.append({k: float(v) for k, v in one.compute().items()})
+    union = []
+    for report in alone:
+        union += [k for k in report if k not in union]
+    assert set(alone[0]) - set(alone[1]) and set(alone[1]) - set(alone[0]) and set(alone[1]) - set(alone[2])
+    assert "timestamp/abs_error_p95_ms" not in alone[0] and "tag/b/comparable_rate" not in alone[2]
+
+    tracker = OWAMetricTracker(metric())
+    for preds, target, tags in steps:
+        tracker.increment()
+        tracker.update(preds, target, tags=torch.tensor(tags))
+    stacked = tracker.compute_all()
+    assert list(stacked) == union
+    for key in union:
+        want = [report.get(key, float("nan")) for report in alone]
+        got = stacked[key].tolist()
+        assert [g == w or (g != g and w != w) for g, w in zip(got, want)] == [True] * 3, key
+
+    best, step = tracker.best_metric(return_step=True)
+    assert list(best) == list(step) == union
+    for key in union:
+        higher = tracker.maximize[key]
+        have = [(report[key], i) for i, report in enumerate(alone) if key in report]
+        if higher is None:
+            assert best[key] is None and step[key] is None, key
+            continue
+        want = have[0]
+        for value, i in have[1:]:
+            if (value > want[0]) if higher else (value < want[0]):
+                want = (value, i)
+        assert (best[key], step[key]) == want, key
+    assert step["timestamp/abs_error_p95_ms"] == 1 and step["tag/a/comparable_rate"] == 2
+    assert step["tag/b/comparable_rate"] == 1 and best["tag/b/comparable_rate"] == 1.0

@@ -3,6 +3,10 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
+import uuid
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +31,12 @@ NEEDS = ("validation_step must return a dict with 'logits' (or 'preds': argmax t
          "optionally 'token_loss': the per-token cross-entropy, [:, t] the loss of label t + 1 ([B, T - 1] or [B, T])")
 
 
+def _discard(path: Path, pid: int) -> None:
+    """Remove ``path`` in process ``pid`` only (a forked rank inherits the finalizer, not the file's reading)."""
+    if os.getpid() == pid:
+        path.unlink(missing_ok=True)
+
+
 @dataclass
 class _Run:
     """One dataloader's metric in the running epoch, and the sequences it keeps for the sample table."""
@@ -45,7 +55,11 @@ class OWAEventMetricsCallback(Callback):
     straight to each logger's ``log_metrics`` in a few groups (`artifacts.breakdown_name`:
     ``val.owa.timestamp/keyboard/timestamp/precision_p1``), a count only once it is not zero. So what Lightning
     carries between processes stays small whatever the keys (``ddp_spawn`` sends ``callback_metrics`` through a
-    pipe). ``callback.reported`` holds the last epoch's every key on every rank, named as ``{prefix}{key}``. With
+    pipe). ``callback.reported`` holds the last epoch's every key on every rank, named as ``{prefix}{key}``, and in
+    the process that launched spawned ranks (``ddp_spawn``, ``ddp_fork``, ``ddp_notebook``) once they are done: their
+    local rank zero leaves it in a file of the temporary directory (`tempfile.gettempdir`), which ``reported`` reads
+    back once and removes (unread, it goes with the callback or at exit), as Lightning returns ``callback_metrics``
+    and the weights. With
     several dataloaders each has its own metric and its names end in ``/dataloader_idx_{i}``, as Lightning's.
 
     Teacher forcing (default): logits or argmax ids from what ``validation_step`` returns, labels from there or
@@ -110,7 +124,11 @@ class OWAEventMetricsCallback(Callback):
         self._runs: dict[int, _Run] = {}
         self._said_padding = False  # the warning that a sampler's padding cannot be told apart: once
         self._charted: set[str] = set()  # breakdown charts logged so far (rank zero)
-        self.reported: dict[str, torch.Tensor] = {}  # the last epoch's reports, every key (`_report`)
+        self._reported: dict[str, torch.Tensor] = {}  # the last epoch's reports, every key (`_report`)
+        # a spawned rank is a copy of this object in another process: its local rank zero hands `reported` over here
+        self._launcher_pid = os.getpid()
+        self._handoff = Path(tempfile.gettempdir()) / f"owa_metrics_reported_{os.getpid()}_{uuid.uuid4().hex}.pt"
+        weakref.finalize(self, _discard, self._handoff, self._launcher_pid)  # unread: removed with this object
         if generate_output not in OUTPUT_FORMS or (generate_output == "new" and generate_fn is None):
             raise ValueError(f"generate_output={generate_output!r}: it says how generate_fn's rows read, one of "
                              f"{', '.join(map(repr, OUTPUT_FORMS))}; 'new' needs a generate_fn (the default generation "
@@ -121,6 +139,14 @@ class OWAEventMetricsCallback(Callback):
         if tag_fn is not None and not self.metric.tags:
             raise ValueError("tag_fn gives each sequence's tag: name the tags too, OWAEventMetricsCallback(..., "
                              "tags=['minecraft', 'vscode', ...], tag_fn=...)")
+
+    @property
+    def reported(self) -> dict[str, torch.Tensor]:
+        """The last epoch's every key, ``{prefix}{key}`` (in a launching process: what its spawned ranks left)."""
+        if os.getpid() == self._launcher_pid and self._handoff.exists():
+            self._reported = torch.load(self._handoff, weights_only=True)
+            self._handoff.unlink()
+        return self._reported
 
     @property
     def metric(self) -> OWAEventMetrics:
@@ -148,10 +174,10 @@ class OWAEventMetricsCallback(Callback):
                        f"{pairing}, mode={self.mode}")
 
     def on_validation_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._runs, self.reported = {}, {}
+        self._runs, self._reported = {}, {}
 
     def on_test_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._runs, self.reported = {}, {}
+        self._runs, self._reported = {}, {}
 
     def on_validation_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
                                 batch_idx: int, dataloader_idx: int = 0) -> None:
@@ -272,7 +298,7 @@ class OWAEventMetricsCallback(Callback):
             run = self._run(idx, pl_module.device)  # also on a rank without batches of this dataloader: it syncs
             suffix = f"/dataloader_idx_{idx}" if dataloaders > 1 else ""
             report = run.metric.compute()
-            self.reported.update({f"{prefix}{key}{suffix}": value for key, value in report.items()})
+            self._reported.update({f"{prefix}{key}{suffix}": value for key, value in report.items()})
             pl_module.log_dict({f"{prefix}{key}{suffix}": report[key].float() for key in headline if key in report},
                                on_step=False, on_epoch=True, sync_dist=False,
                                add_dataloader_idx=False)  # already reduced over ranks
@@ -282,6 +308,10 @@ class OWAEventMetricsCallback(Callback):
                 self._write(trainer, run, prefix, suffix, idx, {k: float(v) for k, v in report.items()}, histograms,
                             confusion, step)
             run.metric.reset()
+        if os.getpid() != self._launcher_pid and trainer.local_rank == 0:  # a spawned rank: hand `reported` over
+            written = self._handoff.with_suffix(f".{os.getpid()}")
+            torch.save({k: v.cpu() for k, v in self._reported.items()}, written)
+            os.replace(written, self._handoff)  # whole or not at all
 
     def _write(self, trainer: Trainer, run: _Run, prefix: str, suffix: str, idx: int, report: dict,
                histograms: dict, confusion, step: int) -> None:

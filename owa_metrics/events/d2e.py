@@ -7,6 +7,7 @@ message's log time minus its ``media_ref.pts_ns``; the file covers [pts, pts + (
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +18,10 @@ _ACTIONS = {"press": 0, "release": 1}
 
 class RecordingError(ValueError):
     """A recording the D2E protocol cannot read (no screen, no overlap); the message names the file(s)."""
+
+
+class NoRawMouseWarning(UserWarning):
+    """A recording with absolute ``mouse`` messages and no ``mouse/raw`` ones, which the D2E protocol reads."""
 
 
 @dataclass
@@ -66,9 +71,11 @@ def read_d2e_recording(path: str | Path) -> D2ERecording:
     written). A ``mouse/raw`` move (``button_flags`` 0) with a non-zero ``us_flags`` is kept aside (upstream
     cannot read its dx / dy: `D2ERecording.check_moves`); a click or wheel with one counts. Raises
     `RecordingError` naming the file when it does not exist, is not a readable MCAP file, or has no screen message
-    with ``media_ref.pts_ns`` first. One pass of the ``mcap`` package's reader in the file's order, without its
-    log-time sort (binning adds, in any order); each keyboard / ``mouse/raw`` message's JSON read by ``json.loads``
-    (the pydantic models are not built: ~10x the reading), the screens' only for the first one."""
+    with ``media_ref.pts_ns`` first; warns (`NoRawMouseWarning`) when it has absolute ``mouse`` messages but no
+    ``mouse/raw`` (its mouse keys would count nothing, silently). One pass of the ``mcap`` package's reader in the
+    file's order, without its log-time sort (binning adds, in any order); each keyboard / ``mouse/raw`` message's
+    JSON read by ``json.loads`` (the pydantic models are not built: ~10x the reading), the screens' only for the
+    first one."""
     import json
     from array import array
 
@@ -84,11 +91,18 @@ def read_d2e_recording(path: str | Path) -> D2ERecording:
         with open(path, "rb") as f:
             reader = make_reader(f)
             summary = reader.get_summary()
-            end_ns = None if summary is None or summary.statistics is None else summary.statistics.message_end_time
-            last_ns = None
-            for _, channel, message in reader.iter_messages(topics=["screen", "keyboard", "mouse/raw"],
-                                                            log_time_order=False):
+            stats = None if summary is None else summary.statistics
+            end_ns = None if stats is None else stats.message_end_time
+            counted = None if stats is None else {summary.channels[c].topic: n for c, n in
+                                                  stats.channel_message_counts.items() if c in summary.channels}
+            last_ns, absolute = None, 0  # absolute: the `mouse` messages, counted here without a summary
+            for _, channel, message in reader.iter_messages(
+                    topics=["screen", "keyboard", "mouse/raw"] + (["mouse"] if counted is None else []),
+                    log_time_order=False):
                 topic, t = channel.topic, message.log_time
+                if topic == "mouse":
+                    absolute += 1
+                    continue
                 last_ns = t if last_ns is None else max(last_ns, t)
                 if channel.message_encoding != "json":
                     raise RecordingError(f"{path}: {topic} messages in {channel.message_encoding!r}, not OWA's json")
@@ -119,6 +133,12 @@ def read_d2e_recording(path: str | Path) -> D2ERecording:
     k = np.frombuffer(keys, dtype=np.int64).reshape(-1, 3)
     m = np.frombuffer(mice, dtype=np.int64).reshape(-1, 4)
     u = np.frombuffer(unread, dtype=np.int64).reshape(-1, 2)
+    absolute = absolute if counted is None else counted.get("mouse", 0)
+    if not len(m) and not len(u) and absolute:
+        warnings.warn(NoRawMouseWarning(
+            f"{path}: no mouse/raw messages, the topic the D2E protocol reads the mouse from (relative moves and "
+            f"button flags); its {absolute} absolute mouse messages are not read, so its mouse_move and "
+            "mouse_button keys count no event of this file"), stacklevel=2)
     return D2ERecording(str(path), int(screen[0]), screen[1], int(end_ns if end_ns is not None else last_ns), k[:, 0],
                         k[:, 1], k[:, 2], m[:, 0], m[:, 1], m[:, 2], m[:, 3], u[:, 0], u[:, 1])
 

@@ -438,16 +438,18 @@ def _binned(t_seq, t_ns, t_is_key, t_code, t_dx, t_dy, t_flags, t_counts, p_seq,
                 row[_NUM_BINS] += 1
                 if moves[g, 0] or moves[j, 1]:  # the Pearson bins
                     row[_MOVE_BINS] += 1
-                    for axis in range(2):
+                    for axis in range(2):  # a 0 adds nothing (its limbs are 0)
                         t, p = sums[g, 0, axis], sums[j, 1, axis]
-                        _add_limbs(row, _SUM_T[axis], t)
-                        _add_limbs(row, _SUM_P[axis], p)
-                        _add_product(row, _SUM_T2[axis], t, t)
-                        _add_product(row, _SUM_P2[axis], p, p)
-                        _add_product(row, _SUM_TP[axis], t, p)
-                for axis in range(2):
-                    _add_limbs(row, _ABS_T[axis], abs(sums[g, 0, axis]))
-                    _add_limbs(row, _ABS_P[axis], abs(sums[j, 1, axis]))
+                        if t:
+                            _add_limbs(row, _SUM_T[axis], t)
+                            _add_limbs(row, _ABS_T[axis], abs(t))
+                            _add_product(row, _SUM_T2[axis], t, t)
+                        if p:
+                            _add_limbs(row, _SUM_P[axis], p)
+                            _add_limbs(row, _ABS_P[axis], abs(p))
+                            _add_product(row, _SUM_P2[axis], p, p)
+                        if t and p:
+                            _add_product(row, _SUM_TP[axis], t, p)
                 same = True  # every name's counts equal (the bin's multiset of names)
                 for n in range(_N_BUTTONS):  # a name seen on either side: a value, right when the counts are equal
                     ct, cp = buttons[g, 0, n], buttons[j, 1, n]
@@ -556,14 +558,14 @@ BEST_SHIFT_SCORES = ("keyboard/key_accuracy", "mouse_button/button_accuracy", "m
 def best_shift(by_shift: dict[int, dict[str, float]]) -> Optional[int]:
     """The shift with the highest mean of the key accuracy, the button accuracy and the mouse Pearson r (the mean of
     x and y; each of the three where defined); ties: the smallest |k|, then the smallest k. None when no shift has
-    any of them."""
+    any of them, or none scores above 0 (nothing right at any shift: no shift is better)."""
     scores = {}
     for k, keys in by_shift.items():
         pearson = [keys[f"mouse_move/pearson_{a}"] for a in ("x", "y") if f"mouse_move/pearson_{a}" in keys]
         parts = [keys[n] for n in BEST_SHIFT_SCORES[:2] if n in keys] + ([sum(pearson) / len(pearson)] if pearson else [])
         if parts:
             scores[k] = sum(parts) / len(parts)
-    if not scores:
+    if not scores or max(scores.values()) <= 0:
         return None
     return min(scores, key=lambda k: (-scores[k], abs(k), k))
 

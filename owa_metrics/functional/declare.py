@@ -3,8 +3,9 @@
 A `Definition` names its states and says how ``compute`` turns them into keys. A state is one of
 
 - `Sums`: for each of its groups of events (`GROUPS`), the sum of each of its per-event values;
-- `SequenceMean`: over the sequences with an event of its group, the sum of each one's mean of a value, and their
-  number (a per-sequence macro average);
+- `SequenceMean`: over the sequences with an event of its group, the sum of each one's mean of a value (in
+  `exact_parts`: the same bits whatever the order of the batches, ranks and files), and their number (a
+  per-sequence macro average);
 - `BatchCounts`: counts per batch of sequences (`BATCH_COUNTS`);
 - `Samples`: per-event values of a group kept exactly (``mode="exact"``) or in a sketch, split by the true
   category when asked;
@@ -19,6 +20,7 @@ compiled CPU path read: no metric is written twice.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable, Optional, Union
 
@@ -154,7 +156,8 @@ class Sums:
 
 @dataclass(frozen=True)
 class SequenceMean:
-    """[2]: the sum over the sequences with an event of ``group`` of the mean of ``value`` over them; their number."""
+    """[SUM_PARTS + 1]: the sum over the sequences with an event of ``group`` of the mean of ``value`` over them, as
+    `exact_parts`; their number."""
 
     group: str
     value: Value
@@ -194,6 +197,32 @@ class GivenSamples:
     (NaN: no sample) and the sequence it is of (its group's sample, with groups of sequences)."""
 
     fn: Callable
+
+
+SUM_PARTS, PART_SCALE = 3, 2.0 ** 28  # `exact_parts`: 3 integers of 28 bits
+
+
+@functools.lru_cache(maxsize=None)
+def _scales(device) -> torch.Tensor:
+    """[SUM_PARTS]: 2^28, 2^56, 2^84 on ``device`` (made once: no copy to a GPU per update)."""
+    return PART_SCALE ** torch.arange(1, SUM_PARTS + 1, dtype=torch.float64, device=device)
+
+
+def exact_parts(x: torch.Tensor) -> torch.Tensor:
+    """[..., SUM_PARTS] float64: x = sum_j parts[j] 2^(-28 (j + 1)), each part an integer (|part| <= 2^28 for
+    |x| <= 1; the last rounded down, so x is kept exactly on the 2^-84 grid: a mean c / n of 0s and 1s over
+    n < 2^31 events is). Parts add as integers, exactly below 2^53 (2^25 terms of |x| <= 1), so a sum of them is
+    the same whatever the order of adding (batches, ranks, files); `exact_total` reads it. A float sum is not."""
+    floors = torch.floor(x[..., None] * _scales(x.device))  # floor(x 2^(28 (j + 1))): exact
+    return floors - torch.nn.functional.pad(floors[..., :-1] * PART_SCALE, (1, 0))  # exact: the parts are integers
+
+
+def exact_total(parts: torch.Tensor) -> torch.Tensor:
+    """The value of summed `exact_parts` [..., SUM_PARTS] (the last part first: one fixed order)."""
+    total = torch.zeros_like(parts[..., 0])
+    for j in reversed(range(SUM_PARTS)):
+        total = (total + parts[..., j]) / PART_SCALE
+    return total
 
 
 def per_group(values: torch.Tensor, seq: torch.Tensor, extras: dict) -> torch.Tensor:

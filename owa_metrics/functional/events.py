@@ -14,11 +14,13 @@ import torch
 
 from ..schema import CATEGORY_NAMES, Category, Status
 from . import values
-from .declare import ONE, digit_prefix
+from .declare import ONE, SUM_PARTS, digit_prefix, exact_parts, exact_total
 from .stats import abs_of_counts, bootstrap_iqm_ci_of_counts, distinct, iqm, iqm_of_counts, quantile, quantile_of_counts
 
 N_CAT = len(CATEGORY_NAMES)
-EVENT_COUNTS = ("events", "sequences", "count_match", "pred_events", "extra", "missing", "seq_sum", "seq_count")
+# seq_sum_{j}: the sum over sequences of their comparable rate, as `exact_parts`
+EVENT_COUNTS = ("events", "sequences", "count_match", "pred_events", "extra", "missing",
+                *(f"seq_sum_{j}" for j in range(SUM_PARTS)), "seq_count")
 
 
 def finite(x: torch.Tensor) -> torch.Tensor:
@@ -115,17 +117,17 @@ def digit_precision_accuracy(pred_digits: torch.Tensor, target_digits: torch.Ten
 
 def keyboard_sums(pred_vk, pred_action, target_vk, target_action, seq_idx: Optional[torch.Tensor] = None,
                   num_sequences: int = 0) -> torch.Tensor:
-    """[6]: the keyboard state's values summed (vk right, action right, both right, events), then the sum over
-    sequences of their accuracy and the sequences (0 without ``seq_idx``)."""
+    """[4 + SUM_PARTS + 1]: the keyboard state's values summed (vk right, action right, both right, events), then
+    the sum over sequences of their accuracy (`exact_parts`) and the sequences (0 without ``seq_idx``)."""
     leaves = {**values.pair_leaves(pred_vk.double(), target_vk.double(), "vk"),
               **values.pair_leaves(pred_action.double(), target_action.double(), "action")}
     sums = values.sums(values.KEYBOARD, **leaves)
-    seq = torch.zeros(2, dtype=torch.float64, device=sums.device)
+    seq = torch.zeros(SUM_PARTS + 1, dtype=torch.float64, device=sums.device)
     if seq_idx is not None:
         per_seq = torch.zeros((num_sequences, 2), dtype=torch.float64, device=sums.device).index_add_(
             0, seq_idx, torch.stack([torch.ones_like(leaves["true_vk"]), values.of(values.KEYBOARD_BOTH, **leaves)], 1))
         n, hits = per_seq.unbind(1)
-        seq = torch.stack([(hits / n.clamp(min=1)).sum(), (n > 0).sum().double()])
+        seq = torch.cat([exact_parts(hits / n.clamp(min=1)).sum(0), (n > 0).sum().double().reshape(1)])
     return torch.cat([sums, seq])
 
 
@@ -133,7 +135,8 @@ def keyboard_report(sums: torch.Tensor) -> dict[str, torch.Tensor]:
     """Per event: ``accuracy`` (vk and action right), ``vk_accuracy``, ``action_accuracy``; per sequence:
     ``accuracy_seq_macro`` (the mean over sequences of each one's accuracy)."""
     return {"accuracy": ratio(sums[2], sums[3]), "vk_accuracy": ratio(sums[0], sums[3]),
-            "action_accuracy": ratio(sums[1], sums[3]), "accuracy_seq_macro": ratio(sums[4], sums[5])}
+            "action_accuracy": ratio(sums[1], sums[3]),
+            "accuracy_seq_macro": ratio(exact_total(sums[4:4 + SUM_PARTS]), sums[4 + SUM_PARTS])}
 
 
 def keyboard_accuracy(pred_vk, pred_action, target_vk, target_action) -> dict[str, torch.Tensor]:
@@ -229,7 +232,8 @@ def event_type_report(confusion: torch.Tensor, statuses: torch.Tensor, counts: t
     valid_total = per_cat.sum()
     out = {
         "comparable_rate": ratio(comparable.sum(), valid_total),
-        "comparable_rate_seq_macro": ratio(counts["seq_sum"], counts["seq_count"]),
+        "comparable_rate_seq_macro": ratio(exact_total(torch.stack([counts[f"seq_sum_{j}"] for j in range(SUM_PARTS)])),
+                                           counts["seq_count"]),
         "count_accuracy": ratio(counts["count_match"], counts["sequences"]),
         "category/macro_f1": macro_f1(confusion),
         "count/target_events": counts["events"], "count/valid_target_events": valid_total,

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from ..decode.kernel import VALID, _jit
+from .declare import PART_SCALE, SUM_PARTS
 from .plan import N_CAT, OPS, Plan, compiled_tables
 from .stats import SketchSpec, sketch_counts
 
@@ -83,7 +84,8 @@ def _accumulate(status, t_status, t_values, t_digits, p_kind, p_values, p_digits
                 cell_flat, cell_x, seq_groups, seq_values, sample_groups, sample_offsets, seq_group, sums, seq_out,
                 batch_out, sample_rows, sample_group, sample_counts, bit_masks):
     """Each row's V (`plan.row_columns`), its key, values and cells, as `plan.accumulate` with torch ops, into the
-    block of its sequence's group (``seq_group`` [B]): ``sums`` [G, cells], ``seq_out`` [G, 2S], ``batch_out`` [G, 5];
+    block of its sequence's group (``seq_group`` [B]): ``sums`` [G, cells], ``seq_out`` [G, (1 + SUM_PARTS) S] (the
+    sequences with any, then each sum of means as `exact_parts`: the same ops), ``batch_out`` [G, 5];
     each sampled row's group in ``sample_group``. ``bit_masks`` (V of at most `MASK_COLUMNS` columns): test each match
     with two bit masks over V's columns, else condition by condition."""
     n_coded, n_match = coded.shape[1], match_ptr.shape[0] - 1
@@ -161,7 +163,12 @@ def _accumulate(status, t_status, t_values, t_digits, p_kind, p_values, p_digits
         for b in range(B):
             if seq_n[b, s] > 0:  # the sequences with any, then the sum of the means (`plan.accumulate`'s order)
                 seq_out[seq_group[b], s] += 1
-                seq_out[seq_group[b], S + s] += seq_x[b, s] / seq_n[b, s]
+                mean = seq_x[b, s] / seq_n[b, s]
+                for j in range(SUM_PARTS):
+                    mean *= PART_SCALE
+                    part = np.floor(mean)
+                    seq_out[seq_group[b], S + SUM_PARTS * s + j] += part
+                    mean -= part
     for b in range(B):
         gap, g = p_counts[b] - t_counts[b], seq_group[b]
         batch_out[g, 0] += 1
@@ -182,7 +189,8 @@ def accumulate(plan: Plan, out: dict, sketch: bool, spec: SketchSpec, seq_group:
     n_x, S = len(plan.x_columns), len(plan.seq_groups)
     B, n = len(out["target_count"]), len(out["seq"])
     seq_group = np.zeros(B, dtype=np.int64) if seq_group is None else seq_group
-    sums, seq_out, batch_out = np.zeros((groups, plan.n_groups * n_x)), np.zeros((groups, 2 * S)), np.zeros((groups, 5))
+    sums, batch_out = np.zeros((groups, plan.n_groups * n_x)), np.zeros((groups, 5))
+    seq_out = np.zeros((groups, (1 + SUM_PARTS) * S))
     sample_rows = np.empty((n, int(k["sample_offsets"][-1])))
     sample_group = np.empty((n, len(plan.samples)), dtype=np.int64)
     counts = np.zeros(len(plan.samples), dtype=np.int64)

@@ -27,8 +27,8 @@ import torch
 from ..decode.event_batch import VALUE_COLUMNS, EventBatch
 from ..schema import CATEGORY_NAMES, KIND_CATEGORY, Category, Kind, Status
 from .declare import (
-    BATCH_COUNTS, CODES, GROUPS, ONE, BatchCounts, Definition, Given, GivenSamples, Samples, SequenceMean, Shape, Sums,
-    Value,
+    BATCH_COUNTS, CODES, GROUPS, ONE, SUM_PARTS, BatchCounts, Definition, Given, GivenSamples, Samples, SequenceMean,
+    Shape, Sums, Value, exact_parts,
 )
 
 N_CAT = len(CATEGORY_NAMES)
@@ -157,10 +157,10 @@ class Plan:
         index = {name: [g_index[g] * width + x_index[v] for g in s.groups for v in s.values.values()]
                  for name, s in sums.items()}
         offset = self.n_groups * width
-        for k, name in enumerate(seqs):  # (sum of means, sequences)
-            index[name] = [offset + len(seqs) + k, offset + k]
-            self.state_shapes[name] = (2,)
-        offset += 2 * len(seqs)
+        for k, name in enumerate(seqs):  # (sum of means as `exact_parts`, sequences)
+            index[name] = [offset + len(seqs) + SUM_PARTS * k + j for j in range(SUM_PARTS)] + [offset + k]
+            self.state_shapes[name] = (SUM_PARTS + 1,)
+        offset += (SUM_PARTS + 1) * len(seqs)
         for name, s in self.states.items():
             if isinstance(s, BatchCounts):
                 index[name] = list(range(offset, offset + len(BATCH_COUNTS)))
@@ -337,14 +337,15 @@ def accumulate(plan: Plan, batch: EventBatch, sketched: Optional[list[int]] = No
         by_group = (row_group[:, None] == torch.arange(groups, device=key.device))[:, :, None] * member[:, None]
         sources = [(by_group.view(len(key), groups * member.shape[1]).T @ x).view(groups, -1)]
     if plan.split_sizes[2]:  # per sequence: events of the group and the value's sum, over the events (one division):
-        # the sequences with any, and the sum of the means (0 for a sequence without events)
+        # the sequences with any, and the sum of the means as `exact_parts` (0 for a sequence without events)
         S = plan.split_sizes[2]
         terms = torch.cat([seq_groups, seq_groups * x.index_select(1, plan.seq_values)], 1)
         per_seq = torch.zeros((batch.num_sequences, 2 * S), dtype=torch.float64, device=key.device).index_add_(
             0, batch.seq_idx, terms)
         means = per_seq / per_seq[:, :S].clamp(min=1).repeat(1, 2)
+        means = torch.cat([means[:, :S], exact_parts(means[:, S:]).flatten(1)], 1)
         sources.append(means.sum(0, keepdim=True) if group is None else
-                       means.new_zeros((groups, 2 * S)).index_add_(0, group, means))
+                       means.new_zeros((groups, means.shape[1])).index_add_(0, group, means))
     gap = batch.pred_count - batch.target_count
     # sequences, count matches, predicted events, extra and missing events (the clamp only cuts gap and -gap)
     per_seq = torch.stack([gap == gap, gap == 0, batch.pred_count, gap, -gap], 1).clamp(min=0)

@@ -15,8 +15,8 @@ import torch
 from ..decode.matching import _detection_counts
 from ..schema import CATEGORY_NAMES, Status
 from .declare import (
-    ONE, BatchCounts, Definition, Given, GivenSamples, Samples, SequenceMean, Shape, Sums, Value, code_is,
-    digit_prefix, error, same, true, within,
+    ONE, SUM_PARTS, BatchCounts, Definition, Given, GivenSamples, Samples, SequenceMean, Shape, Sums, Value, code_is,
+    digit_prefix, error, exact_total, ms, same, true, within,
 )
 from . import d2e, sequences, values
 from .events import detection_report, event_type_report, keyboard_report, mouse_action_report, movement_r2_report, ratio
@@ -168,7 +168,9 @@ TIMESTAMP = Definition("timestamp", _timestamp_states, _timestamp_keys)
 
 # ------------------------------------------------------------------ timestamps: upstream OWA evaluator's parity keys
 def _timestamp_r2_states(s: Shape) -> dict:
-    e, t = values.TIMESTAMP_ERROR_NS, true("timestamp_ns")  # in ns: R² has no unit
+    # in ms (R² has no unit): on a format's grid of whole ms (10 ms by default) integers, whose squares and sums are
+    # exact in float64 (squared ns pass 2^53: their sums would round, differently in another order of batches)
+    e, t = values.TIMESTAMP_ERROR_MS, ms(true("timestamp_ns"))
     return {"timestamp_r2": Sums(TIMESTAMP_GROUPS, {"squared_error": e * e, "true": t, "true_squared": t * t,
                                                     "events": ONE})}
 
@@ -326,14 +328,15 @@ SEQUENCES = Definition("sequences", _sequence_states, _sequence_keys, alignment=
 
 
 def _moves_states(s: Shape) -> dict:
-    return {"moves_with_misses": Given((8,), lambda batch, x: (sequences.movement_with_misses_sums(batch, x),))}
+    return {"moves_with_misses": Given((7 + SUM_PARTS,), lambda batch, x: (sequences.movement_with_misses_sums(batch, x),))}
 
 
 def _moves_keys(r) -> dict:
     """Over true moves ((dx, dy) != 0), an unpaired one predicted as (0, 0): R², mean cosine, paired / all."""
     m = r.given("moves_with_misses")
-    return {"mouse/r2_with_misses": movement_r2_report(m[:6]), "mouse/cosine_with_misses": ratio(m[6], m[5]),
-            "mouse/move_coverage": ratio(m[7], m[5]), "count/move_events": m[5]}
+    return {"mouse/r2_with_misses": movement_r2_report(m[:6]),
+            "mouse/cosine_with_misses": ratio(exact_total(m[6:6 + SUM_PARTS]), m[5]),
+            "mouse/move_coverage": ratio(m[6 + SUM_PARTS], m[5]), "count/move_events": m[5]}
 
 
 MOVES_WITH_MISSES = Definition("moves_with_misses", _moves_states, _moves_keys, alignment="generation",

@@ -18,7 +18,7 @@ import torch
 from ..decode import kernel
 from ..decode.event_batch import VALUE_COLUMNS, EventBatch, EventFields
 from ..schema import Category, Status
-from .declare import per_group
+from .declare import exact_parts, per_group
 
 BUTTON_DOWN = 0x001 | 0x004 | 0x010  # button_flags of a left, right or middle button going down
 DX = VALUE_COLUMNS.index("dx")  # then dy
@@ -260,14 +260,15 @@ def _packed(codes, rows, num_sequences: int, widths) -> tuple[torch.Tensor, torc
 
 
 def movement_with_misses_sums(batch: EventBatch, extras: Optional[dict] = None) -> torch.Tensor:
-    """[8] float64 (time pairing), over the valid true mouse events with (dx, dy) != (0, 0), p = the paired generated
-    event's (dx, dy) or (0, 0): sum |p - t|², sum tx, ty, tx², ty², events, sum cos(p, t) (0 where p = 0), paired."""
+    """[7 + SUM_PARTS] float64 (time pairing), over the valid true mouse events with (dx, dy) != (0, 0), p = the
+    paired generated event's (dx, dy) or (0, 0): sum |p - t|², sum tx, ty, tx², ty², events (integers), sum
+    cos(p, t) (0 where p = 0) as `exact_parts` (its bits whatever the order of the batches and ranks), paired."""
     t, p = batch.target, batch.pred
     paired = batch.time_matching.paired >= 0
     tx, ty, px, py = (x.double() for x in (t.dx, t.dy, torch.where(paired, p.dx, 0), torch.where(paired, p.dy, 0)))
     moved = (t.status == int(Status.VALID)) & _mouse(t) & ((tx != 0) | (ty != 0))
     norms = (px * px + py * py).sqrt() * (tx * tx + ty * ty).sqrt()
     cosine = torch.where(norms > 0, (px * tx + py * ty) / norms.clamp(min=1e-300), 0.0)
-    values = torch.stack([(px - tx) ** 2 + (py - ty) ** 2, tx, ty, tx * tx, ty * ty, torch.ones_like(tx), cosine,
-                          paired.double()], 1)
-    return per_group(values * moved[:, None], batch.seq_idx, extras or {})  # by group of sequences: [groups, 8]
+    values = torch.cat([torch.stack([(px - tx) ** 2 + (py - ty) ** 2, tx, ty, tx * tx, ty * ty, torch.ones_like(tx)], 1),
+                        exact_parts(cosine), paired.double()[:, None]], 1)
+    return per_group(values * moved[:, None], batch.seq_idx, extras or {})  # by group of sequences: [groups, 7 + SUM_PARTS]

@@ -6,6 +6,7 @@ from typing import Optional
 
 import torch
 
+from ..functional.declare import SUM_PARTS
 from ..functional.events import (
     digit_precision_sums, keyboard_report, keyboard_sums, mouse_action_report, mouse_action_sums, ratio,
 )
@@ -48,6 +49,9 @@ class DigitPrecisionAccuracy(_SumMetric):
         super().__init__("digit_prefix_sums", num_digits + 1, **kwargs)
         self.num_digits = num_digits
 
+    def sync_settings(self) -> dict:
+        return {**super().sync_settings(), "num_digits": self.num_digits}
+
     def update(self, pred_digits: torch.Tensor, target_digits: torch.Tensor) -> None:
         if pred_digits.shape != target_digits.shape or pred_digits.shape[1:2] != (self.num_digits,):
             raise ValueError(f"expected digit tensors [N, {self.num_digits}(, m)], got {tuple(pred_digits.shape)} "
@@ -66,7 +70,7 @@ class KeyboardAccuracy(_SumMetric):
     """
 
     def __init__(self, **kwargs):
-        super().__init__("keyboard_sums", 6, **kwargs)
+        super().__init__("keyboard_sums", 5 + SUM_PARTS, **kwargs)
 
     def update(self, pred_vk, pred_action, target_vk, target_action, seq_idx: Optional[torch.Tensor] = None) -> None:
         extra = {} if seq_idx is None else {"seq_idx": seq_idx}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import numbers
 from typing import Any, Callable, Literal, Optional
@@ -142,6 +143,34 @@ def gather_json(obj, group, device: torch.device) -> list:
     return [json.loads(row[:size].cpu().numpy().tobytes()) for row, size in zip(out, sizes)]
 
 
+SYNC_HEAD = 16  # the numbers of samples that travel with the fingerprint in `Float64Metric._sync_dist`'s first gather
+
+
+def mismatch(name: str, layouts: list[dict]) -> str:
+    """What differs between the ranks' `Float64Metric._layout` s: each setting whose value is not rank 0's, with
+    the first rank that holds another (else the states that differ), and what to do."""
+    first, said = layouts[0], []
+    for key in dict.fromkeys(key for layout in layouts for key in layout["settings"]):  # (in the settings' order)
+        other = next((r for r, layout in enumerate(layouts) if layout["settings"].get(key) != first["settings"].get(key)),
+                     None)
+        if other is not None:
+            said.append(f"{key} {first['settings'].get(key)!r} on rank 0 but {layouts[other]['settings'].get(key)!r} "
+                        f"on rank {other}")
+    said = said[:3] + [f"and {len(said) - 3} more"] * (len(said) > 3)
+    shapes = any(layout["states"] != first["states"] for layout in layouts)
+    if not said:  # another class, or states of other names or shapes (e.g. a subclass's own argument)
+        other = next(r for r, layout in enumerate(layouts) if layout != first)
+        mine, theirs = (layouts[r]["states"] for r in (0, other))
+        state = next((name for name in {**mine, **theirs} if mine.get(name) != theirs.get(name)), None)
+        said = [f"{first['class']} on rank 0 but {layouts[other]['class']} on rank {other}" if
+                layouts[other]["class"] != first["class"] else f"the state {state} {mine.get(state)} on rank 0 but "
+                f"{theirs.get(state)} on rank {other} (reduction, dtype, shape)"]
+    why = "their states have different shapes" if shapes else "their states hold different things (adding them " \
+        "would give a wrong report)"
+    return (f"{name}: the ranks' metrics were built with different arguments, so {why}: {'; '.join(said)}; construct "
+            "the metric with the same arguments on every rank")
+
+
 class Float64Metric(Metric):
     """A metric whose states (counts, sums, samples) are float64 and stay so, with a cheap ``forward``.
 
@@ -166,13 +195,28 @@ class Float64Metric(Metric):
         out._dtype = dtype
         return out
 
+    def sync_settings(self) -> dict:
+        """The arguments that decide what the states hold and how compute reads them, as JSON data (`_sync_dist`
+        compares them across the ranks before anything else); a subclass adds its own to its parent's."""
+        return {}
+
+    def _layout(self) -> dict:
+        """What the ranks must agree on to sync: the class, `sync_settings`, and each state's reduction (and, but for
+        ``cat`` states, its dtype and shape)."""
+        states = {attr: [getattr(fx, "__name__", None)] + ([] if fx is dim_zero_cat else [
+            str(getattr(self, attr).dtype), list(getattr(self, attr).shape)]) for attr, fx in self._reductions.items()}
+        return {"class": type(self).__qualname__, "settings": self.sync_settings(), "states": states}
+
     def _sync_dist(self, dist_sync_fn: Callable = gather_all_tensors, process_group: Optional[Any] = None) -> None:
         """Every rank's states, reduced as declared, in few collectives and no extra copy (torchmetrics' own sync,
         with a ``dist_sync_fn`` of the user's, gathers each state alone: two collectives and a barrier a state, the
         samples padded to the longest rank's and concatenated twice):
 
-        - one ``all_gather`` of every rank's sizes: each ``cat`` state's number of samples, each dtype's sum of the
-          other states' numbers of elements (these must agree: a ValueError on every rank, not a hang);
+        - one ``all_gather`` of a fixed size (`SYNC_HEAD` + 1): a fingerprint of `_layout` (the arguments that
+          decide the states, the states' shapes) and the ``cat`` states' numbers of samples (more than `SYNC_HEAD`
+          states: the rest in a second). Fingerprints that differ raise a ValueError on every rank naming
+          the argument (`mismatch`), before anything whose size depends on them: summing states built with other
+          arguments would be a silent wrong report;
         - one ``all_gather`` per dtype of the other states, flat, each then reduced over the ranks (``sum``: the
           ranks' values added in rank order, as torchmetrics does);
         - per ``cat`` state (flat samples, as `append_samples` keeps them) one tensor of every rank's samples in rank
@@ -190,18 +234,25 @@ class Float64Metric(Metric):
         for attr in self._reductions:
             if attr not in pieces:
                 others.setdefault(getattr(self, attr).dtype, []).append(attr)
+        layout = json.dumps(self._layout(), default=repr)  # (in the settings' order; a value JSON lacks: its repr)
+        digest = hashlib.blake2b(layout.encode(), digest_size=8).digest()
         mine = [sum(p.numel() for p in pieces[attr]) for attr in cats]
-        mine += [sum(getattr(self, attr).numel() for attr in attrs) for attrs in others.values()]
-        sizes = torch.empty((world, len(mine)), dtype=torch.int64, device=self.device)
-        torch.distributed.all_gather(list(sizes.unbind(0)), torch.tensor(mine, dtype=torch.int64, device=self.device),
-                                     group=group)
-        sizes = sizes.T.tolist()  # [size][rank]
-        if any(len(set(counts)) > 1 for counts in sizes[len(cats):]):
-            raise ValueError(f"{type(self).__name__}: the ranks' states have different shapes (elements per rank: "
-                             f"{sizes[len(cats):]}); construct the metric with the same arguments on every rank")
-        for attrs, counts in zip(others.values(), sizes[len(cats):]):
+        head = [int.from_bytes(digest, "little", signed=True)] + (mine + [0] * SYNC_HEAD)[:SYNC_HEAD]
+        gathered = torch.empty((world, len(head)), dtype=torch.int64, device=self.device)
+        torch.distributed.all_gather(list(gathered.unbind(0)), torch.tensor(head, dtype=torch.int64,
+                                                                            device=self.device), group=group)
+        gathered = gathered.tolist()
+        if len({row[0] for row in gathered}) > 1:  # every rank sees it: each raises, none waits
+            raise ValueError(mismatch(type(self).__name__, gather_json(json.loads(layout), group, self.device)))
+        sizes = [row[1:1 + len(mine)] for row in gathered]  # [rank][cat state] (as many on every rank: same layout)
+        if len(mine) > SYNC_HEAD:
+            rest = torch.empty((world, len(mine) - SYNC_HEAD), dtype=torch.int64, device=self.device)
+            torch.distributed.all_gather(list(rest.unbind(0)), torch.tensor(mine[SYNC_HEAD:], dtype=torch.int64,
+                                                                              device=self.device), group=group)
+            sizes = [row + more for row, more in zip(sizes, rest.tolist())]
+        for attrs in others.values():
             flat = torch.cat([getattr(self, attr).reshape(-1) for attr in attrs])
-            gathered = torch.empty((world, counts[0]), dtype=flat.dtype, device=flat.device)
+            gathered = torch.empty((world, flat.numel()), dtype=flat.dtype, device=flat.device)
             torch.distributed.all_gather(list(gathered.unbind(0)), flat, group=group)
             at = 0
             for attr in attrs:
@@ -210,7 +261,7 @@ class Float64Metric(Metric):
                 fx = self._reductions[attr]
                 setattr(self, attr, fx(value) if fx is not None else value)
                 at += shape.numel()
-        for attr, counts in zip(cats, sizes):
+        for attr, counts in zip(cats, zip(*sizes)):
             starts = [sum(counts[:r]) for r in range(world + 1)]
             out = torch.empty(starts[-1], dtype=pieces[attr][0].dtype if pieces[attr] else self.dtype,
                               device=self.device)
@@ -265,6 +316,11 @@ class SampleMetric(Float64Metric):
         self.mode = mode
         self.spec = check_statistics(relative_accuracy, sketch_range, num_resamples, seed)
         self.num_resamples, self.seed = num_resamples, seed
+
+    def sync_settings(self) -> dict:
+        return {**super().sync_settings(), "mode": self.mode, "relative_accuracy": self.spec.relative_accuracy,
+                "sketch_range": [self.spec.min_value, self.spec.max_value], "num_resamples": self.num_resamples,
+                "seed": self.seed}
 
     def _add_sample_state(self, name: str) -> None:
         if self.mode == "exact":

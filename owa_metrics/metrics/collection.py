@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import warnings
 from typing import Literal, Optional, Sequence, Union
@@ -159,6 +160,19 @@ class OWAEventMetrics(Float64Metric):
                                dist_reduce_fx="sum")
         self._dtype = torch.float64  # an empty list state syncs as an empty tensor of this dtype
         self.persistent(persistent)
+
+    def sync_settings(self) -> dict:
+        """The arguments that decide the states and the report (not ``backend`` or ``persistent``): the ranks'
+        must be equal to sync (`Float64Metric._sync_dist`)."""
+        config = {f"config.{f.name}": getattr(self.vocab.config, f.name) for f in dataclasses.fields(self.vocab.config)
+                  if f.name != "format"}
+        return {**super().sync_settings(), "format": self.vocab.config.format, "alignment": self.alignment,
+                "mode": self.mode, "pairing": self.pairing, "tolerance_ms": self.tolerance_ms, "tags": list(self.tags),
+                "tag_keys": self.tag_keys, "bin_ms": self.shape.bin_ms, "bin_shifts": list(self.shape.bin_shifts),
+                "empty_bins_as_correct": self.shape.empty_bins_as_correct, "generated_screens": self.generated_screens,
+                "relative_accuracy": self.spec.relative_accuracy, "sketch_range": [self.spec.min_value,
+                                                                                   self.spec.max_value],
+                "num_resamples": self.num_resamples, "seed": self.seed, **config}
 
     def kept(self, name: str) -> str:
         """The attribute of a declared state: a `Samples` / `GivenSamples` state's is ``{name}_samples`` (exact mode)

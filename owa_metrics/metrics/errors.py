@@ -72,6 +72,9 @@ class TimestampError(SampleMetric):
         self._add_sample_state("timestamp_signed_errors_ms")
         self._add_sample_state("timestamp_percent_errors")
 
+    def sync_settings(self) -> dict:
+        return {**super().sync_settings(), "window_ns": self.window_ns}
+
     def update(self, preds_ns: torch.Tensor, target_ns: torch.Tensor) -> None:
         check_same_shape(self, preds_ns=preds_ns, target_ns=target_ns)
         signed_ms, percent = timestamp_errors(preds_ns, target_ns, self.window_ns)

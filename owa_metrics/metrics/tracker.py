@@ -1,4 +1,5 @@
-"""`OWAMetricTracker`: torchmetrics' `MetricTracker` whose ``best_metric`` reads each key's direction."""
+"""`OWAMetricTracker`: torchmetrics' `MetricTracker` whose ``compute_all`` and ``best_metric`` read a report whose
+keys change between steps, and each key's direction."""
 
 from __future__ import annotations
 
@@ -9,28 +10,54 @@ from torchmetrics.wrappers import MetricTracker
 
 
 class OWAMetricTracker(MetricTracker):
-    """torchmetrics' ``MetricTracker`` (``increment``, ``update``, ``compute``, ``compute_all``, ``plot``, all its
-    own) for a metric whose result is a dict and whose ``higher_is_better`` is a dict per key (`OWAEventMetrics`:
-    a `KeyDirections`): ``best_metric`` takes, for each key, the maximum over the steps where higher is better, the
-    minimum where lower is, and None (as torchmetrics for a metric without a best) where neither (counts, shares,
-    signed errors). torchmetrics' own ``best_metric`` compares a single metric's results as one tensor, which a
-    dict is not. ``maximize`` defaults to the metric's ``higher_is_better``; a bool there sets every key's."""
+    """torchmetrics' ``MetricTracker`` (``increment``, ``update``, ``compute``, ``plot``, all its own) for a metric
+    whose result is a dict and whose ``higher_is_better`` is a dict per key (`OWAEventMetrics`: a `KeyDirections`).
+
+    A report leaves out the keys without samples, so its keys change between steps (an early model has nothing
+    comparable). ``compute_all`` stacks the union of the keys over the steps (first seen first), NaN at a step
+    without the key. ``best_metric`` takes, for each key of that union, over the steps that have it, the maximum
+    where higher is better, the minimum where lower is, and None (as torchmetrics for a metric without a best)
+    where neither (counts, shares, signed errors); its step counts every step. torchmetrics' own stacks step 0's
+    keys only (a later key is dropped, a key a later step lacks raises ``KeyError``) and compares a dict as one
+    tensor. ``maximize`` defaults to the metric's ``higher_is_better``; a bool there sets every key's."""
+
+    def compute_all(self):
+        steps = self._steps()
+        if steps is None:
+            return super().compute_all()
+        return {key: torch.stack([step.get(key, torch.full_like(first, torch.nan)) for step in steps])
+                for key, first in _union(steps).items()}
 
     def best_metric(self, return_step: bool = False):
-        directions = self.maximize
-        if not isinstance(directions, Mapping):
-            if not isinstance(self._base_metric.higher_is_better, Mapping):
-                return super().best_metric(return_step)
-            directions = _Fixed(bool(directions))
+        steps = self._steps()
+        if steps is None:
+            return super().best_metric(return_step)
+        directions = self.maximize if isinstance(self.maximize, Mapping) else _Fixed(bool(self.maximize))
         value, step = {}, {}
-        for key, series in self.compute_all().items():
+        for key in _union(steps):
             better = directions[key]
             if better is None:
                 value[key] = step[key] = None
                 continue
-            best, at = (torch.max if better else torch.min)(series, 0)
-            value[key], step[key] = best.item(), at.item()
+            have = [(i, s[key].item()) for i, s in enumerate(steps) if key in s]
+            step[key], value[key] = (max if better else min)(have, key=lambda pair: pair[1])  # ties: the first
         return (value, step) if return_step else value
+
+    def _steps(self) -> list[dict] | None:
+        """Each step's report, or None for a metric without a direction per key (torchmetrics' own then)."""
+        if not isinstance(getattr(self._base_metric, "higher_is_better", None), Mapping):
+            return None
+        self._check_for_increment("compute_all")
+        return [metric.compute() for metric in list(self)[1:]]
+
+
+def _union(steps: list[dict]) -> dict:
+    """Every key over the steps, first seen first, each with its first value (the NaN filler's dtype and device)."""
+    out: dict = {}
+    for step in steps:
+        for key, value in step.items():
+            out.setdefault(key, value)
+    return out
 
 
 class _Fixed(dict):
