@@ -525,30 +525,32 @@ def _row_keys(row: list[float], empty_bins_as_correct: bool) -> dict[str, float]
         if values:
             out[name] = right / values
         out[name.split("/")[0] + "/sample_count"] = float(values)
-    out.update(_strict_keys(v))
+        out.update(_strict_keys(v, kind))
     out["num_bins"] = float(v["num_bins"])
     return out
 
 
-def _strict_keys(v: dict[str, int]) -> dict[str, float]:
-    """The community's per-bin keys (fdm-d2e-reproduction's ``paper_idm_metrics.py``, "strict"): a bin is right
-    when its multiset of names is the same on both sides. Keyboard: the share of the bins with a true key event that
-    are right; buttons: TP the right bins with a true button name, precision TP / the bins with a predicted one,
-    recall TP / the bins with a true one, F1 2TP / (both); each kind's false-positive rate: the share of the bins
-    without a true event that have a predicted one. A ratio over nothing is left out."""
-    n = v["num_bins"]
-    out = {"keyboard/strict_sample_count": float(v["key_true_bins"])}
-    if v["key_true_bins"]:
-        out["keyboard/strict_accuracy"] = v["key_exact_bins"] / v["key_true_bins"]
-    tp, true, pred = v["button_exact_bins"], v["button_true_bins"], v["button_pred_bins"]
-    for name, den in (("precision", pred), ("recall", true), ("f1", true + pred)):
-        if den:
-            out[f"mouse_button/{name}"] = (2 * tp if name == "f1" else tp) / den
-    for kind, state in (("keyboard", "key"), ("mouse_button", "button")):
-        without = n - v[f"{state}_true_bins"]  # bins without a true event; the predicted ones: those not empty
-        out[f"{kind}/false_positive_sample_count"] = float(without)
-        if without:
-            out[f"{kind}/false_positive_rate"] = (without - v[f"{state}_empty_bins"]) / without
+def _strict_keys(v: dict[str, int], kind: str) -> dict[str, float]:
+    """The community's per-bin keys of ``kind`` (``"button"``, ``"key"``; fdm-d2e-reproduction's
+    ``paper_idm_metrics.py``, "strict"): a bin is alike when every name's count is equal on both sides. Keyboard:
+    the share of the bins with a true key event that are alike; buttons: TP the alike bins with a true button name,
+    precision TP / the bins with a predicted one, recall TP / the bins with a true one, F1 2TP / (both); each kind's
+    false-positive rate: the share of the bins without a true event that have a predicted one. A ratio over nothing
+    is left out."""
+    prefix, true, out = ("mouse_button" if kind == "button" else "keyboard"), v[f"{kind}_true_bins"], {}
+    if kind == "button":
+        tp, pred = v["button_exact_bins"], v["button_pred_bins"]
+        for name, num, den in (("precision", tp, pred), ("recall", tp, true), ("f1", 2 * tp, true + pred)):
+            if den:
+                out[f"mouse_button/{name}"] = num / den
+    else:
+        out["keyboard/strict_sample_count"] = float(true)
+        if true:
+            out["keyboard/strict_accuracy"] = v["key_exact_bins"] / true
+    without = v["num_bins"] - true  # bins without a true event; those with a predicted one: the rest but the empty
+    out[f"{prefix}/false_positive_sample_count"] = float(without)
+    if without:
+        out[f"{prefix}/false_positive_rate"] = (without - v[f"{kind}_empty_bins"]) / without
     return out
 
 
