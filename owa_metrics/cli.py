@@ -245,6 +245,7 @@ def _evaluate_d2e(pred: Path, target: Path, bin_ms: float | None, empty_bins_as_
     import warnings
 
     from .d2e import evaluate_d2e, evaluate_d2e_folders
+    from .functional import d2e_paper
     from .functional.d2e import bin_ns_of
     from .report import tag_table
 
@@ -278,10 +279,10 @@ def _evaluate_d2e(pred: Path, target: Path, bin_ms: float | None, empty_bins_as_
         return fail(str(err))
     except Exception as err:  # noqa: BLE001 - an unreadable MCAP: one line naming it
         return fail(f"{pred} / {target}: cannot read the MCAP pair ({type(err).__name__}: {err})")
-    lines = [f"# D2E protocol: {pred.name} vs {target.name} ({bin_ms:g} ms bins)", "", "| key | value |", "|---|---:|"]
-    lines += [f"| {key} | {value:.6g} |" for key, value in report.items() if not key.startswith("tag/")]
+    table, paper = _d2e_lines(report, bin_ms == d2e_paper.BIN_MS and not empty_bins_as_correct)
     tags = tag_table(report)
-    print("\n".join(lines + (["", "## Per file", "", tags] if tags else [])))
+    print("\n".join([f"# D2E protocol: {pred.name} vs {target.name} ({bin_ms:g} ms bins)", "", *table,
+                     *(["", "## Per file", "", tags] if tags else []), "", *paper]))
     warned = list(dict.fromkeys(_cli_words(w.message) for w in caught))  # one file on both sides: once
     for line in warned:
         print(f"owa-metrics evaluate: warning: {line}", file=sys.stderr)
@@ -300,6 +301,28 @@ def _evaluate_d2e(pred: Path, target: Path, bin_ms: float | None, empty_bins_as_
             return fail(f"{html[0]}: cannot write the HTML report ({err.strerror or err})")
         print(f"wrote {html[0]}")
     return 1 if strict and warned else 0
+
+
+def _d2e_lines(report: dict, paper: bool) -> tuple[list[str], list[str]]:
+    """The pooled ``d2e/...`` keys as a markdown table, and what follows the report: with ``paper`` (the paper's
+    protocol: 50 ms bins, no empty bins) the D2E paper's G-IDM mean is a column beside each key it reports and its
+    per-game table follows (`functional.d2e_paper`), else a line says why they are left out."""
+    from .functional import d2e_paper
+
+    keys = [(key, value) for key, value in report.items() if not key.startswith("tag/")]
+    if not paper:
+        return ["| key | value |", "|---|---:|", *(f"| {key} | {value:.6g} |" for key, value in keys)], [
+            f"The D2E paper's G-IDM figures (docs/METRICS.md) are at {d2e_paper.BIN_MS} ms bins without empty bins: "
+            f"run with --bin-ms {d2e_paper.BIN_MS} (and no --empty-bins-as-correct) to see them beside yours."]
+    ref = {f"d2e/{key}": f"{value:g}" for key, value in zip(d2e_paper.KEYS, d2e_paper.MEAN[1:])}
+    names = [key.rsplit("/", 1)[1] for key in d2e_paper.KEYS]
+    return ["| key | value | D2E paper, G-IDM (mean of its games) |", "|---|---:|---:|",
+            *(f"| {key} | {value:.6g} | {ref.get(key, '')} |" for key, value in keys)], [
+        "## The D2E paper's G-IDM per game (τ = 100 ms)", "", f"| game | {' | '.join(names)} |",
+        "|---" + "|---:" * len(names) + "|",
+        *(f"| {row[0]} | " + " | ".join(f"{v:g}" for v in row[1:]) + " |" for row in (*d2e_paper.PER_GAME,
+                                                                                  d2e_paper.MEAN)),
+        "", f"Source: {d2e_paper.SOURCE}."]
 
 
 def _cli_words(warning: Warning) -> str:

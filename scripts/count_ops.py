@@ -138,12 +138,17 @@ SETUPS = {"teacher forcing, exact": ({}, "ids"),
           "teacher forcing, sketch, token_loss": ({"mode": "sketch"}, "token_loss"),
           "teacher forcing, d2e": ({"bin_ms": 50}, "ids"),
           "teacher forcing, sketch, d2e": ({"mode": "sketch", "bin_ms": 50}, "ids"),
-          "generation (index)": ({"alignment": "generation"}, "ids"),
+          "generation (index)": ({"alignment": "generation"}, "ids"),  # the D2E bins on by default
           "generation (index), sketch": ({"alignment": "generation", "mode": "sketch"}, "ids"),
           "generation (index), d2e": ({"alignment": "generation", "bin_ms": 50}, "ids"),
+          "generation (index), no d2e": ({"alignment": "generation", "bin_ms": None}, "ids"),
+          "generation (index), sketch, no d2e": ({"alignment": "generation", "mode": "sketch", "bin_ms": None}, "ids"),
           "generation (time)": ({"alignment": "generation", "pairing": "time"}, "ids"),
           "generation (time), sketch": ({"alignment": "generation", "pairing": "time", "mode": "sketch"}, "ids"),
-          "generation (time), d2e": ({"alignment": "generation", "pairing": "time", "bin_ms": 50}, "ids")}
+          "generation (time), d2e": ({"alignment": "generation", "pairing": "time", "bin_ms": 50}, "ids"),
+          "generation (time), no d2e": ({"alignment": "generation", "pairing": "time", "bin_ms": None}, "ids"),
+          "generation (time), sketch, no d2e": ({"alignment": "generation", "pairing": "time", "mode": "sketch",
+                                                 "bin_ms": None}, "ids")}
 
 
 def cases(batch: int, seq_len: int, names=None):

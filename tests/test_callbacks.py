@@ -750,6 +750,10 @@ def test_tags_reach_tensorboard_as_keys_and_a_table(tmp_path, tokenizer, vocab, 
     assert not any(key.startswith("tag/chess/") for key in logged)
     generated = report_of({tag: events.Scalars(tag)[-1].value for tag in events.Tags()["scalars"]}, "val/owa_gen/")
     assert [generated[f"tag/{name}/count/sequences"] for name in TAG_NAMES[:3]] == [2, 2, 2]  # the first 6 rows
+    # the D2E protocol, on by default in generation (issue 46), charted in one group; off under teacher forcing
+    d2e = {tag for tag in events.Tags()["scalars"] if tag.split("/", 1)[-1].startswith("d2e/")}
+    assert {tag.split("/", 1)[0] for tag in d2e} == {"val.owa_gen.d2e"} and "val.owa_gen.d2e/d2e/num_bins" in d2e, d2e
+    assert {k for k in generated if k.startswith("d2e/")} == {tag.split("/", 1)[1] for tag in d2e}
 
     table = events.Tensors("val/owa/tags")[-1].tensor_proto.string_val[0].decode()
     header, _, *rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in table.splitlines()]

@@ -33,8 +33,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..decode.kernel import _jit
+from ..decode.event_batch import VALUE_COLUMNS
+from ..decode.kernel import KEYBOARD_CAT, MOUSE_NOP_CAT, MOUSE_OP_CAT, VALID, _jit
 from ..decode.kernel import available as kernel_available
+from ..decode.matching import STEP_BACK_NS
 
 COUNTS = ("num_bins", "duration_ns", "move_bins", "button_right", "button_values", "button_empty_bins", "key_right",
           "key_values", "key_empty_bins", "key_true_bins", "key_exact_bins", "button_true_bins", "button_pred_bins",
@@ -56,6 +58,7 @@ _NAMES = 1 << _NAME_BITS
 _N_BUTTONS = len(BUTTONS)  # the compiled loop's: button name i is bit i
 _NO_RUN = torch.iinfo(torch.long).max  # the sort key of an event that counts nowhere, and of the runs past the last
 KEY_PREFIX = "d2e"
+DEFAULT_BIN_MS = 50  # upstream's bins and the paper's: `OWAEventMetrics`' default in generation
 
 
 @dataclass
@@ -308,17 +311,22 @@ def _compiled_states(truth: D2EEvents, pred: D2EEvents, start_ns: torch.Tensor, 
                      shifts: Sequence[int], group: Optional[torch.Tensor], groups: int) -> torch.Tensor:
     """`d2e_states` by `_binned` (CPU tensors): the same [groups, shifts, STATES] sums ([shifts, STATES] without
     ``group``)."""
-    grouped = group is not None
     a = lambda *x: [np.ascontiguousarray(t.numpy(), dtype=np.int64) for t in x]  # noqa: E731
     start, end = a(start_ns.long(), end_ns.long())
     nb = a(num_bins(start_ns.long(), end_ns.long(), bin_ns))[0]
+    events = [a(*(getattr(ev, f.name) for f in fields(D2EEvents))) for ev in (truth, pred)]
+    return _binned_states(*events, start, end, nb, bin_ns, shifts, group, groups)
+
+
+def _binned_states(truth: list, pred: list, start: np.ndarray, end: np.ndarray, nb: np.ndarray, bin_ns: int,
+                   shifts: Sequence[int], group: Optional[torch.Tensor], groups: int) -> torch.Tensor:
+    """`_binned`'s sums of each side's `D2EEvents` fields (int64 arrays, in order) over ranges [start, end) of
+    ``nb`` bins [B]: [groups, shifts, STATES] ([shifts, STATES] without ``group``)."""
     out = np.zeros((groups, len(shifts), len(STATES)))
-    events = [a(ev.seq, ev.ns, ev.is_key, ev.key_code, ev.dx, ev.dy, ev.button_flags, ev.counts)
-              for ev in (truth, pred)]
-    _binned(*events[0], *events[1], start, end, nb, a(group if grouped else torch.zeros_like(start_ns))[0],
-            np.array([int(k) for k in shifts], dtype=np.int64), bin_ns, out)
+    _binned(*truth, *pred, start, end, nb, np.zeros(len(start), np.int64) if group is None else
+            np.ascontiguousarray(group.numpy(), dtype=np.int64), np.array(shifts, dtype=np.int64), bin_ns, out)
     out = torch.from_numpy(out)
-    return out if grouped else out[0]
+    return out if group is not None else out[0]
 
 
 @_jit
@@ -620,6 +628,89 @@ def batch_events(batch, window_ns: int) -> tuple[D2EEvents, D2EEvents, torch.Ten
 def batch_states(batch, window_ns: int, bin_ms: float, bin_shifts: Sequence[int] = (),
                  group: Optional[torch.Tensor] = None, groups: int = 1, compiled: bool = False) -> torch.Tensor:
     """`d2e_states` of a decoded batch's rows (`batch_events`), one row per shift of `shift_rows` (by group of
-    sequences with ``group``; ``compiled`` as there)."""
+    sequences with ``group``). ``compiled`` (CPU tensors, numba; paired by index): one compiled pass from the decoded
+    arrays to the events on their time axes and the ranges (`_batch_events`, `batch_events` as loops), then
+    `_binned`: no torch op per event; else `batch_events` and `d2e_states` (``compiled`` as there)."""
+    bin_ns, shifts = bin_ns_of(bin_ms), shift_rows(bin_shifts)
+    if compiled and batch.time_matching is None and batch.seq_idx.device.type == "cpu" and kernel_available():
+        t, p = batch.target, batch.generated if batch.generated is not None else batch.pred
+        p_seq = batch.generated_seq if batch.generated is not None else batch.seq_idx
+        a = lambda x: np.ascontiguousarray(x.numpy(), dtype=np.int64)  # noqa: E731  (no copy: the kernel's arrays)
+        *sides, start, end, nb = _batch_events(a(batch.seq_idx), a(t.status), a(t.values), a(p_seq), a(p.status),
+                                               a(p.values), batch.generated is not None, batch.num_sequences,
+                                               window_ns, STEP_BACK_NS, bin_ns)
+        n = len(fields(D2EEvents))
+        return _binned_states(sides[:n], sides[n:], start, end, nb, bin_ns, shifts, group, groups)
     truth, pred, start, end = batch_events(batch, window_ns)
-    return d2e_states(truth, pred, start, end, bin_ns_of(bin_ms), shift_rows(bin_shifts), group, groups, compiled)
+    return d2e_states(truth, pred, start, end, bin_ns, shifts, group, groups, compiled)
+
+
+_CATEGORY, _TIMESTAMP, _VK, _ACTION, _DX, _DY, _FLAGS = (VALUE_COLUMNS.index(name) for name in (
+    "category", "timestamp_ns", "vk", "action", "dx", "dy", "button_flags"))
+
+
+@_jit
+def _unwrap_side(seq, status, values, origin, window_ns, step_back_ns, out):
+    """`unwrap_ns` as a loop: ``out`` [n] the absolute times of a side's valid events in (row, position) order from
+    their row's ``origin`` (0 where not valid)."""
+    half, prev = window_ns // 2, -1
+    for e in range(len(seq)):
+        if status[e] != VALID:
+            continue
+        t = values[e, _TIMESTAMP]
+        if prev < 0 or seq[prev] != seq[e]:  # the row's first valid event
+            o = origin[seq[e]]
+            out[e] = o + (t - o + half) % window_ns - half
+        else:
+            d = (t - values[prev, _TIMESTAMP]) % window_ns
+            out[e] = out[prev] + (d - window_ns if d > window_ns - step_back_ns else d)
+        prev = e
+
+
+@_jit
+def _side_events(seq, values, ok, ns):
+    """One side's `D2EEvents` fields (int64 arrays, in order) from its decoded rows: ``ok`` [n] whether an event may
+    count (a valid one; under teacher forcing also its target valid), ``ns`` its time."""
+    n = len(seq)
+    out = np.zeros((6, n), np.int64)
+    is_key, code, dx, dy, flags, counts = out[0], out[1], out[2], out[3], out[4], out[5]
+    for e in range(n):
+        c = values[e, _CATEGORY]
+        is_key[e] = c == KEYBOARD_CAT
+        code[e] = values[e, _VK] * 2 + values[e, _ACTION]
+        dx[e], dy[e], flags[e] = values[e, _DX], values[e, _DY], values[e, _FLAGS]
+        counts[e] = ok[e] and (c == KEYBOARD_CAT or c == MOUSE_OP_CAT or c == MOUSE_NOP_CAT)
+    return seq, ns, is_key, code, dx, dy, flags, counts
+
+
+@_jit
+def _batch_events(seq, t_status, t_values, p_seq, p_status, p_values, generation, B, window_ns, step_back_ns,
+                  bin_ns):
+    """`batch_events` (index pairing) and `num_bins` as loops over the decoded arrays: both sides' `D2EEvents` fields
+    (int64 arrays, in order), then each row's start, end and bins [B]."""
+    n = len(seq)
+    origin, start, end, seen = np.zeros(B, np.int64), np.zeros(B, np.int64), np.zeros(B, np.int64), np.zeros(B, np.bool_)
+    for e in range(n - 1, -1, -1):  # each row's first valid target event's timestamp
+        if t_status[e] == VALID:
+            origin[seq[e]] = t_values[e, _TIMESTAMP]
+    t_ns, t_ok = np.zeros(n, np.int64), t_status == VALID
+    _unwrap_side(seq, t_status, t_values, origin, window_ns, step_back_ns, t_ns)
+    for e in range(n):  # the range: the first to the last valid target time
+        if t_ok[e]:
+            r = seq[e]
+            start[r] = t_ns[e] if not seen[r] else min(start[r], t_ns[e])
+            end[r] = t_ns[e] if not seen[r] else max(end[r], t_ns[e])
+            seen[r] = True
+    if generation:
+        p_ns = np.zeros(len(p_seq), np.int64)
+        _unwrap_side(p_seq, p_status, p_values, origin, window_ns, step_back_ns, p_ns)
+        p_ok = p_status == VALID
+    else:  # teacher forcing: each prediction at its target's time plus the wrapped difference of the timestamps
+        half = window_ns // 2
+        p_ns = t_ns + (p_values[:, _TIMESTAMP] - t_values[:, _TIMESTAMP] + half) % window_ns - half
+        p_ok = (p_status == VALID) & t_ok
+    nb = np.zeros(B, np.int64)
+    for r in range(B):
+        if end[r] > start[r]:
+            nb[r] = (end[r] - start[r] - 1) // bin_ns + 1
+    return (*_side_events(seq, t_values, t_ok, t_ns), *_side_events(p_seq, p_values, p_ok, p_ns), start, end, nb)

@@ -17,7 +17,7 @@ from ..decode.event_batch import Alignment, Backend, EventBatch, Pairing
 from ..decode.matching import DEFAULT_TOLERANCE_MS, tolerance_ns
 from ..decode.screens import without_screen_events
 from ..functional import kernel as compiled
-from ..functional.d2e import bin_ns_of
+from ..functional.d2e import DEFAULT_BIN_MS, bin_ns_of
 from ..functional.declare import Given, GivenSamples, Samples, Shape, Sums
 from ..functional.plan import SAMPLE_SHIFT, Plan, accumulate
 from ..functional.report import REPORT, WORDS, default_tag_keys, headline_keys, higher_is_better
@@ -93,7 +93,10 @@ class OWAEventMetrics(Float64Metric):
     The D2E protocol (the D2E paper's binned metrics, `owa_metrics.functional.d2e`): ``bin_ms=50`` adds
     ``d2e/...`` (mouse Pearson and scale ratio, button and key accuracy over bins of each sequence's range, see
     docs/METRICS.md); ``empty_bins_as_correct`` as upstream's flag; ``bin_shifts=range(-3, 4)`` the keys at each
-    shift of the prediction (``..._shift_{k}bins``) and ``d2e/best_shift_bins``. Off (None) by default.
+    shift of the prediction (``..._shift_{k}bins``) and ``d2e/best_shift_bins``. ``bin_ms="auto"`` (the default):
+    50 in generation (the paper's setting: the model writes its events), off under teacher forcing (one prediction
+    per true event, after the true events before it: the bins would re-score what the per-event keys do);
+    ``bin_ms=None`` turns it off.
     """
 
     full_state_update = False
@@ -105,7 +108,7 @@ class OWAEventMetrics(Float64Metric):
                  sketch_range: tuple[float, float] = (1e-4, 1e8), num_resamples: int = 1000, seed: int = 42,
                  persistent: bool = False, backend: Backend = "auto", pairing: Pairing = "index",
                  tolerance_ms: Union[None, float, tuple[float, ...]] = None, tags: Optional[Sequence[str]] = None,
-                 tag_keys: Union[None, str, Sequence[str]] = None, bin_ms: Optional[float] = None,
+                 tag_keys: Union[None, str, Sequence[str]] = None, bin_ms: Union[None, float, Literal["auto"]] = "auto",
                  empty_bins_as_correct: bool = False, bin_shifts: Sequence[int] = (),
                  generated_screens: GeneratedScreens = "context", **kwargs):
         kwargs.setdefault("compute_with_cache", False)  # every compute() syncs, on every rank: no stale rank
@@ -140,7 +143,7 @@ class OWAEventMetrics(Float64Metric):
         self.window_ns = vocab.config.timestamp_window_ns
         columns = vocab.config.token_format.digit_columns
         self.shape = Shape(columns.count("timestamp"), columns.count("dx"), self.window_ns, sweep,
-                           *_check_d2e(bin_ms, empty_bins_as_correct, bin_shifts))
+                           *_check_d2e(bin_ms, empty_bins_as_correct, bin_shifts, alignment))
         self.definitions = tuple(d for d in REPORT if d.applies(alignment, pairing))
         self._field_table = field_table(vocab.config).numpy()
         plan = Plan.get(self.definitions, self.shape, "cpu", self._given_names(tokens=True))
@@ -788,8 +791,11 @@ def _said_ms(tolerance_ns: Union[int, tuple]) -> str:
     return f"tolerance {tolerance_ns / 1e6:g} ms"
 
 
-def _check_d2e(bin_ms, empty_bins_as_correct, bin_shifts) -> tuple:
-    """``(bin_ms, bin_shifts, empty_bins_as_correct)`` of the D2E protocol, checked (shifts without bins refused)."""
+def _check_d2e(bin_ms, empty_bins_as_correct, bin_shifts, alignment: Alignment) -> tuple:
+    """``(bin_ms, bin_shifts, empty_bins_as_correct)`` of the D2E protocol, checked (shifts without bins refused);
+    ``bin_ms="auto"``: `DEFAULT_BIN_MS` in generation, None (off) under teacher forcing."""
+    if isinstance(bin_ms, str) and bin_ms == "auto":
+        bin_ms = DEFAULT_BIN_MS if alignment == "generation" else None
     if bin_ms is None:
         if tuple(bin_shifts) or empty_bins_as_correct:
             raise ValueError("bin_shifts / empty_bins_as_correct belong to the D2E protocol: pass bin_ms too "
