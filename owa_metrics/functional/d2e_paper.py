@@ -11,7 +11,7 @@ from __future__ import annotations
 from .d2e import DEFAULT_BIN_MS
 
 SOURCE = ("D2E (Choi et al., ICLR 2026), arXiv 2510.05684v2: G-IDM, τ = 100 ms; per game Tables 4-5, "
-          "their mean Table 18")
+          "their mean Table 18 (read through a public reproduction's table of them; docs/METRICS.md)")
 BIN_MS = DEFAULT_BIN_MS  # the protocol the figures were measured with (50 ms bins), empty_bins_as_correct False
 KEYS = ("mouse_move/pearson_x", "mouse_move/pearson_y", "mouse_move/scale_ratio_x", "mouse_move/scale_ratio_y",
         "keyboard/key_accuracy", "mouse_button/button_accuracy")  # the columns of the rows, as d2e/ keys
