@@ -317,8 +317,9 @@ def match_by_time(target: EventFields, target_seq: torch.Tensor, pred: EventFiel
     paired = torch.where(by_kind >= 0, by_kind, detection)
 
     swept = _detection_counts(target, pred, t_ok, detections if sweep else detection[None])
-    error_ms = torch.where(detection >= 0, (p_abs.index_select(0, detection.clamp(min=0)) - t_abs).abs().double() / 1e6,
-                           float("nan"))
+    # a missed target reads the pad (p_abs may be empty: a batch that generated no event)
+    matched_ns = torch.cat([p_abs, p_abs.new_zeros(1)]).index_select(0, torch.where(detection >= 0, detection, M))
+    error_ms = torch.where(detection >= 0, (matched_ns - t_abs).abs().double() / 1e6, float("nan"))
     in_pair = _marked(paired, len(p_ok))
     return TimeMatching(detection=detection, paired=paired, detection_counts=swept[0], detection_error_ms=error_ms,
                         extra_events=(p_ok & ~in_pair).sum(), invalid_pred_events=(~p_ok).sum(), target_ns=t_abs,
