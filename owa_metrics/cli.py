@@ -29,6 +29,7 @@ examples:
   owa-metrics evaluate --pred pred.txt --target true.txt --pairing time --tolerance-ms 100
   owa-metrics evaluate --pred pred.mcap --target true.mcap --bin-ms 50 --bin-shifts -3 3   (the D2E protocol)
   owa-metrics evaluate --pred preds/ --target truths/ --bin-ms 50   (folders: .mcap files paired by name)
+  owa-metrics evaluate --pred pred.jsonl --target true.jsonl --html report.html   (tables and timelines, one file)
   torchrun --nproc-per-node 8 -m owa_metrics evaluate --pred preds/ --target truths/ --bin-ms 50   (8 processes)
 
 pred.jsonl, one line per sequence (true.jsonl may tag it: {{"text": ..., "tag": "minecraft"}}):
@@ -73,6 +74,11 @@ def build_parser() -> argparse.ArgumentParser:
                           help="exact: quantiles of every sample; sketch: of a fixed-size histogram within 0.5 %% "
                                "(default exact)")
     evaluate.add_argument("--json", type=Path, help="also write every metric to this JSON file")
+    evaluate.add_argument("--html", type=Path, help="also write one self-contained HTML page: the tables, the D2E "
+                                                    "latency curve, the confusion and the timelines of sequences")
+    evaluate.add_argument("--html-sequences", type=int, default=4, metavar="N",
+                          help="--html draws the timelines of the N sequences (D2E: files) with the most errors and "
+                               "of the first N (default 4)")
     evaluate.add_argument("--format", choices=list(FORMATS), help="the token format (default: the target file's)")
     evaluate.add_argument("--pairing", choices=["index", "time"], default="index",
                           help="pair the k-th events (index) or match events within --tolerance-ms (time) "
@@ -121,15 +127,20 @@ def main(argv: list[str] | None = None) -> int:
             print(f"owa-metrics demo: {err}".splitlines()[0], file=sys.stderr)
             return 2
     if args.command == "evaluate":
-        clash = output_is_input({"--json": args.json}, [args.pred, args.target])
+        clash = output_is_input({"--json": args.json, "--html": args.html}, [args.pred, args.target])
         if clash:  # refused before anything is read: writing the report would replace an input file
             print(f"owa-metrics evaluate: {clash}", file=sys.stderr)
             return 2
         progress = False if args.no_progress else None
         with _processes():
+            if args.html_sequences < 0:
+                print(f"owa-metrics evaluate: --html-sequences is how many sequences' timelines to draw (>= 0), got "
+                      f"{args.html_sequences}", file=sys.stderr)
+                return 2
+            html = (args.html, args.html_sequences) if args.html else None
             if args.bin_ms is not None or args.bin_shifts or args.empty_bins_as_correct:
                 return _evaluate_d2e(args.pred, args.target, args.bin_ms, args.empty_bins_as_correct, args.bin_shifts,
-                                     args.json, progress, args.strict)
+                                     args.json, progress, args.strict, html)
             if args.tolerance_ms is not None and args.pairing != "time":  # it would have no effect: say so
                 print("owa-metrics evaluate: --tolerance-ms is the tolerance of --pairing time: add --pairing time "
                       "to match events within it, or leave --tolerance-ms out (index pairing matches nothing by "
@@ -138,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
             tolerance_ms = None if args.tolerance_ms is None else \
                 args.tolerance_ms[0] if len(args.tolerance_ms) == 1 else tuple(args.tolerance_ms)
             return _evaluate(args.pred, args.target, args.mode, args.json, args.format, args.strict, args.pairing,
-                             tolerance_ms, args.generated_screens, args.image_tokens, progress)
+                             tolerance_ms, args.generated_screens, args.image_tokens, progress, html)
     parser.print_help()
     return 0
 
@@ -177,7 +188,8 @@ def _rank_zero() -> bool:
 
 def _evaluate(pred: Path, target: Path, mode: str, json_path: Path | None, format: str | None, strict: bool,
               pairing: str = "index", tolerance_ms: float | tuple | None = None, generated_screens: str = "context",
-              image_tokens: str | None = None, progress: bool | None = None) -> int:
+              image_tokens: str | None = None, progress: bool | None = None,
+              html: tuple[Path, int] | None = None) -> int:
     import json
     import warnings
 
@@ -208,12 +220,24 @@ def _evaluate(pred: Path, target: Path, mode: str, json_path: Path | None, forma
                   file=sys.stderr)
             return 2
         print(f"wrote {json_path}")
+    if html and _rank_zero():
+        from .html_report import token_report_html
+
+        try:
+            write_output(html[0], token_report_html(
+                report, pred, target, format=format, pairing=pairing, tolerance_ms=tolerance_ms,
+                generated_screens=generated_screens, image_tokens=image_tokens, sequences=html[1]))
+        except OSError as err:
+            print(f"owa-metrics evaluate: {html[0]}: cannot write the HTML report ({err.strerror or err})",
+                  file=sys.stderr)
+            return 2
+        print(f"wrote {html[0]}")
     return 1 if strict and lines else 0
 
 
 def _evaluate_d2e(pred: Path, target: Path, bin_ms: float | None, empty_bins_as_correct: bool,
                   bin_shifts: list[int] | None, json_path: Path | None, progress: bool | None = None,
-                  strict: bool = False) -> int:
+                  strict: bool = False, html: tuple[Path, int] | None = None) -> int:
     """The D2E protocol on one MCAP pair, or on two folders' pairs (pooled keys, and a tag per file): its keys as a
     table (and in full in --json), each warning (a file whose mouse it cannot read) a line on stderr (exit 1 with
     ``strict``); bad input: one line, exit 2."""
@@ -221,6 +245,7 @@ def _evaluate_d2e(pred: Path, target: Path, bin_ms: float | None, empty_bins_as_
     import warnings
 
     from .d2e import evaluate_d2e, evaluate_d2e_folders
+    from .functional.d2e import bin_ns_of
     from .report import tag_table
 
     def fail(message: str) -> int:
@@ -232,8 +257,14 @@ def _evaluate_d2e(pred: Path, target: Path, bin_ms: float | None, empty_bins_as_
                     "(upstream's is 50)")
     if bin_shifts and bin_shifts[0] > bin_shifts[1]:
         return fail(f"--bin-shifts LOW HIGH with LOW <= HIGH, got {bin_shifts[0]} {bin_shifts[1]}")
+    try:
+        bin_ns_of(bin_ms, "--bin-ms")
+    except ValueError as err:
+        return fail(str(err))
     folders = pred.is_dir() and target.is_dir()
     for path in (pred, target):
+        if not path.exists():
+            return fail(f"{path}: does not exist")
         if not folders and (path.suffix != ".mcap" or not path.is_file()):
             return fail(f"{path}: the D2E protocol (--bin-ms) compares two OWA MCAP recordings (.mcap files), or two "
                         "folders of them")
@@ -260,6 +291,14 @@ def _evaluate_d2e(pred: Path, target: Path, bin_ms: float | None, empty_bins_as_
         except OSError as err:
             return fail(f"{json_path}: cannot write the JSON report ({err.strerror or err})")
         print(f"wrote {json_path}")
+    if html and _rank_zero():
+        from .html_report import d2e_report_html
+
+        try:
+            write_output(html[0], d2e_report_html(report, pred, target, bin_ms, html[1]))
+        except OSError as err:
+            return fail(f"{html[0]}: cannot write the HTML report ({err.strerror or err})")
+        print(f"wrote {html[0]}")
     return 1 if strict and warned else 0
 
 

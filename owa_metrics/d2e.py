@@ -9,32 +9,38 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from .events.d2e import D2ERecording, RecordingError, common_range_ns, read_d2e_recording
 from .functional.d2e import D2EEvents, bin_ns_of, d2e_keys, d2e_states, shift_rows
 
 
-def recording_events(recording: D2ERecording, seq: int = 0) -> D2EEvents:
-    """A recording's events in video time, as sequence ``seq``."""
-    r, off = recording, recording.offset_ns
-    key_seq, mouse_seq = (torch.full((len(x),), seq, dtype=torch.long) for x in (r.key_ns, r.mouse_ns))
-    return D2EEvents.of(r.key_ns - off, r.vk, r.action, r.mouse_ns - off, r.dx, r.dy, r.button_flags, key_seq,
-                        mouse_seq)
+def pair_events(truth: D2ERecording, pred: D2ERecording) -> tuple[D2EEvents, D2EEvents]:
+    """Both recordings' events in video time (one sequence each), each vk as its rank among the pair's distinct vks
+    (any int64 vk, negative ones too, is its own key name, as upstream's ``{event_type}_{vk}``)."""
+    vks = np.unique(np.concatenate([truth.vk, pred.vk]))
+    return tuple(D2EEvents.of(r.key_ns - r.offset_ns, np.searchsorted(vks, r.vk), r.action, r.mouse_ns - r.offset_ns,
+                              r.dx, r.dy, r.button_flags) for r in (truth, pred))
 
 
 def pair_states(truth: D2ERecording, pred: D2ERecording, bin_ms: float = 50,
                 bin_shifts: Sequence[int] = ()) -> torch.Tensor:
-    """[len(shift_rows(bin_shifts)), len(STATES)] float64: the pair's sums over its common range."""
+    """[len(shift_rows(bin_shifts)), len(STATES)] float64: the pair's sums over its common range; raises
+    `RecordingError` naming the file with a move upstream cannot read there (`D2ERecording.check_moves`)."""
+    bin_ns = bin_ns_of(bin_ms)
     start, end = common_range_ns(truth, pred)
-    return d2e_states(recording_events(truth), recording_events(pred), torch.tensor([start]), torch.tensor([end]),
-                      bin_ns_of(bin_ms), shift_rows(bin_shifts), compiled=True)
+    for recording in (truth, pred):
+        recording.check_moves(start, end)
+    return d2e_states(*pair_events(truth, pred), torch.tensor([start]), torch.tensor([end]), bin_ns,
+                      shift_rows(bin_shifts), compiled=True)
 
 
 def evaluate_d2e(pred_path: str | Path, target_path: str | Path, bin_ms: float = 50,
                  empty_bins_as_correct: bool = False, bin_shifts: Sequence[int] = ()) -> dict[str, float]:
     """Upstream's numbers for one pair (``evaluate.py target pred --bin-ms``), flattened to ``d2e/...`` keys (a
     none left out); ``bin_shifts``: the shift diagnostics too (`owa_metrics.functional.d2e.d2e_keys`)."""
+    bin_ns_of(bin_ms)  # checked before any file is read
     states = pair_states(read_d2e_recording(target_path), read_d2e_recording(pred_path), bin_ms, bin_shifts)
     return d2e_keys(states, empty_bins_as_correct, shift_rows(bin_shifts))
 
@@ -69,6 +75,7 @@ def evaluate_d2e_folders(pred_dir: str | Path, target_dir: str | Path, bin_ms: f
 
     from .streaming import Claims, exchange, raise_first, rank_world
 
+    bin_ns_of(bin_ms)  # checked before any file is read
     rank, _ = rank_world()
     pairs, error, states = None, None, {}
     try:

@@ -39,7 +39,7 @@ def recording(repeats: int) -> None:
         flags = np.where(rng.random(m) < 0.02, rng.choice([0x1, 0x2, 0x4, 0x8, 0x10, 0x20, 0x400], m), 0)
         return D2ERecording(name, 0, 0, hour, np.sort(rng.integers(0, hour, k)), rng.integers(8, 120, k),
                             rng.integers(0, 2, k), np.sort(rng.integers(0, hour, m)), rng.integers(-20, 20, m),
-                            rng.integers(-20, 20, m), flags)
+                            rng.integers(-20, 20, m), flags, np.zeros(0, np.int64), np.zeros(0, np.int64))
 
     truth, pred = side("true"), side("pred")
     for shifts in ((), range(-3, 4)):

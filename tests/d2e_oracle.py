@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import bisect
 import functools
+import json
 import math
 import warnings
+from fractions import Fraction
 
 import numpy as np
 
@@ -21,24 +23,31 @@ NAMES = [("left_down", 0x001), ("left_up", 0x002), ("right_down", 0x004), ("righ
          ("middle_down", 0x010), ("middle_up", 0x020)]
 
 
-def write_mcap(path, screens, keys=(), mice=(), tail_ns=None):
-    """screens [(log_ns, pts_ns)], keys [(log_ns, 'press'|'release', vk)], mice [(log_ns, dx, dy, flags)];
-    ``tail_ns``: one more screen message there (it sets the file's end time)."""
+def write_mcap(path, screens, keys=(), mice=(), tail_ns=None, in_time_order=True):
+    """screens [(log_ns, pts_ns)] (pts None: no media_ref), keys [(log_ns, 'press'|'release', vk)], mice
+    [(log_ns, dx, dy, flags[, us_flags])]; ``tail_ns``: one more screen message there (it sets the file's end time);
+    ``in_time_order=False``: the messages written as listed (screens, keys, mice, tail), not sorted by time."""
     from mcap_owa.highlevel import OWAMcapWriter
     from owa.msgs.desktop.keyboard import KeyboardEvent
     from owa.msgs.desktop.mouse import RawMouseEvent
     from owa.msgs.desktop.screen import MediaRef, ScreenCaptured
 
+    class NoMedia(ScreenCaptured):  # a screen message without media_ref (the model wants one to serialize)
+        def serialize(self, buffer):
+            buffer.write(json.dumps({"utc_ns": self.utc_ns, "source_shape": [8, 8], "shape": [8, 8]}).encode())
+
     messages = [(t, "screen", ScreenCaptured(utc_ns=t, media_ref=MediaRef(uri="video.mkv", pts_ns=pts),
-                                             source_shape=(8, 8), shape=(8, 8))) for t, pts in screens]
+                                             source_shape=(8, 8), shape=(8, 8)) if pts is not None else
+                 NoMedia.model_construct(utc_ns=t)) for t, pts in screens]
     messages += [(t, "keyboard", KeyboardEvent(event_type=e, vk=vk)) for t, e, vk in keys]
-    messages += [(t, "mouse/raw", RawMouseEvent(last_x=dx, last_y=dy, button_flags=f, button_data=0))
-                 for t, dx, dy, f in mice]
+    messages += [(t, "mouse/raw", RawMouseEvent(last_x=dx, last_y=dy, button_flags=f, button_data=0,
+                                                us_flags=us[0] if us else 0)) for t, dx, dy, f, *us in mice]
     if tail_ns is not None:
         messages.append((tail_ns, "screen", ScreenCaptured(utc_ns=tail_ns, media_ref=MediaRef(uri="video.mkv",
                                                                                                pts_ns=0),
                                                            source_shape=(8, 8), shape=(8, 8))))
-    messages.sort(key=lambda m: m[0])
+    if in_time_order:
+        messages.sort(key=lambda m: m[0])
     with OWAMcapWriter(str(path)) as writer:
         for t, topic, msg in messages:
             writer.write_message(msg, topic=topic, timestamp=int(t))
@@ -117,6 +126,19 @@ def oracle(truth_path, pred_path, bin_ms, empty_bins_as_correct=False, shift=0):
     return oracle_events(t_events, p_events, start, end, bin_ms, empty_bins_as_correct, shift)
 
 
+def pearson(ts, ps):
+    """Pearson's r of two lists of integers, exact (`fractions`; one rounding at the end): None below 2 values or
+    with a constant list."""
+    if len(ts) < 2:
+        return None
+    mt, mp = Fraction(sum(ts), len(ts)), Fraction(sum(ps), len(ps))
+    cov = sum((x - mt) * (y - mp) for x, y in zip(ts, ps))
+    vt, vp = sum((x - mt) ** 2 for x in ts), sum((y - mp) ** 2 for y in ps)
+    if vt == 0 or vp == 0:
+        return None
+    return math.copysign(math.sqrt(cov * cov / (vt * vp)), cov)
+
+
 def oracle_events(t_events, p_events, start, end, bin_ms, empty_bins_as_correct=False, shift=0):
     """The keys from events (time, topic, decoded-like object with dx / dy / button_flags or event_type / vk)."""
     size = int(round(bin_ms * 1e6))
@@ -159,17 +181,13 @@ def oracle_events(t_events, p_events, start, end, bin_ms, empty_bins_as_correct=
                 ps.append(pa)
             all_t.append(abs(ta))
             all_p.append(abs(pa))
-        if len(ts) >= 2:
-            n = len(ts)
-            mt, mp = sum(ts) / n, sum(ps) / n
-            cov = sum((x - mt) * (y - mp) for x, y in zip(ts, ps))
-            vt, vp = sum((x - mt) ** 2 for x in ts), sum((y - mp) ** 2 for y in ps)
-            if vt > 0 and vp > 0:
-                keys[f"mouse_move/pearson_{axis}"] = cov / math.sqrt(vt * vp)
-        mean_t, mean_p = sum(all_t) / len(all_t), sum(all_p) / len(all_p)
+        r = pearson(ts, ps)
+        if r is not None:
+            keys[f"mouse_move/pearson_{axis}"] = r
+        mean_t, mean_p = Fraction(sum(all_t), len(all_t)), Fraction(sum(all_p), len(all_p))
         if mean_p > 0:
             r = mean_t / mean_p
-            keys[f"mouse_move/scale_ratio_{axis}"] = r if r >= 1 else (1 / r if r > 0 else math.inf)
+            keys[f"mouse_move/scale_ratio_{axis}"] = float(r if r >= 1 else (1 / r if r > 0 else math.inf))
         keys["mouse_move/sample_count"] = len(ts)
     for kind, name in (("buttons", "mouse_button/button_accuracy"), ("keys", "keyboard/key_accuracy")):
         values = []
@@ -183,4 +201,37 @@ def oracle_events(t_events, p_events, start, end, bin_ms, empty_bins_as_correct=
         if values:
             keys[name] = sum(values) / len(values)
         keys[name.split("/")[0] + "/sample_count"] = len(values)
+    keys.update(strict_oracle(pairs))
+    return keys
+
+
+def strict_oracle(pairs):
+    """fdm-d2e-reproduction's "strict" per-bin keys, as its paper_idm_metrics.py counts them over (true bin,
+    predicted bin) pairs: keyboard, the bins with a true key whose key counts are all equal / the bins with a true
+    key; buttons, per bin with a true button: TP when all counts are equal, else FN (and FP when the prediction has a
+    button), per bin without: FP when the prediction has a button; precision, recall, F1 of TP / FP / FN; each
+    kind's FP rate over the bins without a true event. A ratio over nothing is left out."""
+    keys = {}
+    strict = [a["keys"] == b["keys"] for a, b in pairs if a["keys"]]
+    keys["keyboard/strict_sample_count"] = len(strict)
+    if strict:
+        keys["keyboard/strict_accuracy"] = sum(strict) / len(strict)
+    tp = fp = fn = 0
+    for a, b in pairs:
+        if a["buttons"]:
+            if a["buttons"] == b["buttons"]:
+                tp += 1
+            else:
+                fn += 1
+                fp += bool(b["buttons"])
+        else:
+            fp += bool(b["buttons"])
+    for name, num, den in (("precision", tp, tp + fp), ("recall", tp, tp + fn), ("f1", 2 * tp, 2 * tp + fp + fn)):
+        if den:
+            keys[f"mouse_button/{name}"] = num / den
+    for kind, field in (("keyboard", "keys"), ("mouse_button", "buttons")):
+        without = [bool(b[field]) for a, b in pairs if not a[field]]
+        keys[f"{kind}/false_positive_sample_count"] = len(without)
+        if without:
+            keys[f"{kind}/false_positive_rate"] = sum(without) / len(without)
     return keys

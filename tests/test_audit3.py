@@ -40,7 +40,8 @@ def test_an_output_path_that_is_an_input_is_refused_before_anything_is_read(tmp_
               "true.txt: --json names an input file"),
              (["--pred", recording, "--target", recording, "--bin-ms", 50, "--json", recording], "rec.mcap: --json"),
              (["--pred", tmp_path / "preds", "--target", tmp_path / "truths", "--bin-ms", 50, "--json",
-               tmp_path / "truths" / "a.mcap"], "truths/a.mcap: --json names an input file")]
+               tmp_path / "truths" / "a.mcap"], "truths/a.mcap: --json names an input file"),
+             (["--pred", pred, "--target", true, "--html", true], "true.txt: --html names an input file")]
     before = {path: path.read_bytes() for path in (pred, true, recording, tmp_path / "truths" / "a.mcap")}
     for args, said in cases:
         assert main(["evaluate", *map(str, args)]) == 2

@@ -1,6 +1,7 @@
 import csv
 import json
 import math
+import re
 import time
 from functools import partial
 from pathlib import Path
@@ -118,8 +119,21 @@ def test_fit_logs_the_report_to_tensorboard(tmp_path, tokenizer, vocab, warm_sta
     assert close(low, histogram.min, 1e-3) and close(high, histogram.max, 1e-3) and "Tukey" in ranges
     assert [e.step for e in events.Tensors("val/owa/histogram_ranges")] == steps
     assert [json.loads((folder / f"epoch_{e}_step_{s}.json").read_text())["step"] for e, s in enumerate(steps)] == steps
-    assert sorted(p.name for p in folder.iterdir()) == [f"epoch_{e}_step_{s}.{x}" for e, s in enumerate(steps)
-                                                        for x in ("json", "md")]
+    assert sorted(p.name for p in folder.iterdir()) == [f"epoch_{e}_step_{s}{x}" for e, s in enumerate(steps)
+                                                        for x in (".json", ".md", "_timeline_0.png", "_timeline_1.png")]
+    # the timelines of the first two sequences each epoch (a default): TensorBoard images, the PNG files' bytes
+    for i in range(2):
+        images = events.Images(f"val/owa/timeline_{i}")
+        assert [e.step for e in images] == steps
+        assert images[-1].encoded_image_string == (folder / f"epoch_1_step_7_timeline_{i}.png").read_bytes()
+        assert images[-1].width >= 600 and images[-1].height >= 200
+    # the Custom Scalars tab: the headline's charts, as logged
+    from tensorboard.plugins.custom_scalar import layout_pb2
+
+    layout = layout_pb2.Layout.FromString(events.Tensors("custom_scalars__config__")[0].tensor_proto.string_val[0])
+    charts = {c.title: list(c.multiline.tag) for category in layout.category for c in category.chart}
+    assert charts["comparable events (ratio)"] == [re.escape("val/owa/comparable_rate")]
+    assert sorted(re.sub(r"\\(.)", r"\1", t) for tags in charts.values() for t in tags) == sorted(headline)
 
 
 HEADLINE_KEYS = {"comparable events": "comparable_rate", "category macro F1": "category/macro_f1",
@@ -366,7 +380,7 @@ def test_fit_logs_to_wandb_offline(tmp_path, tokenizer, vocab, warm_state, monke
             assert close(report_of(_at_step(rows, row))[key], by_hand[key], 1e-5), (key, epoch)
     extras = {k for r in rows for k in r}
     assert {"val/owa/timestamp/signed_error_ms/_type", "val/owa/category_confusion/_type",
-            "val/owa/samples/_type"} <= extras
+            "val/owa/samples/_type", "val/owa/timeline_0/_type", "val/owa/timeline_1/_type"} <= extras
     extra_steps = [r["trainer/global_step"] for r in rows if "val/owa/samples/_type" in r]
     assert [r["trainer/global_step"] for r in scalars] == extra_steps == [3, 7]  # one step per epoch's artifacts
     table = json.loads(next((tmp_path / "wandb").glob("offline-run-*/files/media/table/**/*.table.json")).read_text())
@@ -374,8 +388,10 @@ def test_fit_logs_to_wandb_offline(tmp_path, tokenizer, vocab, warm_state, monke
     files = next((tmp_path / "wandb").glob("offline-run-*")) / "files" / "owa_metrics" / "val" / "owa"
     report = json.loads((files / "epoch_1_step_7.json").read_text())  # the reports are the run's files
     assert close(report["comparable_rate"], scalars[1]["val/owa/comparable_rate"], 1e-6)
-    assert sorted(p.name for p in files.iterdir()) == ["epoch_0_step_3.json", "epoch_0_step_3.md", "epoch_1_step_7.json",
-                                                       "epoch_1_step_7.md"]
+    assert sorted(p.name for p in files.iterdir()) == [f"epoch_{e}_step_{s}{x}" for e, s in enumerate((3, 7))
+                                                       for x in (".json", ".md", "_timeline_0.png", "_timeline_1.png")]
+    images = [r for r in rows if "val/owa/timeline_0/_type" in r]
+    assert [r["trainer/global_step"] for r in images] == [3, 7] and images[0]["val/owa/timeline_0/_type"] == "image-file"
 
 
 def _csv_row(out):
@@ -654,9 +670,9 @@ def test_teacher_forcing_and_generation_callbacks_checkpoint_and_resume_with_new
     states = [s for key, s in saved.items() if key.startswith("OWAEventMetricsCallback")]
     assert sorted((s["alignment"], s["prefix"], s["mode"]) for s in states) == [
         ("generation", "val/owa_gen/", "exact"), ("teacher_forcing", "val/owa/", "exact")]
-    for prefix in ("owa", "owa_gen"):
+    for prefix in ("owa", "owa_gen"):  # (no latency curve: generation's one true event a sequence spans no bins)
         assert sorted(p.name for p in (first / "owa_metrics" / "val" / prefix).iterdir()) == [
-            "epoch_0_step_3.json", "epoch_0_step_3.md"]
+            f"epoch_0_step_3{x}" for x in (".json", ".md", "_timeline_0.png", "_timeline_1.png")]
     reports = [json.loads((first / "owa_metrics" / "val" / p / "epoch_0_step_3.json").read_text()) for p in ("owa",
                                                                                                         "owa_gen")]
     assert reports[0]["d2e/num_bins"] > 0 and "d2e/keyboard/sample_count" in reports[0]  # passed through
@@ -689,7 +705,7 @@ def test_mlflow_gets_the_reports_as_the_runs_artifacts(tmp_path, tokenizer, voca
     trainer.validate(module, _loaders(vocab)[1])
     client, run = logger.experiment, logger.run_id
     assert [a.path for a in client.list_artifacts(run, "owa_metrics/val/owa")] == [
-        "owa_metrics/val/owa/epoch_0_step_0.json", "owa_metrics/val/owa/epoch_0_step_0.md"]
+        f"owa_metrics/val/owa/epoch_0_step_0{x}" for x in (".json", ".md", "_timeline_0.png", "_timeline_1.png")]
     report = json.loads(Path(client.download_artifacts(run, "owa_metrics/val/owa/epoch_0_step_0.json", str(tmp_path)))
                         .read_text())
     by_hand = _by_hand(tokenizer, module.recorded[0])
@@ -778,3 +794,44 @@ def test_tags_reach_wandb_as_a_table(tmp_path, tokenizer, vocab, warm_state, mon
         by_hand = _by_hand(tokenizer, [(logits[r], labels[r]) for (logits, labels), r in
                                        zip(module.recorded[-1], picked) if r])
         assert close(rows[name]["comparable_rate"], by_hand["comparable_rate"], 1e-6), name
+
+
+def test_the_latency_curve_and_the_timelines_reach_tensorboard_and_timeline_sequences_0_draws_none(tmp_path, tokenizer,
+                                                                                                   vocab):
+    """With bin_shifts the latency curve joins the timelines each epoch, its points the report's shift keys (a model
+    that predicts every next token right peaks at shift 0); with timeline_sequences=0 no figure is drawn (the confusion
+    matrix stays)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from owa_metrics.events import simulate_session
+    from owa_metrics.figures import latency_curve
+    from owa_metrics.tokens import token_sequences
+
+    class Right(L.LightningModule):  # predicts each next token as it is
+        def validation_step(self, batch, batch_idx):
+            return {"preds": torch.roll(batch["labels"], -1, 1), "labels": batch["labels"]}
+
+    val = DataLoader(token_sequences(vocab, simulate_session(30, seed=2), 1024), batch_size=4, collate_fn=collate)
+    for name, timelines in (("on", 2), ("off", 0)):
+        logger = TensorBoardLogger(tmp_path, name=name)
+        callback = OWAEventMetricsCallback(tokenizer, bin_ms=50, bin_shifts=range(-2, 3), timeline_sequences=timelines)
+        trainer = L.Trainer(accelerator="cpu", logger=logger, callbacks=[callback], enable_progress_bar=False,
+                            enable_model_summary=False, default_root_dir=tmp_path)
+        trainer.validate(Right(), val)
+        events = EventAccumulator(logger.log_dir, size_guidance={"images": 0})
+        events.Reload()
+        folder = Path(logger.log_dir) / "owa_metrics" / "val" / "owa"
+        report = json.loads((folder / "epoch_0_step_0.json").read_text())
+        if timelines:
+            assert set(events.Tags()["images"]) == {"val/owa/category_confusion", "val/owa/timeline_0",
+                                                    "val/owa/timeline_1", "val/owa/latency_curve"}
+            png = (folder / "epoch_0_step_0_latency_curve.png").read_bytes()
+            assert events.Images("val/owa/latency_curve")[0].encoded_image_string == png
+            keys = {k: report[f"d2e/keyboard/key_accuracy_shift_{k}bins"] for k in range(-2, 3)}
+            assert keys[0] == 1.0 > max(keys[k] for k in (-2, -1, 1, 2)) and report["d2e/best_shift_bins"] == 0
+            assert latency_curve(report)["keyboard/key_accuracy"] == keys
+        else:
+            assert events.Tags()["images"] == ["val/owa/category_confusion"]
+            assert sorted(p.name for p in folder.iterdir()) == ["epoch_0_step_0.json", "epoch_0_step_0.md"]
+    with pytest.raises(ValueError, match="timeline_sequences"):
+        OWAEventMetricsCallback(tokenizer, timeline_sequences=-1)

@@ -21,7 +21,7 @@ from owa_metrics.events.d2e import read_d2e_recording
 from owa_metrics.functional.d2e import d2e_keys, shift_rows
 from owa_metrics.schema import Event
 from conftest import recording_paths
-from d2e_oracle import convert_recording, oracle, oracle_events, read_real, write_mcap
+from d2e_oracle import convert_recording, oracle, oracle_events, pearson, read_real, write_mcap
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))  # count_ops: the host reads
 MS = 1_000_000
@@ -186,6 +186,158 @@ def test_bins_of_many_sequences_in_fixed_shapes_equal_the_protocol_per_sequence(
                 _same(_at_shift(keys, k), want)
 
 
+def _moves_pair(tmp_path, name, truth_bins, pred_bins, bin_ms=50):
+    """A pair of recordings whose bin i holds the moves ``truth_bins[i]`` / ``pred_bins[i]`` (lists of (dx, dy)),
+    spread over the bin; the common range is the bins'."""
+    width = bin_ms * MS
+    mice = [[(i * width + j * width // (len(moves) + 1), dx, dy, 0) for j, (dx, dy) in enumerate(moves)]
+            for bins in (truth_bins, pred_bins) for i, moves in enumerate(bins)]
+    end = len(truth_bins) * width
+    half = len(truth_bins)
+    return [write_mcap(tmp_path / f"{name}_{side}.mcap", [(0, 0)], (), [m for rows in mice[at:at + half] for m in rows],
+                       tail_ns=end) for side, at in (("true", 0), ("pred", half))]
+
+
+def test_moments_are_exact_at_any_int32_move(tmp_path):
+    """Issue 46 item 1: moves of +-(2**31 - 1), several per bin (products past int64), and dx = 10**6 +- 3 over
+    12,000 bins (sums past 2**53, cancellation in n Σtp - Σt Σp): every key equals the exact rational oracle to
+    1e-12, on the MCAP route (the compiled loop), the torch ops (equal sums), and pooled over both files (their states
+    added, as ranks add them)."""
+    from owa_metrics.d2e import evaluate_d2e_folders, pair_events
+    from owa_metrics.functional.d2e import d2e_states
+
+    rng, big = np.random.default_rng(46), 2**31 - 1
+    signs = lambda n: rng.choice([-1, 1], n)  # noqa: E731
+    huge_t = [[(int(x) * big, int(y) * big) for x, y in zip(signs(k), signs(k))] for k in rng.integers(2, 6, 40)]
+    huge_p = [[(x if rng.random() < 0.8 else -x, -y) for x, y in moves][:len(moves) - (i % 3 == 0)] or [(big, big)]
+              for i, moves in enumerate(huge_t)]
+    noise = rng.integers(-3, 4, 12_000)
+    close_t = [[(10**6 + int(a), 7 + i % 3)] for i, a in enumerate(noise)]
+    close_p = [[(10**6 + int(a) + int(rng.integers(-1, 2)), 7 + (i % 2))] for i, a in enumerate(noise)]
+    (tmp_path / "t").mkdir()
+    pairs = {"huge": _moves_pair(tmp_path / "t", "huge", huge_t, huge_p),
+             "close": _moves_pair(tmp_path / "t", "close", close_t, close_p)}
+    want = {}
+    for name, (truth, pred) in pairs.items():
+        want[name] = oracle(truth, pred, 50)
+        _same(evaluate_d2e(pred, truth), {f"d2e/{k}": v for k, v in want[name].items()}, 1e-12)
+        t, p = read_d2e_recording(truth), read_d2e_recording(pred)
+        compiled = pair_states(t, p, 50)
+        rng_ = torch.tensor([[0], [len(huge_t if name == "huge" else close_t) * 50 * MS]])
+        torch_ops = d2e_states(*pair_events(t, p), *rng_, 50 * MS)
+        assert torch.equal(torch_ops, compiled)
+    assert want["huge"]["mouse_move/pearson_x"] < 0.95 and 0.5 < want["close"]["mouse_move/pearson_x"] < 0.99
+    for side in ("true", "pred"):  # both pairs in two folders: the pooled keys over all their bins
+        (tmp_path / side).mkdir()
+        for name, (truth, pred) in pairs.items():
+            (tmp_path / side / f"{name}.mcap").write_bytes((truth if side == "true" else pred).read_bytes())
+    pooled = evaluate_d2e_folders(tmp_path / "pred", tmp_path / "true")
+    sums = lambda bins, j: [sum(m[j] for m in moves) for moves in bins]  # noqa: E731
+    for axis, j in (("x", 0), ("y", 1)):
+        exact = pearson(sums(huge_t + close_t, j), sums(huge_p + close_p, j))
+        assert pooled[f"d2e/mouse_move/pearson_{axis}"] == pytest.approx(exact, abs=1e-12)
+        for name in pairs:
+            assert pooled[f"tag/{name}/d2e/mouse_move/pearson_{axis}"] == pytest.approx(
+                want[name][f"mouse_move/pearson_{axis}"], abs=1e-12)
+
+
+def _random_events(rng, n, end_ms, vks=(65, 66), us_flags=(0,)):
+    """``n`` keys and ``n`` mouse events at random times in [0, end_ms) ms: keys of ``vks``, moves, clicks and
+    wheels, the clicks and wheels carrying one of ``us_flags``."""
+    times = lambda: np.sort(rng.integers(0, end_ms * MS, n)).tolist()  # noqa: E731
+    keys = [(t, ["press", "release"][int(rng.integers(2))], int(rng.choice(vks))) for t in times()]
+    mice = []
+    for t in times():
+        flags = int(rng.choice([0, 0, 0x001, 0x002, 0x004 | 0x008, 0x400]))
+        mice.append((t, int(rng.integers(-9, 10)), int(rng.integers(-9, 10)), flags,
+                     0 if flags == 0 else int(rng.choice(us_flags))))
+    return keys, mice
+
+
+def test_reads_clicks_with_us_flags_and_refuses_only_a_move_with_them_in_range(tmp_path):
+    """Issue 46 item 2: upstream reads a click or wheel whatever its us_flags (it reads only button_flags) and
+    cannot read the dx / dy of a move with non-zero us_flags (RawMouseEvent.dx raises): clicks and wheels with
+    0x1 / 0x4 count as the oracle counts them, a move with 0x4 after the compared range is never read, one inside
+    refuses the file, named, without calling it absolute."""
+    from owa_metrics.events.d2e import RecordingError
+
+    rng = np.random.default_rng(11)
+    keys, mice = _random_events(rng, 60, 2_000, us_flags=(0, 0x1, 0x4))
+    truth = write_mcap(tmp_path / "t.mcap", [(0, 0)], keys, mice + [(1_800 * MS, 3, 3, 0, 0x4)], tail_ns=2_000 * MS)
+    keys, mice = _random_events(rng, 50, 1_500, us_flags=(0, 0x4))
+    pred = write_mcap(tmp_path / "p.mcap", [(0, 0)], keys, mice, tail_ns=1_500 * MS)
+    _check_pair(truth, pred, bins_ms=(50,), shifts=(-1, 0, 1))
+    bad = write_mcap(tmp_path / "bad.mcap", [(0, 0)], keys, mice + [(700 * MS, 3, 3, 0, 0x4)], tail_ns=1_500 * MS)
+    with pytest.raises(RecordingError, match="us_flags") as err:
+        evaluate_d2e(bad, truth)
+    assert str(bad) in str(err.value) and str(truth) not in str(err.value) and "absolute" not in str(err.value)
+    code, _, err = _cli(["--pred", bad, "--target", truth, "--bin-ms", 50])
+    assert code == 2 and len(err.strip().splitlines()) == 1 and str(bad) in err and "0x4" in err
+
+
+def test_any_vk_is_its_own_key_name_and_the_first_screen_is_the_earliest(tmp_path):
+    """Issue 46 item 2: negative and large vks (upstream's name ``{event_type}_{vk}`` for any int) each count under
+    their own name, in their own bin, at every bin width, shift and empty-bin rule; the prediction's file holds a
+    screen without media_ref written before its earliest screen (upstream reads the screens in log-time order)."""
+    rng = np.random.default_rng(12)
+    vks = (-1, -2, -300, 0, 65, 70_000, 2**40)
+    keys, mice = _random_events(rng, 120, 2_000, vks)
+    truth = write_mcap(tmp_path / "t.mcap", [(0, 0)], keys, mice, tail_ns=2_000 * MS)
+    keys = [(t + int(rng.integers(-30, 30)) * MS * (i % 2), e, vk) for i, (t, e, vk) in enumerate(keys)]
+    pred = write_mcap(tmp_path / "p.mcap", [(900 * MS, None), (5 * MS, 5 * MS)], [k for k in keys if k[0] >= 5 * MS],
+                      mice, tail_ns=1_900 * MS, in_time_order=False)
+    assert read_d2e_recording(pred).first_screen_ns == 5 * MS
+    _check_pair(truth, pred, bins_ms=(33, 50), shifts=(-2, 0, 1))
+
+
+def test_bin_ms_beyond_int64_nanoseconds_is_refused_by_name(tmp_path, tokenizer):
+    """Issue 46 item 2: a bin of more than 2**63 - 1 ns is refused before any file is read, naming ``bin_ms``
+    (the API) or ``--bin-ms`` (the CLI); a bin just below it gives one bin over the range."""
+    truth = write_mcap(tmp_path / "t.mcap", [(0, 0)], [(5 * MS, "press", 65)], [(7 * MS, 1, 2, 0)], tail_ns=90 * MS)
+    for bin_ms in (1e13, 2**63 / 1e6, 1e300):
+        with pytest.raises(ValueError, match="bin_ms"):
+            evaluate_d2e(truth, truth, bin_ms)
+        with pytest.raises(ValueError, match="bin_ms"):
+            OWAEventMetrics(tokenizer, bin_ms=bin_ms)
+        code, _, err = _cli(["--pred", truth, "--target", truth, "--bin-ms", bin_ms])
+        assert code == 2 and "--bin-ms" in err and str(truth) not in err, err
+    largest = 9.2e12  # 9.2e18 ns < 2**63
+    _same(evaluate_d2e(truth, truth, largest), {f"d2e/{k}": v for k, v in oracle(truth, truth, largest).items()})
+    assert evaluate_d2e(truth, truth, largest)["d2e/num_bins"] == 1
+
+
+def test_errors_name_the_bad_file_and_why(tmp_path):
+    """Issue 46 item 2: a missing file is said not to exist; a truncated MCAP and a file that is not MCAP are named
+    alone (not the pair), by the API, the CLI (one line, exit 2) and folder mode."""
+    from owa_metrics.d2e import evaluate_d2e_folders
+    from owa_metrics.events.d2e import RecordingError
+
+    good = write_mcap(tmp_path / "good.mcap", [(0, 0)], [(5 * MS, "press", 65)], [(7 * MS, 1, 2, 0)], tail_ns=90 * MS)
+    truncated = tmp_path / "truncated.mcap"
+    truncated.write_bytes(good.read_bytes()[:len(good.read_bytes()) // 2])
+    text = tmp_path / "text.mcap"
+    text.write_text("not an MCAP file\n")
+    missing = tmp_path / "missing.mcap"
+    for bad in (missing, truncated, text):
+        with pytest.raises(RecordingError) as err:
+            evaluate_d2e(bad, good)
+        assert str(bad) in str(err.value) and str(good) not in str(err.value)
+        assert ("does not exist" in str(err.value)) == (bad == missing)
+        for args in (["--pred", bad, "--target", good], ["--pred", good, "--target", bad]):
+            code, _, err = _cli([*args, "--bin-ms", 50])
+            assert code == 2 and len(err.strip().splitlines()) == 1 and str(bad) in err and str(good) not in err, err
+            assert ("does not exist" in err) == (bad == missing)
+    for side in ("pred", "true"):
+        (tmp_path / side).mkdir()
+        (tmp_path / side / "a.mcap").write_bytes(good.read_bytes())
+    (tmp_path / "pred" / "b.mcap").write_bytes(good.read_bytes())
+    (tmp_path / "true" / "b.mcap").write_bytes(truncated.read_bytes())
+    with pytest.raises(RecordingError) as err:
+        evaluate_d2e_folders(tmp_path / "pred", tmp_path / "true")
+    assert str(tmp_path / "true" / "b.mcap") in str(err.value) and "pred" not in str(err.value).replace(
+        str(tmp_path / "true"), "")
+
+
 def test_a_hand_computed_pair(tmp_path):
     """Bins [0, 50), [50, 100), [100, 125) ms. Truth: moves (1, 0) and (2, 1) in bin 0, (-4, 1) in bin 1, a left
     down in bin 1, a wheel in bin 2; keys press A, release A (bin 0), press B (bin 1). Prediction: move (1, 0) in
@@ -193,6 +345,9 @@ def test_a_hand_computed_pair(tmp_path):
     x: sums (3, -4, 0) vs (1, 3, 0), Pearson over bins 0, 1: -1; scale 7 / 4. y: (1, 1) is constant: no Pearson;
     scale 2 / 1. Buttons: left_down in bin 1 (1 vs 0), left_down and left_up in bin 2 (0 vs 1): 0 / 3, bin 0
     empty. Keys: bin 0 press A 1 = 1, release A 1 vs 0; bin 1 press B 1 vs 0, release A 0 vs 1: 1 / 4, bin 2 empty.
+    Strict (issue 46): bins 0 and 1 have true keys, neither alike: 0 / 2; bin 2 has none, nor a predicted one: FP rate
+    0 / 1. Buttons: bin 1 true (left_down), bin 2 predicted: TP 0, precision 0 / 1, recall 0 / 1, F1 0 / 2; bins 0
+    and 2 have no true button, bin 2 a predicted one: FP rate 1 / 2.
     """
     screens = [(10_000 * MS, 0)]
     truth = write_mcap(tmp_path / "t.mcap", screens, [(10_000 * MS, "press", 65), (10_010 * MS, "release", 65),
@@ -204,7 +359,11 @@ def test_a_hand_computed_pair(tmp_path):
     want = {"d2e/num_bins": 3, "d2e/duration_s": 0.125, "d2e/mouse_move/pearson_x": -1.0,
             "d2e/mouse_move/scale_ratio_x": 1.75, "d2e/mouse_move/scale_ratio_y": 2.0,
             "d2e/mouse_move/sample_count": 2, "d2e/mouse_button/button_accuracy": 0.0,
-            "d2e/mouse_button/sample_count": 3, "d2e/keyboard/key_accuracy": 0.25, "d2e/keyboard/sample_count": 4}
+            "d2e/mouse_button/sample_count": 3, "d2e/keyboard/key_accuracy": 0.25, "d2e/keyboard/sample_count": 4,
+            "d2e/keyboard/strict_accuracy": 0.0, "d2e/keyboard/strict_sample_count": 2,
+            "d2e/keyboard/false_positive_rate": 0.0, "d2e/keyboard/false_positive_sample_count": 1,
+            "d2e/mouse_button/precision": 0.0, "d2e/mouse_button/recall": 0.0, "d2e/mouse_button/f1": 0.0,
+            "d2e/mouse_button/false_positive_rate": 0.5, "d2e/mouse_button/false_positive_sample_count": 2}
     _same(evaluate_d2e(pred, truth), want, 1e-12)
     want.update({"d2e/mouse_button/button_accuracy": 0.25, "d2e/mouse_button/sample_count": 4,
                  "d2e/keyboard/key_accuracy": 0.4, "d2e/keyboard/sample_count": 5})
@@ -213,7 +372,40 @@ def test_a_hand_computed_pair(tmp_path):
     _same(evaluate_d2e(keys_only, truth), {  # no mouse event at all: no Pearson, no ratio; 3 true button values
         "d2e/num_bins": 3, "d2e/duration_s": 0.125, "d2e/mouse_move/sample_count": 2,
         "d2e/mouse_button/button_accuracy": 0.0, "d2e/mouse_button/sample_count": 1,
-        "d2e/keyboard/key_accuracy": 1 / 3, "d2e/keyboard/sample_count": 3}, 1e-12)
+        "d2e/keyboard/key_accuracy": 1 / 3, "d2e/keyboard/sample_count": 3,
+        "d2e/keyboard/strict_accuracy": 0.0, "d2e/keyboard/strict_sample_count": 2,  # no predicted button: no
+        "d2e/keyboard/false_positive_rate": 0.0, "d2e/keyboard/false_positive_sample_count": 1,  # precision
+        "d2e/mouse_button/recall": 0.0, "d2e/mouse_button/f1": 0.0,
+        "d2e/mouse_button/false_positive_rate": 0.0, "d2e/mouse_button/false_positive_sample_count": 2}, 1e-12)
+
+
+def test_the_community_strict_keys_by_hand(tmp_path):
+    """Issue 46 item 4, four bins of 50 ms. Truth: bin 0 left down, press A; bin 1 left down + up in one message,
+    press A, release A; bin 2 right down; bin 3 nothing. Prediction: bin 0 left down, press A; bin 1 left down,
+    press A, release A; bin 2 nothing; bin 3 left up, press B. Keyboard: bins 0 and 1 have true keys, both alike:
+    1; of bins 2 and 3 (no true key) bin 3 has a predicted one: 1 / 2. Buttons: true in bins 0, 1, 2, predicted in
+    0, 1, 3, alike in bin 0: precision = recall = F1 = 1 / 3; bin 3 (no true button) has a predicted one: 1 / 1. The
+    compiled loop (the MCAP route) and the torch ops."""
+    from owa_metrics.d2e import pair_events
+    from owa_metrics.functional.d2e import d2e_states
+
+    at = lambda b, ms=10: (b * 50 + ms) * MS  # noqa: E731
+    truth = write_mcap(tmp_path / "t.mcap", [(0, 0)], [(at(0), "press", 65), (at(1), "press", 65),
+                                                       (at(1, 20), "release", 65)],
+                       [(at(0), 0, 0, 0x1), (at(1), 0, 0, 0x3), (at(2), 0, 0, 0x4)], tail_ns=200 * MS)
+    pred = write_mcap(tmp_path / "p.mcap", [(0, 0)], [(at(0), "press", 65), (at(1), "press", 65),
+                                                      (at(1, 20), "release", 65), (at(3), "press", 66)],
+                      [(at(0), 0, 0, 0x1), (at(1), 0, 0, 0x1), (at(3), 0, 0, 0x2)], tail_ns=200 * MS)
+    want = {"keyboard/strict_accuracy": 1.0, "keyboard/strict_sample_count": 2, "keyboard/false_positive_rate": 0.5,
+            "keyboard/false_positive_sample_count": 2, "mouse_button/precision": 1 / 3, "mouse_button/recall": 1 / 3,
+            "mouse_button/f1": 1 / 3, "mouse_button/false_positive_rate": 1.0,
+            "mouse_button/false_positive_sample_count": 1}
+    got = evaluate_d2e(pred, truth)
+    _same({k: got[f"d2e/{k}"] for k in want}, want, 1e-12)
+    states = d2e_states(*pair_events(read_d2e_recording(truth), read_d2e_recording(pred)), torch.tensor([0]),
+                        torch.tensor([200 * MS]), 50 * MS)
+    assert torch.equal(states, pair_states(read_d2e_recording(truth), read_d2e_recording(pred)))
+    assert {k: v for k, v in oracle(truth, pred, 50).items() if k in want} == want
 
 
 def test_shift_diagnostics_find_a_delayed_prediction(tmp_path):

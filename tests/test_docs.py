@@ -181,7 +181,8 @@ def test_the_mlflow_block_logs_the_run_to_mlflow(tmp_path, monkeypatch):
     assert logged["val/owa/comparable_rate"] == pytest.approx(float(
         namespace["trainer"].callback_metrics["val/owa/comparable_rate"]))
     files = [a.path for a in client.list_artifacts(run, "owa_metrics/val/owa")]
-    assert len(files) == 2 and files[0].endswith(".json") and files[1].endswith(".md")
+    assert len(files) == 4 and files[0].endswith(".json") and files[1].endswith(".md")
+    assert files[2].endswith("_timeline_0.png") and files[3].endswith("_timeline_1.png")  # the epoch's timelines
 
 
 def _python(code: str, cache: Path) -> subprocess.CompletedProcess:

@@ -1,12 +1,13 @@
-"""The layers point one way: schema <- tokens <- events <- decode <- functional <- metrics <- report <- streaming <-
-callbacks, evaluate, d2e <- demo, cli; every import (also one inside a function) goes down or sideways, and no modules import each
-other in a circle."""
+"""The layers point one way: schema <- tokens <- events <- decode <- functional <- metrics <- report, figures <-
+streaming <- callbacks, evaluate, d2e, html_report <- demo, cli; every import (also one inside a function) goes down
+or sideways, and no modules import each other in a circle."""
 
 import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "owa_metrics"
-LAYERS = ["schema", "tokens", "events", "decode", "functional", "metrics", "report", "streaming", "callbacks evaluate d2e",
+LAYERS = ["schema", "tokens", "events", "decode", "functional", "metrics", "report figures", "streaming",
+          "callbacks evaluate d2e html_report",
           "demo cli",
           "__main__"]
 RANK = {name: level for level, names in enumerate(LAYERS) for name in names.split()}

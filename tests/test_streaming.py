@@ -210,7 +210,8 @@ def _torchrun(tmp_path, *commands: list) -> subprocess.CompletedProcess:
 def test_two_torchrun_processes_equal_one_on_token_files_and_on_a_folder(tmp_path, d2e_pairs):
     pred, true = _files(tmp_path)
     one, two = tmp_path / "one.json", tmp_path / "two.json"
-    assert main(["evaluate", "--pred", str(pred), "--target", str(true), "--json", str(one)]) == 0
+    page_one, page_two = tmp_path / "one.html", tmp_path / "two.html"
+    assert main(["evaluate", "--pred", str(pred), "--target", str(true), "--json", str(one), "--html", str(page_one)]) == 0
     preds, truths = tmp_path / "preds", tmp_path / "truths"
     preds.mkdir(), truths.mkdir()
     for k, (truth, guess) in enumerate(d2e_pairs):
@@ -220,10 +221,11 @@ def test_two_torchrun_processes_equal_one_on_token_files_and_on_a_folder(tmp_pat
     folder_one, folder_two = tmp_path / "folder_one.json", tmp_path / "folder_two.json"
     assert main(["evaluate", *args, "--json", str(folder_one)]) == 0
     many = tmp_path / "many.json"  # the files in many chunks (blocks of 2 kB): the ranks claim them in turn
-    done = _torchrun(tmp_path, ["evaluate", "--pred", pred, "--target", true, "--json", two],
+    done = _torchrun(tmp_path, ["evaluate", "--pred", pred, "--target", true, "--json", two, "--html", page_two],
                      ["chunks", 2048, "evaluate", "--pred", pred, "--target", true, "--json", many],
                      ["evaluate", *args, "--json", folder_two])
     assert done.stdout.count("OWA event metrics") == 2  # rank 0 alone prints
+    assert done.stdout.count(f"wrote {page_two}") == 1 and page_two.read_bytes() == page_one.read_bytes()  # rank 0's
     _same(json.loads(two.read_text()), json.loads(one.read_text()))
     _same(json.loads(many.read_text()), json.loads(one.read_text()))
     claims = [json.loads((tmp_path / f"claims_{rank}.json").read_text()) for rank in range(2)]

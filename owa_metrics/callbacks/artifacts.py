@@ -1,12 +1,14 @@
-"""What `OWAEventMetricsCallback` writes besides its scalars, on rank zero: histograms, the confusion figure and
-the sample table to the loggers that show them, and the report files (``.json`` / ``.md``) where each logger keeps
-a run's files. Nothing here touches a collective: every rank has computed before rank zero gets here."""
+"""What `OWAEventMetricsCallback` writes besides its scalars, on rank zero: histograms, the confusion figure, the
+timelines and the latency curve, and the sample table to the loggers that show them, TensorBoard's Custom Scalars
+layout, and the report files (``.json`` / ``.md`` / ``.png``) where each logger keeps a run's files. Nothing here
+touches a collective: every rank has computed before rank zero gets here."""
 
 from __future__ import annotations
 
 import fnmatch
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Optional
@@ -16,7 +18,9 @@ from lightning.pytorch.loggers import CSVLogger, Logger, MLFlowLogger, TensorBoa
 from lightning.pytorch.utilities import rank_zero_warn
 
 from ..schema import CATEGORY_NAMES
-from ..report import SAMPLE_COLUMNS, tag_rows, tag_table
+from ..figures import confusion_figure
+from ..functional.report import WORDS
+from ..report import SAMPLE_COLUMNS, tag_rows, tag_table, unit_of
 
 HISTOGRAM_RANGE = ("Range, per epoch: P2..P98 of the values, narrowed to Tukey's fences (Q1 - 1.5 IQR, Q3 + 1.5 "
                    "IQR); 50 bins; values outside the range are counted in the first and last bin.")
@@ -71,15 +75,53 @@ def log_extras(loggers: list[Logger], prefix: str, suffix: str, histograms: dict
             _tensorboard(logger.experiment, prefix, suffix, histograms, figure, samples, step, tag_table(report or {}))
         elif isinstance(logger, WandbLogger):
             _wandb(logger.experiment, prefix, suffix, histograms, figure, rows, step, tag_rows(report or {}))
-    if figure is not None:
-        import matplotlib.pyplot as plt
-
-        plt.close(figure)
 
 
-def save_reports(loggers: list[Logger], folder: Optional[Path], files: dict[str, str]) -> None:
-    """Write ``files`` (relative path -> text) into the run of each logger that keeps files, and into ``folder``
-    when given.
+def log_images(loggers: list[Logger], prefix: str, suffix: str, images: dict[str, bytes], step: int) -> None:
+    """PNG images to TensorBoard (image summaries of the encoded PNG) and W&B (``wandb.Image``), named
+    ``{prefix}{name}{suffix}``."""
+    if not images:
+        return
+    for logger in loggers:
+        if isinstance(logger, TensorBoardLogger):
+            from tensorboard.compat.proto.summary_pb2 import Summary
+
+            for name, png in images.items():
+                width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")  # IHDR
+                image = Summary.Image(height=height, width=width, colorspace=4, encoded_image_string=png)
+                logger.experiment.file_writer.add_summary(
+                    Summary(value=[Summary.Value(tag=f"{prefix}{name}{suffix}", image=image)]), step)
+        elif isinstance(logger, WandbLogger):
+            import io
+
+            import wandb
+            from PIL import Image
+
+            logger.experiment.log({**{f"{prefix}{name}{suffix}": wandb.Image(Image.open(io.BytesIO(png)))
+                                      for name, png in images.items()}, "trainer/global_step": step})
+
+
+def headline_layout(loggers: list[Logger], prefix: str, charts: dict[str, str]) -> None:
+    """TensorBoard's Custom Scalars tab: one category, ``OWA headline ({prefix})``, a chart per headline key
+    (``charts``: logged name -> key), titled with the key's words and unit, so that the headline is the first view."""
+    tensorboards = [logger for logger in loggers if isinstance(logger, TensorBoardLogger)]
+    if not tensorboards or not charts:
+        return
+    from torch.utils.tensorboard.summary import custom_scalars
+
+    def title(name: str, key: str) -> str:
+        unit = unit_of(key)
+        return f"{WORDS.get(key, key)} ({unit})" + name[len(prefix) + len(key):]
+
+    charts = {title(name, key): ["Multiline", [re.escape(name)]] for name, key in charts.items()}  # (tags are regexes)
+    layout = {f"OWA headline ({prefix})": charts}
+    for logger in tensorboards:
+        logger.experiment.file_writer.add_summary(custom_scalars(layout))
+
+
+def save_reports(loggers: list[Logger], folder: Optional[Path], files: dict[str, str | bytes]) -> None:
+    """Write ``files`` (relative path -> text or PNG bytes) into the run of each logger that keeps files, and into
+    ``folder`` when given.
 
     TensorBoard / CSV: ``{log_dir}/owa_metrics/``; W&B: the run's files (``run.dir``, synced with the run); MLflow:
     the run's artifacts under ``owa_metrics/``."""
@@ -101,7 +143,7 @@ def save_reports(loggers: list[Logger], folder: Optional[Path], files: dict[str,
         _write_all(place, files)
 
 
-def _write_all(folder: Path, files: dict[str, str]) -> list[Path]:
+def _write_all(folder: Path, files: dict[str, str | bytes]) -> list[Path]:
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
     for name, text in files.items():
@@ -109,7 +151,7 @@ def _write_all(folder: Path, files: dict[str, str]) -> list[Path]:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
         try:
-            tmp.write_text(text)
+            tmp.write_bytes(text) if isinstance(text, bytes) else tmp.write_text(text)
             os.replace(tmp, path)
         finally:
             tmp.unlink(missing_ok=True)
@@ -119,34 +161,6 @@ def _write_all(folder: Path, files: dict[str, str]) -> list[Path]:
 
 def report_json(report: dict, **context) -> str:
     return json.dumps({**context, **report}, indent=1)
-
-
-def confusion_figure(confusion, title: str):
-    """The target x predicted category matrix, coloured by the share of the target row, each cell's count and
-    share written in black or white to contrast with it; 320 x 260 px, 7.5 pt text: TensorBoard shows it whole in
-    an image card (its Images tab draws it at this size, its Time Series tab scales it to the card)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    counts = confusion.cpu().double().numpy()
-    share = counts / np.maximum(counts.sum(axis=1, keepdims=True), 1)
-    fig, ax = plt.subplots(figsize=(3.2, 2.6), dpi=100)
-    ax.imshow(share, cmap="Blues", vmin=0, vmax=1, aspect="auto")
-    ax.set_xticks(range(len(CATEGORY_NAMES) + 1), [*CATEGORY_NAMES, "invalid"], fontsize=7.5, rotation=25,
-                  ha="right", rotation_mode="anchor")
-    ax.set_yticks(range(len(CATEGORY_NAMES)), CATEGORY_NAMES, fontsize=7.5)
-    ax.tick_params(length=2, pad=1)
-    ax.set_xlabel("predicted (colour: share of the target row)", fontsize=7.5, labelpad=2)
-    ax.set_ylabel("target", fontsize=7.5, labelpad=1)
-    ax.set_title(title, fontsize=8, fontweight="bold", pad=4)
-    for (i, j), count in np.ndenumerate(counts):
-        text = f"{count:,.0f}" if count < 10_000 else f"{count / 1000:,.0f}k"
-        ax.text(j, i, f"{text}\n{share[i, j]:.0%}", ha="center", va="center", fontsize=7, linespacing=1.1,
-                color="white" if share[i, j] > 0.5 else "black")
-    fig.tight_layout(pad=0.3)
-    return fig
 
 
 def _histogram_summary(tag: str, counts: np.ndarray, edges: np.ndarray):

@@ -23,7 +23,9 @@ from ..metrics.base import Mode
 from ..metrics.collection import OWAEventMetrics
 from ..functional.report import headline_keys
 from ..report import format_report, sample_note, sample_rows, sample_table, unit_of
-from .artifacts import breakdown_name, log_breakdowns, log_extras, report_json, save_reports
+from ..figures import batch_timelines, draw_latency_curve, draw_timeline, png_of
+from .artifacts import (breakdown_name, headline_layout, log_breakdowns, log_extras, log_images, report_json,
+                        save_reports)
 from .generation import OUTPUT_FORMS, GenerateOutput, check_batch, generate_batch
 
 NEEDS = ("validation_step must return a dict with 'logits' (or 'preds': argmax token ids) and 'labels', or an HF "
@@ -43,6 +45,7 @@ class _Run:
 
     metric: OWAEventMetrics
     kept: list = field(default_factory=list)  # (preds, target) CPU ids of the first sequences
+    tags: list = field(default_factory=list)  # their tag names (None: no tags)
     origins: list = field(default_factory=list)  # their time origins (pairing="time"; -1: the first true event)
     generated: int = 0  # sequences this rank generated from
 
@@ -91,6 +94,11 @@ class OWAEventMetricsCallback(Callback):
     generation) need different prefixes; a checkpoint keeps each one's settings apart (``state_key``), and a
     resumed run keeps the constructor's settings (a difference from the checkpoint's is said once).
 
+    Figures (rank zero, `owa_metrics.figures`): the timelines of the epoch's first ``timeline_sequences`` sequences
+    (default 2: the sample table's first, so that epochs compare; 0: none) and, with ``bin_shifts``, the D2E latency
+    curve, as TensorBoard and W&B images ``{prefix}timeline_{i}`` / ``{prefix}latency_curve`` and PNG files beside the
+    ``.md`` report (MLflow: artifacts). TensorBoard's Custom Scalars tab gets a layout of the headline keys.
+
     Slices: with ``tags=[names]`` (and ``tag_keys=``, both `OWAEventMetrics`'), each sequence's tag is
     ``tag_fn(batch)`` or ``batch["tag"]`` (ids into ``tags``, or names; a batch without one is an error); the
     per-tag keys are logged in one group (``val.owa.tags/tag/minecraft/comparable_rate``), and the per-tag table
@@ -99,7 +107,7 @@ class OWAEventMetricsCallback(Callback):
 
     SETTINGS = ("alignment", "pairing", "tolerance_ms", "mode", "prefix", "test_prefix", "log_loss", "every_n_batches",
                 "max_sequences", "predict_events", "max_new_tokens", "context_tokens", "generate_output", "histograms",
-                "confusion_figure", "samples", "artifacts", "artifacts_dir", "log_sanity_check")
+                "confusion_figure", "samples", "timeline_sequences", "artifacts", "artifacts_dir", "log_sanity_check")
 
     def __init__(self, tokenizer, *, alignment: Literal["teacher_forcing", "generation"] = "teacher_forcing",
                  pairing: Pairing = "index", tolerance_ms: Union[None, float, tuple] = None, mode: Mode = "exact",
@@ -108,8 +116,8 @@ class OWAEventMetricsCallback(Callback):
                  max_new_tokens: Optional[int] = None, generate_fn: Optional[Callable] = None,
                  generate_output: GenerateOutput = "auto", context_tokens: Optional[int] = None,
                  histograms: bool = True, confusion_figure: bool = True, samples: int = 8,
-                 artifacts: bool = True, artifacts_dir: Optional[str] = None, log_sanity_check: bool = False,
-                 tag_fn: Optional[Callable] = None, **metric_kwargs: Any):
+                 timeline_sequences: int = 2, artifacts: bool = True, artifacts_dir: Optional[str] = None,
+                 log_sanity_check: bool = False, tag_fn: Optional[Callable] = None, **metric_kwargs: Any):
         self.tokenizer, self.generate_fn, self.metric_kwargs = tokenizer, generate_fn, metric_kwargs
         self.tag_fn = tag_fn
         self.alignment, self.mode, self.prefix, self.log_loss = alignment, mode, prefix, log_loss
@@ -119,11 +127,16 @@ class OWAEventMetricsCallback(Callback):
         self.max_new_tokens, self.histograms, self.confusion_figure = max_new_tokens, histograms, confusion_figure
         self.generate_output, self.context_tokens = generate_output, context_tokens
         self.samples, self.artifacts, self.log_sanity_check = samples, artifacts, log_sanity_check
+        if isinstance(timeline_sequences, bool) or not isinstance(timeline_sequences, int) or timeline_sequences < 0:
+            raise ValueError(f"timeline_sequences is how many sequences' timelines to draw each epoch (0: none), got "
+                             f"{timeline_sequences!r}")
+        self.timeline_sequences = timeline_sequences
         self.artifacts_dir = None if artifacts_dir is None else str(artifacts_dir)
         self._metrics = [self._new_metric()]  # one per dataloader, kept across epochs (reset at each start)
         self._runs: dict[int, _Run] = {}
         self._said_padding = False  # the warning that a sampler's padding cannot be told apart: once
         self._charted: set[str] = set()  # breakdown charts logged so far (rank zero)
+        self._laid_out: set[str] = set()  # the prefixes whose Custom Scalars layout is written (rank zero)
         self._reported: dict[str, torch.Tensor] = {}  # the last epoch's reports, every key (`_report`)
         # a spawned rank is a copy of this object in another process: its local rank zero hands `reported` over here
         self._launcher_pid = os.getpid()
@@ -238,7 +251,7 @@ class OWAEventMetricsCallback(Callback):
             elif self.log_loss and logits is not None:
                 loss = {"logits": logits[:, :-1]}
             run.metric.update(preds, target, **loss, tags=tags)
-            self._keep(run, preds, target)
+            self._keep(run, preds, target, tags=tags)
 
     def _generate(self, trainer: Trainer, pl_module: LightningModule, run: _Run, batch: Any, batch_idx: int,
                   real: Optional[int] = None) -> None:
@@ -256,7 +269,7 @@ class OWAEventMetricsCallback(Callback):
         run.generated += target.shape[0]
         tags = self._tags(batch)
         run.metric.update(generated, target, origin_ns=origin, tags=None if tags is None else tags[:target.shape[0]])
-        self._keep(run, generated, target, origin)
+        self._keep(run, generated, target, origin, tags)
 
     def _real_rows(self, trainer: Trainer, batch_idx: int, dataloader_idx: int) -> Optional[int]:
         """How many first rows of this batch are sequences of this rank's share under DDP (`real_rows`: the rest pad
@@ -284,16 +297,20 @@ class OWAEventMetricsCallback(Callback):
         return tags
 
     def _keep(self, run: _Run, preds: torch.Tensor, target: torch.Tensor,
-              origin_ns: Optional[torch.Tensor] = None) -> None:
-        for b in range(min(self.samples - len(run.kept), preds.shape[0])):  # at most `samples` sequences per epoch
+              origin_ns: Optional[torch.Tensor] = None, tags=None) -> None:
+        keep = max(self.samples, self.timeline_sequences)  # the sample table's and the timelines' sequences
+        for b in range(min(keep - len(run.kept), preds.shape[0])):
             run.kept.append((preds[b].detach().cpu(), target[b].detach().cpu()))
             run.origins.append(-1 if origin_ns is None else int(origin_ns[b]))
+            tag = None if tags is None else tags[b]
+            run.tags.append(tag if tag is None or isinstance(tag, str) else run.metric.tags[int(tag)])
 
     def _report(self, trainer: Trainer, pl_module: LightningModule, prefix: str, dataloaders: int) -> None:
         """Every rank: each dataloader's report (the metric syncs); the headline keys through ``pl_module.log_dict``
         (a bounded number: `headline_keys`); then rank zero writes the breakdowns to the loggers and the rest."""
         step = _scalar_step(trainer)
         headline = headline_keys(self.alignment)
+        charts = {}
         for idx in range(max(dataloaders, 1)):
             run = self._run(idx, pl_module.device)  # also on a rank without batches of this dataloader: it syncs
             suffix = f"/dataloader_idx_{idx}" if dataloaders > 1 else ""
@@ -307,7 +324,11 @@ class OWAEventMetricsCallback(Callback):
             if trainer.is_global_zero:
                 self._write(trainer, run, prefix, suffix, idx, {k: float(v) for k, v in report.items()}, histograms,
                             confusion, step)
+            charts.update({f"{prefix}{key}{suffix}": key for key in headline if key in report})
             run.metric.reset()
+        if trainer.is_global_zero and prefix not in self._laid_out:  # once a run: the headline's charts, first
+            self._laid_out.add(prefix)
+            headline_layout(trainer.loggers, prefix, charts)
         if os.getpid() != self._launcher_pid and trainer.local_rank == 0:  # a spawned rank: hand `reported` over
             written = self._handoff.with_suffix(f".{os.getpid()}")
             torch.save({k: v.cpu() for k, v in self._reported.items()}, written)
@@ -326,26 +347,56 @@ class OWAEventMetricsCallback(Callback):
         log_breakdowns(trainer.loggers, scalars, step)
         epoch = trainer.current_epoch
         where = f", dataloader {idx}" if suffix else ""
-        rows = self._sample_rows(run)
+        decoded = self._decode_kept(run)
+        rows = [] if decoded is None else sample_rows(decoded[0], *decoded[1:], run.metric.vocab,
+                                                      sequences=range(min(self.samples, len(run.kept))))
         samples = f"{sample_table(rows)}\n\n{sample_note(run.metric.vocab.config)}" if rows else None
         log_extras(trainer.loggers, prefix, suffix, histograms, confusion, samples, rows, step,
                    f"category confusion, epoch {epoch}{where}", report)
+        images = self._figures(run, decoded, report, f"epoch {epoch}{where}")
+        log_images(trainer.loggers, prefix, suffix, images, step)
         if self.artifacts:
             name = str(Path(*_folder(prefix), f"epoch_{epoch}_step_{step}" + (f"_dataloader_{idx}" if suffix else "")))
             context = {"epoch": epoch, "step": step, **({"dataloader_idx": idx} if suffix else {})}
             title = f"OWA event metrics ({prefix}), epoch {epoch}, step {step}{where}"
             save_reports(trainer.loggers, self.artifacts_dir, {
                 f"{name}.json": report_json(report, **context),
-                f"{name}.md": format_report(report, title, samples, self.alignment)})
+                f"{name}.md": format_report(report, title, samples, self.alignment),
+                **{f"{name}_{figure}.png": png for figure, png in images.items()}})
 
-    def _sample_rows(self, run: _Run) -> list[list[str]]:
+    def _decode_kept(self, run: _Run):
+        """``(batch, preds, target)`` of the kept sequences as the metric scored them (screens as context), or None."""
         if not run.kept:
-            return []
-        preds, target = run.metric.scored_ids(*_stack(run.kept))  # what the metric scored (screens as context)
+            return None
+        preds, target = run.metric.scored_ids(*_stack(run.kept))
         batch = decode_batch(preds, target, run.metric.vocab, self.alignment, pairing=self.pairing,
                              tolerance_ms=self.tolerance_ms,
                              origin_ns=torch.tensor(run.origins) if self.pairing == "time" else None)
-        return sample_rows(batch, preds, target, run.metric.vocab, sequences=range(len(run.kept)))
+        return batch, preds, target
+
+    def _figures(self, run: _Run, decoded, report: dict, when: str) -> dict[str, bytes]:
+        """The PNGs of the timelines of the first ``timeline_sequences`` kept sequences and, with shifts, of the
+        latency curve, by name (``timeline_{i}``, ``latency_curve``); none when ``timeline_sequences=0``."""
+        if not self.timeline_sequences:
+            return {}
+        shape = run.metric.shape
+        images = {}
+        if decoded is not None:
+            shown = range(min(self.timeline_sequences, len(run.kept)))
+            tags = run.tags if any(tag is not None for tag in run.tags) else None
+            context = None
+            if run.metric.alignment == "generation" and run.metric.generated_screens == "context":  # their screens
+                target = _stack(run.kept[:len(shown)])[1]
+                context = decode_batch(target, target, run.metric.vocab)
+            for i, timeline in zip(shown, batch_timelines(decoded[0], shape.window_ns, shown, shape.bin_ms, tags,
+                                                          [f"{when}, sequence {i}" for i in range(len(run.kept))],
+                                                          context)):
+                images[f"timeline_{i}"] = png_of(draw_timeline(timeline, width_in=8.0, dpi=90))
+        if shape.bin_shifts:
+            figure = draw_latency_curve(report, shape.bin_ms, f"D2E latency curve, {when}")
+            if figure is not None:
+                images["latency_curve"] = png_of(figure)
+        return images
 
     # ------------------------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:

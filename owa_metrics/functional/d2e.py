@@ -5,14 +5,19 @@ cut into bins of ``bin_ns`` from start (the last one ends at end, shorter); an e
 Per bin and side: the sums of (dx, dy) of the mouse events with ``button_flags == 0`` and whether there is one; the
 counts of each button name (left / right / middle down / up bits of ``button_flags``) and of each key name
 (``(event_type, vk)``). `d2e_states` turns both sides' events into one row of sums per shift (`STATES`: integers
-in float64, exact below 2**53; they add across batches, files and ranks); `d2e_keys` turns the rows into keys:
+in float64 that add across batches, files and ranks: the counts, and the moments as `MOMENTS`' limbs, exact for
+any int64 per-bin sums up to 2**31 bins in all); `d2e_keys` turns the rows into keys:
 
 - ``pearson_{x,y}``: Pearson's r of the true and predicted per-bin sums over the bins where either side has a move
-  (from n, Σt, Σp, Σt², Σp², Σtp, exactly: (nΣtp - ΣtΣp) / sqrt((nΣt² - (Σt)²)(nΣp² - (Σp)²)); none below 2
-  bins or with a constant side); ``scale_ratio_{x,y}``: Σ|t| / Σ|p| over ALL bins (the ratio of the mean |sums|), inverted
-  when below 1 (none when Σ|p| = 0; inf when Σ|t| = 0 < Σ|p|, as upstream's numpy gives); ``sample_count``: n.
+  (from n, Σt, Σp, Σt², Σp², Σtp as Python integers: c = nΣtp - ΣtΣp, v = nΣt² - (Σt)², r = sign(c)
+  sqrt(c² / (v_t v_p)), one rounding; none below 2 bins or with a constant side); ``scale_ratio_{x,y}``: Σ|t| / Σ|p|
+  over ALL bins (the ratio of the mean |sums|), inverted when below 1 (none when Σ|p| = 0; inf when Σ|t| = 0 < Σ|p|,
+  as upstream's numpy gives); ``sample_count``: n.
 - ``button_accuracy`` / ``key_accuracy``: over every (bin, name) seen on either side, 1 if the counts are equal;
   a bin with no name on either side adds a right value with ``empty_bins_as_correct``, else nothing.
+- the community's per-bin keys (`_strict_keys`): a bin alike when every name's counts are equal; keyboard
+  ``strict_accuracy`` over the bins with a true key; button ``precision`` / ``recall`` / ``f1`` over bins; each
+  kind's ``false_positive_rate`` over the bins without a true event.
 - shift k (`d2e_states`' ``shifts``): true bin i against predicted bin i + k, over the bins where both exist (a
   sequence of n bins gives n - |k| pairs): a prediction late by k bins scores best at shift +k.
 """
@@ -31,12 +36,18 @@ import torch.nn.functional as F
 from ..decode.kernel import _jit
 from ..decode.kernel import available as kernel_available
 
-STATES = ("num_bins", "duration_ns", "move_bins",
-          "sum_tx", "sum_px", "sum_tx2", "sum_px2", "sum_txpx",
-          "sum_ty", "sum_py", "sum_ty2", "sum_py2", "sum_typy",
-          "abs_tx", "abs_px", "abs_ty", "abs_py",
-          "button_right", "button_values", "button_empty_bins", "key_right", "key_values", "key_empty_bins")
+COUNTS = ("num_bins", "duration_ns", "move_bins", "button_right", "button_values", "button_empty_bins", "key_right",
+          "key_values", "key_empty_bins", "key_true_bins", "key_exact_bins", "button_true_bins", "button_pred_bins",
+          "button_exact_bins")
+# the Pearson and scale moments, each held exactly as limbs of base 2**21 (`DIGIT_BITS`): 3 for a sum of per-bin
+# sums (|x| < 2**63; `_digits`), 6 for a sum of their products (`_product_limbs`); a bin adds at most 2**21 + 4 to a
+# limb, so the float64 sums stay exact up to 2**31 bins
+MOMENTS = {**{f"{kind}_{side}{axis}": 3 for axis in "xy" for kind in ("sum", "abs") for side in "tp"},
+           **{f"sum_{name}": 6 for axis in "xy" for name in (f"t{axis}2", f"p{axis}2", f"t{axis}p{axis}")}}
+STATES = (*COUNTS, *(f"{name}.{j}" for name, n in MOMENTS.items() for j in range(n)))
 S = {name: i for i, name in enumerate(STATES)}
+DIGIT_BITS = 21
+_MASK = (1 << DIGIT_BITS) - 1
 # RawMouseEvent.ButtonFlags: left, right, middle (down, up); the names upstream counts (bit i of button_flags)
 BUTTONS = (("left_down", 0x001), ("left_up", 0x002), ("right_down", 0x004), ("right_up", 0x008),
            ("middle_down", 0x010), ("middle_up", 0x020))
@@ -82,18 +93,21 @@ def shift_rows(bin_shifts: Sequence[int] = ()) -> tuple[int, ...]:
     return tuple(sorted({0, *(int(k) for k in bin_shifts)}))
 
 
-def bin_ns_of(bin_ms: float) -> int:
-    """A bin width in ms as whole ns (> 0), checked."""
-    if isinstance(bin_ms, bool) or not isinstance(bin_ms, (int, float)) or not math.isfinite(bin_ms) or \
-            round(float(bin_ms) * 1_000_000) <= 0:
-        raise ValueError(f"bin_ms must be a positive number of milliseconds (upstream's D2E protocol: 50), got "
-                         f"{bin_ms!r}")
-    return round(float(bin_ms) * 1_000_000)
+def bin_ns_of(bin_ms: float, name: str = "bin_ms") -> int:
+    """A bin width in ms as whole ns, checked: 0 < ns < 2**63 (int64 nanoseconds); ``name``: the argument's, as the
+    error names it."""
+    ns = round(float(bin_ms) * 1_000_000) if isinstance(bin_ms, (int, float)) and not isinstance(bin_ms, bool) and \
+        math.isfinite(bin_ms) else None
+    if ns is None or not 0 < ns < 2**63:
+        raise ValueError(f"{name} must be a positive number of milliseconds below {(2**63 - 1) / 1e6:.0f} (bins are "
+                         f"whole int64 nanoseconds; upstream's D2E protocol: 50), got {bin_ms!r}")
+    return ns
 
 
 def num_bins(start_ns: torch.Tensor, end_ns: torch.Tensor, bin_ns: int) -> torch.Tensor:
-    """Bins of each range: ceil((end - start) / bin_ns), 0 where end <= start."""
-    return torch.div((end_ns - start_ns).clamp(min=0) + bin_ns - 1, bin_ns, rounding_mode="floor")
+    """Bins of each range: ceil((end - start) / bin_ns), 0 where end <= start (no int64 overflow for any bin_ns)."""
+    span = end_ns - start_ns
+    return torch.where(span > 0, torch.div(span - 1, bin_ns, rounding_mode="floor") + 1, 0)
 
 
 def d2e_states(truth: D2EEvents, pred: D2EEvents, start_ns: torch.Tensor, end_ns: torch.Tensor, bin_ns: int,
@@ -149,12 +163,21 @@ def d2e_states(truth: D2EEvents, pred: D2EEvents, start_ns: torch.Tensor, end_ns
     first_name = (name > 0) & real & ((bin_side != F.pad(bin_side[:-1], (1, 0), value=-1)) |
                                       (F.pad(name[:-1], (1, 0)) == 0))
     has, xy = (runs > 0)[:, :-2].double(), runs[:, -2:]  # [runs, 9]: a move, each button name, any, a key name
-    each = torch.cat([has, xy, runs[:, 1:-2], xy * xy, xy.abs(), first_name.double()[:, None]], 1)  # `_EACH`
+    limbs = _digits(torch.cat([xy, xy.abs()], 1))  # [3, runs, 4]: x, y, |x|, |y|
+    each = torch.cat([has, runs[:, 1:-2].double(), first_name.double()[:, None], *(
+        v.permute(1, 2, 0).reshape(len(keys), -1) for v in (limbs, _product_limbs(limbs[:, :, :2], limbs[:, :, :2])))],
+        1)  # `_EACH`
+    # each run's bin-side's first key-name run (its head) and, at a head, that bin-side's key names
+    at = torch.arange(len(keys), device=device)
+    head = torch.cummax(torch.where(first_name, at, 0), 0).values
+    names = torch.zeros_like(keys).index_add_(0, head, (real & (name > 0)).long())
     n = len(keys)  # blocks of (shift, run) pairs of bounded size: one block at training sizes
     block = min(n, _PAIRS)
     per = max(1, _PAIRS // block)
     for s0 in range(0, len(ks), per):
         k = ks[s0:s0 + per, None]
+        # at each true head: its key names with the same count on both sides, the prediction's key names in bin i + k
+        right_names, pred_names = (torch.zeros((len(k), n), dtype=torch.long, device=device) for _ in range(2))
         for r0 in range(0, n, block):
             r = slice(r0, r0 + block)
             moved = local[r] + k * (1 - 2 * side[r])
@@ -165,15 +188,25 @@ def d2e_states(truth: D2EEvents, pred: D2EEvents, start_ns: torch.Tensor, end_ns
             found = true_valid & (keys.take(met) == wanted)
             # a true key name's first run of its bin i: does the prediction have a key name in bin i + k?
             first_wanted = torch.where(true_valid & first_name[r], (bin_side[r] + 2 * k + 1) * _NAMES + 1, -1)
-            names_met = keys.take(torch.searchsorted(keys, first_wanted)) >> _NAME_BITS == first_wanted >> _NAME_BITS
+            names_at = torch.searchsorted(keys, first_wanted)
+            names_met = keys.take(names_at) >> _NAME_BITS == first_wanted >> _NAME_BITS
             flat, truth_group = met.flatten(), run_group[::2, r]
             met_found = found.double()[:, None] * truth_group  # [shifts, groups, runs]
-            other = each[:, :19].index_select(0, flat).view(*met.shape, -1)  # the columns a met pair compares
-            parts[s0:s0 + per, :, :-2] += torch.cat([
+            other = each[:, :17].index_select(0, flat).view(*met.shape, -1)  # the counts a met pair compares
+            same = each[r, 9:17] == other[..., 9:17]  # each button name, any, the key name
+            met_xy = limbs[:, :, :2].index_select(1, flat).view(3, *met.shape, 2)  # x', y' of the met runs
+            products = _product_limbs(limbs[:, None, r, :2], met_xy).permute(1, 2, 3, 0).reshape(*met.shape, 12)
+            parts[s0:s0 + per, :, :-3] += torch.cat([
                 ((valid.double()[:, None] * run_group[:, r]) @ each[r]).view(len(k), groups, -1),
-                met_found @ (each[r, :11] * other[..., :11]),
-                met_found @ ((each[r, 11:19] == other[..., 11:19]) * has[r, 1:]),
-                (names_met.double()[:, None] * truth_group).sum(-1, keepdim=True)], -1)
+                met_found @ (each[r, :9] * other[..., :9]),
+                met_found @ (same * has[r, 1:]),
+                (names_met.double()[:, None] * truth_group).sum(-1, keepdim=True),
+                met_found @ products,
+                met_found @ (same[..., :6].all(-1, keepdim=True) * has[r, 7:8])], -1)
+            right_names.index_add_(1, head[r], (found & same[..., 7] & (name[r] > 0)).long())
+            pred_names[:, r] = torch.where(names_met, names.take(names_at), -1)  # -1: not a valid true head
+        exact = (pred_names == names) & (right_names == names)  # a true head: its bin's names all alike
+        parts[s0:s0 + per, :, -3] += (exact.double()[:, None] * run_group[::2, :n]).sum(-1)
     return _by_state(parts, to_states, grouped)
 
 
@@ -185,28 +218,30 @@ def _by_state(parts: torch.Tensor, to_states: torch.Tensor, grouped: bool) -> to
 # the values summed over a run of (bin, side, name) (integers): its moves, its count of each button name and of
 # events with any (mouse: name 0), its keyboard events (a key name's run), dx and dy of its moves
 _VALUES = ("move", *(name for name, _ in BUTTONS), "button", "name", "dx", "dy")
-# a valid run's columns (by side: name_t, name_p): whether it has each of `_VALUES` but x, y; x, y; its counts (unused;
-# a met pair compares them); the squares and absolute values of x, y; the first key name's run of its bin and side
-# (its bin has a key name)
-_EACH = (*(f"has_{name}" for name in _VALUES[:-2]), "dx", "dy", *(f"n_{name}" for name in _VALUES[1:-2]), "dx2", "dy2",
-         "adx", "ady", "key")
+_LIMBS = lambda name, n: tuple(f"{name}.{j}" for j in range(n))  # noqa: E731
+# a valid run's columns (by side: name_t, name_p): whether it has each of `_VALUES` but x, y; its counts (unused; a
+# met pair compares them); the first key name's run of its bin and side (its bin has a key name); the limbs of x, y,
+# |x|, |y|, x², y²
+_EACH = (*(f"has_{name}" for name in _VALUES[:-2]), *(f"n_{name}" for name in _VALUES[1:-2]), "key",
+         *_LIMBS("dx", 3), *_LIMBS("dy", 3), *_LIMBS("adx", 3), *_LIMBS("ady", 3), *_LIMBS("dx2", 6), *_LIMBS("dy2", 6))
 # a valid true run's that met a predicted one (same bin + k and name): both have each of `_VALUES` but x, y; the
-# products x x', y y'; the same count of each (one of them unused: any button); and: the prediction has a key name in
-# bin i + k where this run is its bin's first key name
-_BOTH = (*(f"both_{name}" for name in _VALUES[:-2]), "dxdx", "dydy", *(f"same_{name}" for name in _VALUES[1:-2]),
-         "both_key")
+# same count of each (one of them unused: any button); the prediction has a key name in bin i + k where this run is
+# its bin's first key name; the limbs of the products x x', y y'; the true bin has a button name and each name's
+# count equal; (its bin's first key name) the true bin has a key name and each name's count equal
+_BOTH = (*(f"both_{name}" for name in _VALUES[:-2]), *(f"same_{name}" for name in _VALUES[1:-2]), "both_key",
+         *_LIMBS("dxdx", 6), *_LIMBS("dydy", 6), "exact_button", "exact_key")
 _PARTS = (*(f"{name}_{s}" for s in "tp" for name in _EACH), *_BOTH, "n_valid", "duration")
 _STATE_PARTS = {  # each state as a sum of `_PARTS` columns (a true run that met a predicted one counts twice)
     "num_bins": "+n_valid", "duration_ns": "+duration", "move_bins": "+has_move_t +has_move_p -both_move",
-    **{f"{s}_{side}{axis}{sq}": f"+d{axis}{sq}_{side}" for s, sq in (("sum", ""), ("sum", "2"))
-       for axis in "xy" for side in "tp"},
-    **{f"abs_{side}{axis}": f"+ad{axis}_{side}" for axis in "xy" for side in "tp"},
-    "sum_txpx": "+dxdx", "sum_typy": "+dydy",
     "button_right": " ".join(f"+same_{name}" for name, _ in BUTTONS),
     "button_values": " ".join(f"+has_{name}_t +has_{name}_p -both_{name}" for name, _ in BUTTONS),
     "button_empty_bins": "+n_valid -has_button_t -has_button_p +both_button",
     "key_right": "+same_name", "key_values": "+has_name_t +has_name_p -both_name",
-    "key_empty_bins": "+n_valid -key_t -key_p +both_key"}
+    "key_empty_bins": "+n_valid -key_t -key_p +both_key", "key_true_bins": "+key_t", "key_exact_bins": "+exact_key",
+    "button_true_bins": "+has_button_t", "button_pred_bins": "+has_button_p", "button_exact_bins": "+exact_button",
+    **{f"{kind}_{side}{axis}{sq}.{j}": f"+{a}d{axis}{sq}.{j}_{side}" for axis in "xy" for side in "tp"
+       for kind, sq, a, n in (("sum", "", "", 3), ("sum", "2", "", 6), ("abs", "", "a", 3)) for j in range(n)},
+    **{f"sum_t{axis}p{axis}.{j}": f"+d{axis}d{axis}.{j}" for axis in "xy" for j in range(6)}}
 _PAIRS = 1 << 20  # (shift, run) pairs a block of `d2e_states` holds at most
 
 
@@ -223,14 +258,50 @@ def _constants(shifts: tuple, device) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _runs(key: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(keys [n + 1], sums [n + 1, c])``: the runs of equal keys of ``key`` [n] sorted, at most n: each one's key
-    (ascending; `_NO_RUN` past the last run) and the sums of ``values`` [n, c] over its entries (float64)."""
+    (ascending; `_NO_RUN` past the last run) and the sums of ``values`` [n, c] over its entries (int64: exact)."""
     key, order = torch.sort(key)
     new = torch.ones_like(key, dtype=torch.bool)
     new[1:] = key[1:] != key[:-1]
     run = new.cumsum(0) - 1
     keys = torch.full((len(key) + 1,), _NO_RUN, dtype=torch.long, device=key.device).scatter_(0, run, key)
-    sums = torch.zeros((len(key) + 1, values.shape[1]), dtype=torch.float64, device=key.device)
-    return keys, sums.index_add_(0, run, values.index_select(0, order).double())
+    sums = torch.zeros((len(key) + 1, values.shape[1]), dtype=torch.long, device=key.device)
+    return keys, sums.index_add_(0, run, values.index_select(0, order).long())
+
+
+def _digits(x: torch.Tensor) -> torch.Tensor:
+    """[3, ...] float64: the limbs of int64 ``x`` [...]: x = sum_j d_j 2**(21 j), d_j in [0, 2**21) but the last
+    (signed, |d_2| <= 2**21)."""
+    shifts, masks, _, _ = _limb_constants(x.device, x.dim())
+    return ((x[None] >> shifts) & masks).double()
+
+
+def _product_limbs(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """[6, ...] float64: limbs of the products of the numbers whose `_digits` are ``a``, ``b`` ([3, ...], the rest
+    broadcast; |a|, |b| < 2**63, so the product is below 2**126): the digit products summed by place (< 2**44, exact
+    in float64), then each limb's carry to the next, all at once, twice: each limb in [-4, 2**21 + 4), the last about
+    a * b / 2**105 (not the unique digits: `_add_product` carries the same way)."""
+    outer = a[:, None] * b[None, :]  # [3, 3, ...]
+    _, _, conv, keep = _limb_constants(a.device, outer.dim() - 2)
+    c = (conv @ outer.reshape(9, -1)).view(6, *outer.shape[2:])
+    for _ in range(2):
+        carry = torch.floor(c * 2.0 ** -DIGIT_BITS)
+        c = c - carry * keep + torch.cat([torch.zeros_like(carry[:1]), carry[:-1]])
+    return c
+
+
+@functools.lru_cache(maxsize=None)
+def _limb_constants(device, dims: int) -> tuple[torch.Tensor, ...]:
+    """On ``device`` (cached: no copy per update), shaped to broadcast over ``dims`` trailing dimensions: `_digits`'
+    shifts and masks (the last limb keeps its sign); [6, 9] where limb i of a times limb j of b lands (i + j); what a
+    carry takes from each of a product's 6 limbs (2**21 but from the last)."""
+    view = (-1, *(1,) * dims)
+    conv = torch.zeros((6, 9), dtype=torch.float64)
+    for i in range(3):
+        for j in range(3):
+            conv[i + j, 3 * i + j] = 1
+    return (torch.arange(0, 3 * DIGIT_BITS, DIGIT_BITS).view(view).to(device),
+            torch.tensor([_MASK, _MASK, -1]).view(view).to(device), conv.to(device),
+            torch.tensor([2.0 ** DIGIT_BITS] * 5 + [0.0], dtype=torch.float64).view(view).to(device))
 
 
 def _compiled_states(truth: D2EEvents, pred: D2EEvents, start_ns: torch.Tensor, end_ns: torch.Tensor, bin_ns: int,
@@ -280,6 +351,42 @@ def _bin_side(seq, ns, is_key, key_code, dx, dy, flags, counts, start, end, firs
     return np.sort(codes[:n_codes])
 
 
+# `STATES`' places, as the compiled loop reads them (by axis: x, y)
+_NUM_BINS, _DURATION, _MOVE_BINS = S["num_bins"], S["duration_ns"], S["move_bins"]
+_BUTTON_RIGHT, _BUTTON_VALUES, _BUTTON_EMPTY = S["button_right"], S["button_values"], S["button_empty_bins"]
+_KEY_RIGHT, _KEY_VALUES, _KEY_EMPTY = S["key_right"], S["key_values"], S["key_empty_bins"]
+_KEY_TRUE, _KEY_EXACT = S["key_true_bins"], S["key_exact_bins"]
+_BUTTON_TRUE, _BUTTON_PRED, _BUTTON_EXACT = S["button_true_bins"], S["button_pred_bins"], S["button_exact_bins"]
+_SUM_T, _SUM_P, _ABS_T, _ABS_P, _SUM_T2, _SUM_P2, _SUM_TP = (
+    tuple(S[f"{name.format(a=a)}.0"] for a in "xy") for name in (
+        "sum_t{a}", "sum_p{a}", "abs_t{a}", "abs_p{a}", "sum_t{a}2", "sum_p{a}2", "sum_t{a}p{a}"))
+
+
+@_jit
+def _add_limbs(row, at, x):
+    """row[at:at + 3] += the limbs of int64 x (`_digits`)."""
+    row[at] += x & _MASK
+    row[at + 1] += (x >> DIGIT_BITS) & _MASK
+    row[at + 2] += x >> (2 * DIGIT_BITS)
+
+
+@_jit
+def _carry(c0, c1, c2, c3, c4, c5):
+    """Each limb's carry to the next, all at once (`_product_limbs`' step; the last limb keeps its sign)."""
+    return (c0 & _MASK, (c1 & _MASK) + (c0 >> DIGIT_BITS), (c2 & _MASK) + (c1 >> DIGIT_BITS),
+            (c3 & _MASK) + (c2 >> DIGIT_BITS), (c4 & _MASK) + (c3 >> DIGIT_BITS), c5 + (c4 >> DIGIT_BITS))
+
+
+@_jit
+def _add_product(row, at, a, b):
+    """row[at:at + 6] += the limbs of a * b as `_product_limbs` gives them (the same carries, in int64)."""
+    a0, a1, a2 = a & _MASK, (a >> DIGIT_BITS) & _MASK, a >> (2 * DIGIT_BITS)
+    b0, b1, b2 = b & _MASK, (b >> DIGIT_BITS) & _MASK, b >> (2 * DIGIT_BITS)
+    c = _carry(*_carry(a0 * b0, a0 * b1 + a1 * b0, a0 * b2 + a1 * b1 + a2 * b0, a1 * b2 + a2 * b1, a2 * b2, 0))
+    for j in range(6):
+        row[at + j] += c[j]
+
+
 @_jit
 def _binned(t_seq, t_ns, t_is_key, t_code, t_dx, t_dy, t_flags, t_counts, p_seq, p_ns, p_is_key, p_code, p_dx, p_dy,
             p_flags, p_counts, start, end, nb, group, shifts, bin_ns, out):
@@ -317,53 +424,61 @@ def _binned(t_seq, t_ns, t_is_key, t_code, t_dx, t_dy, t_flags, t_counts, p_seq,
         k = shifts[si]
         for b in range(B):
             row = out[group[b], si]
-            row[1] += max(end[b] - start[b], 0)  # duration_ns
+            row[_DURATION] += max(end[b] - start[b], 0)
             for i in range(max(0, -k), min(nb[b], nb[b] - k)):
                 g, j = first[b] + i, first[b] + i + k
-                row[0] += 1  # num_bins
-                tx, ty, px, py = sums[g, 0, 0], sums[g, 0, 1], sums[j, 1, 0], sums[j, 1, 1]
+                row[_NUM_BINS] += 1
                 if moves[g, 0] or moves[j, 1]:  # the Pearson bins
-                    row[2] += 1
-                    row[3] += tx
-                    row[4] += px
-                    row[5] += tx * tx
-                    row[6] += px * px
-                    row[7] += tx * px
-                    row[8] += ty
-                    row[9] += py
-                    row[10] += ty * ty
-                    row[11] += py * py
-                    row[12] += ty * py
-                row[13] += abs(tx)
-                row[14] += abs(px)
-                row[15] += abs(ty)
-                row[16] += abs(py)
+                    row[_MOVE_BINS] += 1
+                    for axis in range(2):  # a 0 adds nothing (its limbs are 0)
+                        t, p = sums[g, 0, axis], sums[j, 1, axis]
+                        if t:
+                            _add_limbs(row, _SUM_T[axis], t)
+                            _add_limbs(row, _ABS_T[axis], abs(t))
+                            _add_product(row, _SUM_T2[axis], t, t)
+                        if p:
+                            _add_limbs(row, _SUM_P[axis], p)
+                            _add_limbs(row, _ABS_P[axis], abs(p))
+                            _add_product(row, _SUM_P2[axis], p, p)
+                        if t and p:
+                            _add_product(row, _SUM_TP[axis], t, p)
+                same = True  # every name's counts equal (the bin's multiset of names)
                 for n in range(_N_BUTTONS):  # a name seen on either side: a value, right when the counts are equal
                     ct, cp = buttons[g, 0, n], buttons[j, 1, n]
                     if ct or cp:
-                        row[18] += 1
-                        row[17] += ct == cp
-                row[19] += buttons[g, 0, _N_BUTTONS] == 0 and buttons[j, 1, _N_BUTTONS] == 0
+                        row[_BUTTON_VALUES] += 1
+                        row[_BUTTON_RIGHT] += ct == cp
+                        same &= ct == cp
+                t_has, p_has = buttons[g, 0, _N_BUTTONS] > 0, buttons[j, 1, _N_BUTTONS] > 0
+                row[_BUTTON_EMPTY] += not t_has and not p_has
+                row[_BUTTON_TRUE] += t_has
+                row[_BUTTON_PRED] += p_has
+                row[_BUTTON_EXACT] += t_has and same
                 x, y = t_at[g], p_at[j]  # the two bins' key names, merged in order
+                same = True
                 while x < t_at[g + 1] or y < p_at[j + 1]:
-                    row[21] += 1
+                    row[_KEY_VALUES] += 1
                     if y == p_at[j + 1] or (x < t_at[g + 1] and t_name[x] < p_name[y]):
-                        x += 1
+                        x, same = x + 1, False
                     elif x == t_at[g + 1] or p_name[y] < t_name[x]:
-                        y += 1
+                        y, same = y + 1, False
                     else:
-                        row[20] += t_count[x] == p_count[y]
+                        row[_KEY_RIGHT] += t_count[x] == p_count[y]
+                        same &= t_count[x] == p_count[y]
                         x, y = x + 1, y + 1
-                row[22] += keys[g, 0] == 0 and keys[j, 1] == 0
+                row[_KEY_EMPTY] += keys[g, 0] == 0 and keys[j, 1] == 0
+                row[_KEY_TRUE] += keys[g, 0] > 0
+                row[_KEY_EXACT] += keys[g, 0] > 0 and same
 
 
 def d2e_keys(states: torch.Tensor, empty_bins_as_correct: bool = False, shifts: Sequence[int] = (0,),
              prefix: str = KEY_PREFIX) -> dict[str, float]:
     """The keys of `d2e_states`' rows (one per shift of ``shifts``; the plain keys from shift 0): ``d2e/num_bins``,
     ``d2e/duration_s``, ``d2e/mouse_move/{pearson_x, pearson_y, scale_ratio_x, scale_ratio_y, sample_count}``,
-    ``d2e/mouse_button/{button_accuracy, sample_count}``, ``d2e/keyboard/{key_accuracy, sample_count}``; a value
-    upstream reports as none is left out. With shifts other than 0: every key but the duration at each shift k as
-    ``..._shift_{k}bins``, and ``d2e/best_shift_bins`` (`best_shift`)."""
+    ``d2e/mouse_button/{button_accuracy, sample_count, precision, recall, f1}``, ``d2e/keyboard/{key_accuracy,
+    sample_count, strict_accuracy, strict_sample_count}``, ``.../{false_positive_rate, false_positive_sample_count}``
+    of both; a value upstream reports as none is left out. With shifts other than 0: every key but the duration at
+    each shift k as ``..._shift_{k}bins``, and ``d2e/best_shift_bins`` (`best_shift`)."""
     shifts = [int(k) for k in shifts]
     rows = [[float(v) for v in row] for row in states.double().cpu()]
     by_shift = {k: _row_keys(row, empty_bins_as_correct) for k, row in zip(shifts, rows)}
@@ -380,16 +495,17 @@ def d2e_keys(states: torch.Tensor, empty_bins_as_correct: bool = False, shifts: 
 
 def _row_keys(row: list[float], empty_bins_as_correct: bool) -> dict[str, float]:
     """One row's keys (without the ``d2e/`` prefix); ``num_bins``: the bins compared."""
-    v = {name: int(row[i]) for name, i in S.items() if name != "duration_ns"}  # integers: exact below 2**53
+    v = {name: int(row[S[name]]) for name in COUNTS}  # integers: exact below 2**53
+    v.update({name: sum(int(row[S[f"{name}.{j}"]]) << (DIGIT_BITS * j) for j in range(limbs))
+              for name, limbs in MOMENTS.items()})  # exact (Python integers)
     out = {}
     n = v["move_bins"]
     for axis in ("x", "y"):
         st, sp, st2, sp2, stp = (v[f"sum_{name}"] for name in (f"t{axis}", f"p{axis}", f"t{axis}2", f"p{axis}2",
                                                                   f"t{axis}p{axis}"))
-        var_t, var_p = n * st2 - st * st, n * sp2 - sp * sp
-        if n >= 2 and var_t > 0 and var_p > 0:
-            r = (n * stp - st * sp) / (math.sqrt(var_t) * math.sqrt(var_p))
-            out[f"mouse_move/pearson_{axis}"] = max(-1.0, min(1.0, r))
+        cov, var_t, var_p = n * stp - st * sp, n * st2 - st * st, n * sp2 - sp * sp  # n² (co)variances, exact
+        if n >= 2 and var_t > 0 and var_p > 0:  # |cov| <= sqrt(var_t var_p): r in [-1, 1] as it is rounded
+            out[f"mouse_move/pearson_{axis}"] = math.copysign(math.sqrt(cov * cov / (var_t * var_p)), cov)
         abs_t, abs_p = v[f"abs_t{axis}"], v[f"abs_p{axis}"]
         if abs_p > 0:
             out[f"mouse_move/scale_ratio_{axis}"] = (abs_t / abs_p if abs_t >= abs_p else
@@ -401,7 +517,32 @@ def _row_keys(row: list[float], empty_bins_as_correct: bool) -> dict[str, float]
         if values:
             out[name] = right / values
         out[name.split("/")[0] + "/sample_count"] = float(values)
+        out.update(_strict_keys(v, kind))
     out["num_bins"] = float(v["num_bins"])
+    return out
+
+
+def _strict_keys(v: dict[str, int], kind: str) -> dict[str, float]:
+    """The community's per-bin keys of ``kind`` (``"button"``, ``"key"``; fdm-d2e-reproduction's
+    ``paper_idm_metrics.py``, "strict"): a bin is alike when every name's count is equal on both sides. Keyboard:
+    the share of the bins with a true key event that are alike; buttons: TP the alike bins with a true button name,
+    precision TP / the bins with a predicted one, recall TP / the bins with a true one, F1 2TP / (both); each kind's
+    false-positive rate: the share of the bins without a true event that have a predicted one. A ratio over nothing
+    is left out."""
+    prefix, true, out = ("mouse_button" if kind == "button" else "keyboard"), v[f"{kind}_true_bins"], {}
+    if kind == "button":
+        tp, pred = v["button_exact_bins"], v["button_pred_bins"]
+        for name, num, den in (("precision", tp, pred), ("recall", tp, true), ("f1", 2 * tp, true + pred)):
+            if den:
+                out[f"mouse_button/{name}"] = num / den
+    else:
+        out["keyboard/strict_sample_count"] = float(true)
+        if true:
+            out["keyboard/strict_accuracy"] = v["key_exact_bins"] / true
+    without = v["num_bins"] - true  # bins without a true event; those with a predicted one: the rest but the empty
+    out[f"{prefix}/false_positive_sample_count"] = float(without)
+    if without:
+        out[f"{prefix}/false_positive_rate"] = (without - v[f"{kind}_empty_bins"]) / without
     return out
 
 

@@ -653,10 +653,11 @@ class OWAEventMetrics(Float64Metric):
                 out[name] = np.histogram(np.clip(values, low, high), bins=bins, range=(low, high), weights=weights)
             return out
 
-    def confusion_matrix(self) -> torch.Tensor:
-        """Category confusion counts over all ranks (call on every rank): rows are the target categories
-        (keyboard, mouse_op, mouse_nop, screen), columns the predicted ones and a last ``invalid`` column."""
-        with self.sync_context():
+    def confusion_matrix(self, sync: bool = True) -> torch.Tensor:
+        """Category confusion counts over all ranks (call on every rank; ``sync=False``: this process's alone, e.g.
+        one rank's own pass): rows are the target categories (keyboard, mouse_op, mouse_nop, screen), columns the
+        predicted ones and a last ``invalid`` column."""
+        with self.sync_context(should_sync=sync):
             return Read(self).given("confusion").clone()
 
 
