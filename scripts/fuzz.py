@@ -1,9 +1,10 @@
 """Hostile input through `OWAEventMetrics.update`: corrupted event sequences, ids of any integer dtype (past the
-vocabulary, negative), logits narrower than the vocabulary and holding NaN / inf, both formats and alignments.
+vocabulary, negative), logits narrower than the vocabulary and holding NaN / inf, generated batches without an event,
+both formats, both alignments and both pairings of generation (by index, by time from random origins).
 
     python scripts/fuzz.py [--sequences 100000] [--seed 0]
 
-Prints, per format and alignment, the sequences and target events pushed through, the exceptions raised (must
+Prints, per format, alignment and pairing, the sequences and target events pushed through, the exceptions raised (must
 be 0), the target events counted against the string reference's spans (must be equal), the labelled tokens
 left out of the loss against a numpy count (must be equal) and NaN keys in the report (must be 0).
 """
@@ -78,8 +79,11 @@ def skipped_oracle(logits: torch.Tensor, target: torch.Tensor) -> int:
     return int((~inside | ~np.isfinite(ce)).sum())
 
 
+MODES = (("teacher_forcing", "index"), ("generation", "index"), ("generation", "time"))  # (alignment, pairing)
+
+
 def run(sequences: int, seed: int = 0, batch: int = 32) -> list[dict]:
-    """Fuzz every format x alignment; one dict of counts each (see the module docstring)."""
+    """Fuzz every format x mode (`MODES`); one dict of counts each (see the module docstring)."""
     rng = np.random.default_rng(seed)
     out = []
     for fmt in ("hierarchical", "factorized"):
@@ -87,11 +91,11 @@ def run(sequences: int, seed: int = 0, batch: int = 32) -> list[dict]:
         vocab = VocabMap.from_tokenizer(tokenizer)
         codec = EventCodec(vocab.config)
         events = vocab.encode(simulate_session(60, seed=seed, format=fmt)[:400], ignore_images=True)
-        for alignment in ("teacher_forcing", "generation"):
-            metric = OWAEventMetrics(tokenizer, alignment=alignment, generated_screens="scored")
-            counts = {"format": fmt, "alignment": alignment, "sequences": 0, "exceptions": 0, "target_events": 0,
-                      "reference_events": 0, "loss_skipped": 0, "oracle_skipped": 0, "nan_keys": 0}
-            for _ in range(math.ceil(sequences / 4 / batch)):
+        for alignment, pairing in MODES:
+            metric = OWAEventMetrics(tokenizer, alignment=alignment, pairing=pairing, generated_screens="scored")
+            counts = {"format": fmt, "alignment": alignment, "pairing": pairing, "sequences": 0, "exceptions": 0,
+                      "target_events": 0, "reference_events": 0, "loss_skipped": 0, "oracle_skipped": 0, "nan_keys": 0}
+            for _ in range(math.ceil(sequences / 2 / len(MODES) / batch)):
                 rows = corrupted_rows(rng, vocab, events, batch)
                 width = max([len(r) for r in rows] + [0])
                 dtype = DTYPES[int(rng.integers(0, len(DTYPES)))]
@@ -102,14 +106,16 @@ def run(sequences: int, seed: int = 0, batch: int = 32) -> list[dict]:
                     preds = as_dtype([r[:width] for r in corrupted_rows(rng, vocab, events, batch)], dtype, width)
                     logits = poisoned_logits(rng, tuple(target.shape), vocab.size)
                     counts["oracle_skipped"] += skipped_oracle(logits, target)
-                else:
-                    generated = corrupted_rows(rng, vocab, events, batch)
+                else:  # one batch in 8 generated no event (-100 only, or no token)
+                    generated = corrupted_rows(rng, vocab, events, batch) if rng.random() >= 1 / 8 else \
+                        [[-100] * int(rng.integers(0, 3))] * batch
                     preds, logits = as_dtype(generated, dtype, max(len(r) for r in generated)), None
+                origin = {"origin_ns": torch.from_numpy(rng.integers(-1, 2 ** 34, batch))} if pairing == "time" else {}
                 try:
-                    metric.update(preds, target, logits=logits)
+                    metric.update(preds, target, logits=logits, **origin)
                 except Exception as err:  # noqa: BLE001 - counted: the fuzzer's figure of merit
                     counts["exceptions"] += 1
-                    print(f"{fmt} {alignment}: {type(err).__name__}: {err}")
+                    print(f"{fmt} {alignment} {pairing}: {type(err).__name__}: {err}")
                 counts["sequences"] += batch
             with warnings.catch_warnings(record=True) as caught:  # the invalid-target warning: counted
                 warnings.simplefilter("always")

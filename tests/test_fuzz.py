@@ -1,6 +1,6 @@
-"""Issue 10: hostile input through update (with logits, mixed integer dtypes, both formats and alignments) never
-raises, counts every target event once (against the string reference's spans), skips exactly the unusable loss
-tokens (against numpy) and leaves no NaN in the report."""
+"""Issue 10: hostile input through update (with logits, mixed integer dtypes, both formats, alignments and pairings,
+generated batches without an event) never raises, counts every target event once (against the string reference's
+spans), skips exactly the unusable loss tokens (against numpy) and leaves no NaN in the report."""
 
 import sys
 from pathlib import Path
@@ -16,8 +16,11 @@ from owa_metrics import OWAEventMetrics, decode_batch  # noqa: E402
 
 
 def test_fuzzed_updates_never_raise_and_count_every_event_once():
-    for counts in run(8_000, seed=1):
-        name = f"{counts['format']} {counts['alignment']}"
+    fuzzed = run(12_000, seed=1)  # 2,000 sequences per format and mode
+    assert {(c["alignment"], c["pairing"]) for c in fuzzed} == {("teacher_forcing", "index"), ("generation", "index"),
+                                                               ("generation", "time")}
+    for counts in fuzzed:
+        name = f"{counts['format']} {counts['alignment']} {counts['pairing']}"
         assert counts["exceptions"] == 0, name
         assert counts["target_events"] == counts["reference_events"] > 5_000, name
         assert counts["loss_skipped"] == counts["oracle_skipped"], name

@@ -15,7 +15,7 @@ from owa_metrics.decode import greedy_match, unwrap_ns
 from owa_metrics.decode.matching import Lanes, lane_table
 from owa_metrics.events import read_recording, simulate_session
 from conftest import recording_paths
-from matching_oracle import greedy, time_oracle, unwrap
+from matching_oracle import greedy, parse_rows, time_oracle, unwrap
 from metric_oracle import FORMATS
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
@@ -196,6 +196,42 @@ def test_story_one_dropped_event(tokenizer):
     assert time["timestamp/abs_error_p95_ms"] == 0 and time["detect/recall"] == 49 / 50
     assert time["detect/precision"] == 1 and time["detect/time_error_abs_p50_ms"] == 0
     assert index["timestamp/abs_error_p95_ms"] > 0
+
+
+@pytest.mark.filterwarnings("ignore::owa_metrics.metrics.collection.InvalidTargetsWarning")  # random targets
+@pytest.mark.parametrize("backend", ["auto", "torch"])  # the compiled scan and the torch ops
+def test_random_ids_and_batches_without_generated_events_never_raise(format_vocab, backend):
+    """A batch whose generation holds no event span (nothing generated, or random ids) raised IndexError. In the
+    defaults, random ids in [-100, V) on either side over seeds and shapes: no exception; every target and generated
+    event span counted once (against the string reference), each valid target a detection TP or FN, each generated
+    span a TP or FP; with real targets the whole report equal to the oracle."""
+    fmt = format_vocab.config.format
+    events = simulate_session(20, seed=2, format=fmt)
+    checked = set()
+    for seed, (B, T) in [(s, shape) for s in range(3) for shape in ((3, 43), (1, 7), (4, 120))]:
+        g = torch.Generator().manual_seed(seed)
+        random = lambda: torch.randint(-100, format_vocab.size, (B, T), generator=g)  # noqa: E731
+        real = pad([format_vocab.encode(events[7 * b + seed:7 * b + seed + 1 + (b + seed) % 4], ignore_images=True)
+                    for b in range(B)])
+        for case, (preds, target) in {"random": (random(), random()), "random on real": (random(), real),
+                                      "nothing on real": (torch.full((B, T), -100), real)}.items():
+            metric = OWAEventMetrics(vocab=format_vocab, alignment="generation", pairing="time", backend=backend)
+            metric.update(preds, target)
+            report = {k: float(v) for k, v in metric.compute().items()}
+            scored = metric.scored_ids(preds, target)  # screens are context (the default): left out of both sides
+            gen, true = (parse_rows(ids.tolist(), format_vocab) for ids in scored)
+            n_gen, n_true = sum(map(len, gen)), sum(map(len, true))
+            n_valid = sum(d["status"] == 0 for row in true for d in row)
+            assert report["count/target_events"] == n_true and report["count/pred_events"] == n_gen, case
+            assert report["count/valid_target_events"] == n_valid, case
+            tp, fp, fn = decode_batch(*scored, format_vocab, "generation", backend,
+                                      pairing="time").time_matching.detection_counts.sum(1)
+            assert tp + fn == n_valid and tp + fp == n_gen, case
+            if case != "random":
+                oracle = time_oracle(*(ids.tolist() for ids in scored), format_vocab, fmt=FORMATS[fmt])
+                _compare(report, {k: v for k, v in oracle.items() if not k.startswith("screen/")})  # none scored
+            checked.add((case, n_gen == 0 < n_true))
+    assert ("nothing on real", True) in checked and ("random on real", True) in checked
 
 
 def sequential_greedy(t_key, t_ns, p_key, p_ns, tolerance):

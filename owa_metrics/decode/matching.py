@@ -294,8 +294,9 @@ def match_by_time(target: EventFields, target_seq: torch.Tensor, pred: EventFiel
     origin = torch.cat([target.timestamp_ns, target.timestamp_ns.new_zeros(1)]).index_select(0, first_valid)
     if origin_ns is not None:
         origin = torch.where(origin_ns >= 0, origin_ns, origin)
-    t_abs, p_abs = unwrap_ns(torch.cat([target_seq, pred_seq + num_sequences]), torch.cat(
-        [target.timestamp_ns, pred.timestamp_ns]), torch.cat([t_ok, p_ok]), origin.repeat(2), window_ns).split([N, M])
+    both_abs = unwrap_ns(torch.cat([target_seq, pred_seq + num_sequences]), torch.cat(
+        [target.timestamp_ns, pred.timestamp_ns]), torch.cat([t_ok, p_ok]), origin.repeat(2), window_ns)
+    t_abs, p_abs = both_abs.split([N, M])
 
     # every event of both sides, fixed shapes (no host read): an event that takes no part (invalid; for the pairing
     # by kind, detected or used) gets a key of its own (negative, distinct), which meets nothing
@@ -317,8 +318,10 @@ def match_by_time(target: EventFields, target_seq: torch.Tensor, pred: EventFiel
     paired = torch.where(by_kind >= 0, by_kind, detection)
 
     swept = _detection_counts(target, pred, t_ok, detections if sweep else detection[None])
-    error_ms = torch.where(detection >= 0, (p_abs.index_select(0, detection.clamp(min=0)) - t_abs).abs().double() / 1e6,
-                           float("nan"))
+    # generated event j is both_abs[N + j]; a missed target (-1) reads the last target's, masked: in range even when
+    # the batch generated no event (M = 0)
+    matched_ns = both_abs.index_select(0, detection + N)
+    error_ms = torch.where(detection >= 0, (matched_ns - t_abs).abs().double() / 1e6, float("nan"))
     in_pair = _marked(paired, len(p_ok))
     return TimeMatching(detection=detection, paired=paired, detection_counts=swept[0], detection_error_ms=error_ms,
                         extra_events=(p_ok & ~in_pair).sum(), invalid_pred_events=(~p_ok).sum(), target_ns=t_abs,
