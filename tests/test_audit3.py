@@ -6,7 +6,6 @@ import json
 import os
 
 import pytest
-import torch
 
 from owa_metrics import VocabMap, build_tokenizer
 from owa_metrics.cli import main
