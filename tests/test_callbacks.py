@@ -472,7 +472,8 @@ def test_ddp_fit_with_every_default_logs_what_one_process_logs(tmp_path, strateg
                             .read_text())
         keys = {k for k in report if k not in ("epoch", "step")}
         assert sum(k.startswith("tag/") for k in keys) > 100 and len(keys) > 200
-        assert prefix == "owa" or {f"tag/{t}/detect/f1_within_{ms}ms" for t in ddp_fit.TAGS[:2] for ms in ddp_fit.SWEEP_MS} <= keys
+        swept = {f"tag/{t}/detect/f1_within_{ms}ms" for t in ddp_fit.TAGS[:2] for ms in ddp_fit.SWEEP_MS}
+        assert prefix == "owa" or swept <= keys
         mine = report_of(logged, f"val/{prefix}/")
         charted = {k for k in keys if report[k] != 0 or unit_of(k) != "count"}  # a zero count is no chart yet
         assert set(mine) == charted and all(close(mine[k], report[k], 1e-6) for k in charted)

@@ -305,8 +305,8 @@ def prompt_inputs(batch: Mapping, cut: torch.Tensor, image_token_id: Optional[in
                   start: Optional[torch.Tensor] = None) -> dict[str, torch.Tensor]:
     """The batch's model inputs besides the prompt ids, cut to the prompts ``batch["input_ids"][b, start[b]:cut[b]]``
     (``start`` 0 when None) of its first ``len(cut)`` rows: a key shaped like ``input_ids`` (``mm_token_type_ids``)
-    as the ids are; the images whose ``image_token_id`` tokens are in a prompt, in the batch's layout (`_prompt_images`: one entry per image,
-    [B, images, ...] with ``pixel_attention_mask``, or patches with ``image_grid_thw``), none without image tokens
+    as the ids are; the images whose ``image_token_id`` tokens are in a prompt, in the batch's layout
+    (`_prompt_images`: one entry per image, [B, images, ...] with ``pixel_attention_mask``, or patches with ``image_grid_thw``), none without image tokens
     in the prompts. Any other input (``image_sizes``, ...): a `PromptInputsError` naming it and pointing at
     ``generate_fn``."""
     ids = batch["input_ids"]

@@ -88,7 +88,9 @@ HEADLINE = tuple((key, WORDS[key], unit, only) for key, unit, only in (
 # which way a key is better, by pattern (fnmatch, the first match wins; a tag's key as the key itself): True higher,
 # False lower, None neither (counts, shares, signed errors, whose best is 0); `higher_is_better` reads it
 BETTER = (("d2e/*sample_count*", None), ("d2e/num_bins*", None), ("d2e/duration_s", None),
-          ("d2e/best_shift_bins", None), ("d2e/*pearson*", True), ("d2e/*scale_ratio*", False), ("d2e/*false_positive_rate*", False), ("count_accuracy", True), ("status/*_rate", False), ("*sequence_error_rate", False), ("*signed*", None),
+          ("d2e/best_shift_bins", None), ("d2e/*pearson*", True), ("d2e/*scale_ratio*", False),
+          ("d2e/*false_positive_rate*", False), ("count_accuracy", True), ("status/*_rate", False),
+          ("*sequence_error_rate", False), ("*signed*", None),
           ("count/*", None), ("status/*", None), ("*/count", None), ("*/ratio", None), ("*_rate*", True),
           ("*accuracy*", True), ("*f1*", True), ("*precision*", True), ("*recall*", True), ("*r2*", True),
           ("*cosine*", True), ("*coverage", True), ("*error*", False), ("*iqmpe*", False), ("*_pe_*", False),

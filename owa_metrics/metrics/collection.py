@@ -75,8 +75,8 @@ class OWAEventMetrics(Float64Metric):
     every metric, and the detection matches add ``detect/{category}/precision|recall|f1``, the micro
     ``detect/precision|recall|f1``, ``detect/time_error_abs_p50_ms`` and ``count/invalid_pred_events``. A tuple
     ``tolerance_ms=(50, 100, 200, 500)`` sweeps: the detection matching runs at each tolerance t (keys
-    ``detect/f1|precision|recall_within_{t}ms``, ``detect/{category}/f1_within_{t}ms``, ``detect/f1_mean``); the pairs and the
-    keys above come from the first. The model predicts actions and is shown the screens: with
+    ``detect/f1|precision|recall_within_{t}ms``, ``detect/{category}/f1_within_{t}ms``, ``detect/f1_mean``); the
+    pairs and the keys above come from the first. The model predicts actions and is shown the screens: with
     ``generated_screens="context"`` (the default) both sides' screen events are left out before pairing
     (`without_screen_events`: whatever fills a generated screen's image span), every key is over the actions and
     no ``screen/*`` key is reported; ``"scored"`` pairs and scores them like actions (a model that predicts screen
