@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import html
+import warnings
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -196,7 +197,7 @@ def d2e_report_html(report: dict, pred, target, bin_ms: float, sequences: int = 
     the D2E table and latency curve, a row per file (folders) whose name links to its timeline when drawn, and the
     timelines of the files with the most wrong (bin, name) counts and of the first ``sequences``. Returns the page."""
     from .d2e import pair_folders
-    from .events.d2e import read_d2e_recording
+    from .events.d2e import NoRawMouseWarning, read_d2e_recording
 
     pred, target = Path(pred), Path(target)
     pairs = pair_folders(pred, target) if pred.is_dir() else [(target.stem, pred, target)]
@@ -214,8 +215,10 @@ def d2e_report_html(report: dict, pred, target, bin_ms: float, sequences: int = 
     drawn = {}
     for i in chosen:
         stem, p, t = pairs[i]
-        timeline = recording_timeline(read_d2e_recording(t), read_d2e_recording(p),
-                                      f"{stem}: {wrong(stem):.0f} wrong (bin, name) counts", bin_ms)
+        with warnings.catch_warnings():  # read again for its figure: the evaluation has said what the file lacks
+            warnings.simplefilter("ignore", NoRawMouseWarning)
+            truth, guess = read_d2e_recording(t), read_d2e_recording(p)
+        timeline = recording_timeline(truth, guess, f"{stem}: {wrong(stem):.0f} wrong (bin, name) counts", bin_ms)
         drawn[i] = figure(png_of(draw_timeline(timeline, timeline_width_in(timeline.end_ns))), stem, f"file-{stem}",
                           zoom=True)
     title = f"D2E protocol: {pred.name} vs {target.name} ({bin_ms:g} ms bins)"

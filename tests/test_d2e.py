@@ -8,6 +8,7 @@ import contextlib
 import io
 import json
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -462,7 +463,11 @@ def test_a_recording_without_raw_mouse_is_said_and_no_shift_scoring_nothing_is_b
     file and the topic (--strict: exit 1). A prediction whose keys are all wrong, without mouse events, scores 0 at
     every shift: no d2e/best_shift_bins (it was 0)."""
     example = [p for p in recording_paths() if p.name == "example.mcap"][0]
-    code, out, err = _cli(["--pred", example, "--target", example, "--bin-ms", 50, "--json", tmp_path / "r.json"])
+    with warnings.catch_warnings(record=True) as leaked:  # the page reads the file again: no second word
+        warnings.simplefilter("always")
+        code, out, err = _cli(["--pred", example, "--target", example, "--bin-ms", 50, "--json", tmp_path / "r.json",
+                               "--html", tmp_path / "r.html"])
+    assert not leaked, [str(w.message) for w in leaked]
     report = json.loads((tmp_path / "r.json").read_text())
     assert code == 0 and report["d2e/mouse_move/sample_count"] == 0 and report["d2e/keyboard/key_accuracy"] == 1
     warned = err.strip().splitlines()
