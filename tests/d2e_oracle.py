@@ -179,11 +179,13 @@ def oracle_events(t_events, p_events, start, end, bin_ms, empty_bins_as_correct=
             if a["moves"] or b["moves"]:
                 ts.append(ta)
                 ps.append(pa)
-            all_t.append(abs(ta))
-            all_p.append(abs(pa))
-        r = pearson(ts, ps)
-        if r is not None:
-            keys[f"mouse_move/pearson_{axis}"] = r
+            all_t.append(ta)
+            all_p.append(pa)
+        # the script's r: the bins where either side moved; the paper's (issue 46): every bin compared
+        for name, r in ((f"pearson_{axis}", pearson(ts, ps)), (f"pearson_{axis}_all_bins", pearson(all_t, all_p))):
+            if r is not None:
+                keys[f"mouse_move/{name}"] = r
+        all_t, all_p = [abs(x) for x in all_t], [abs(x) for x in all_p]
         mean_t, mean_p = Fraction(sum(all_t), len(all_t)), Fraction(sum(all_p), len(all_p))
         if mean_p > 0:
             r = mean_t / mean_p

@@ -7,6 +7,7 @@ files' messages), on the real recordings and on synthetic pairs; the token route
 import contextlib
 import io
 import json
+import math
 import sys
 import warnings
 from pathlib import Path
@@ -344,7 +345,9 @@ def test_a_hand_computed_pair(tmp_path):
     down in bin 1, a wheel in bin 2; keys press A, release A (bin 0), press B (bin 1). Prediction: move (1, 0) in
     bin 0, (3, 1) in bin 1, left down + up in one message in bin 2; press A (bin 0), release A (bin 1).
     x: sums (3, -4, 0) vs (1, 3, 0), Pearson over bins 0, 1: -1; scale 7 / 4. y: (1, 1) is constant: no Pearson;
-    scale 2 / 1. Buttons: left_down in bin 1 (1 vs 0), left_down and left_up in bin 2 (0 vs 1): 0 / 3, bin 0
+    scale 2 / 1. Over all 3 bins (the paper's r): x (3, -4, 0) vs (1, 3, 0), deviations (10, -11, 1) / 3 and
+    (-1, 5, -4) / 3: r = -69 / sqrt(222 * 42); y (1, 1, 0) vs (0, 1, 0), deviations (1, 1, -2) / 3 and (-1, 2, -1) / 3:
+    r = 3 / sqrt(6 * 6) = 0.5. Buttons: left_down in bin 1 (1 vs 0), left_down and left_up in bin 2 (0 vs 1): 0 / 3, bin 0
     empty. Keys: bin 0 press A 1 = 1, release A 1 vs 0; bin 1 press B 1 vs 0, release A 0 vs 1: 1 / 4, bin 2 empty.
     Strict (issue 46): bins 0 and 1 have true keys, neither alike: 0 / 2; bin 2 has none, nor a predicted one: FP rate
     0 / 1. Buttons: bin 1 true (left_down), bin 2 predicted: TP 0, precision 0 / 1, recall 0 / 1, F1 0 / 2; bins 0
@@ -358,6 +361,7 @@ def test_a_hand_computed_pair(tmp_path):
     pred = write_mcap(tmp_path / "p.mcap", [(7 * MS, 0)], [(7 * MS, "press", 65), (77 * MS, "release", 65)],
                       [(12 * MS, 1, 0, 0), (67 * MS, 3, 1, 0), (117 * MS, 0, 0, 3)], tail_ns=200 * MS)
     want = {"d2e/num_bins": 3, "d2e/duration_s": 0.125, "d2e/mouse_move/pearson_x": -1.0,
+            "d2e/mouse_move/pearson_x_all_bins": -69 / math.sqrt(222 * 42), "d2e/mouse_move/pearson_y_all_bins": 0.5,
             "d2e/mouse_move/scale_ratio_x": 1.75, "d2e/mouse_move/scale_ratio_y": 2.0,
             "d2e/mouse_move/sample_count": 2, "d2e/mouse_button/button_accuracy": 0.0,
             "d2e/mouse_button/sample_count": 3, "d2e/keyboard/key_accuracy": 0.25, "d2e/keyboard/sample_count": 4,

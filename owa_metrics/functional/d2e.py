@@ -9,8 +9,9 @@ in float64 that add across batches, files and ranks: the counts, and the moments
 any int64 per-bin sums up to 2**31 bins in all); `d2e_keys` turns the rows into keys:
 
 - ``pearson_{x,y}``: Pearson's r of the true and predicted per-bin sums over the bins where either side has a move
-  (from n, Σt, Σp, Σt², Σp², Σtp as Python integers: c = nΣtp - ΣtΣp, v = nΣt² - (Σt)², r = sign(c)
-  sqrt(c² / (v_t v_p)), one rounding; none below 2 bins or with a constant side); ``scale_ratio_{x,y}``: Σ|t| / Σ|p|
+  (upstream's script; from n, Σt, Σp, Σt², Σp², Σtp as Python integers: c = nΣtp - ΣtΣp, v = nΣt² - (Σt)², r =
+  sign(c) sqrt(c² / (v_t v_p)), one rounding; none below 2 bins or with a constant side); ``pearson_{x,y}_all_bins``:
+  the same over every bin compared (the paper's reading, issue 46: n = ``num_bins``); ``scale_ratio_{x,y}``: Σ|t| / Σ|p|
   over ALL bins (the ratio of the mean |sums|), inverted when below 1 (none when Σ|p| = 0; inf when Σ|t| = 0 < Σ|p|,
   as upstream's numpy gives); ``sample_count``: n.
 - ``button_accuracy`` / ``key_accuracy``: over every (bin, name) seen on either side, 1 if the counts are equal;
@@ -482,7 +483,8 @@ def _binned(t_seq, t_ns, t_is_key, t_code, t_dx, t_dy, t_flags, t_counts, p_seq,
 def d2e_keys(states: torch.Tensor, empty_bins_as_correct: bool = False, shifts: Sequence[int] = (0,),
              prefix: str = KEY_PREFIX) -> dict[str, float]:
     """The keys of `d2e_states`' rows (one per shift of ``shifts``; the plain keys from shift 0): ``d2e/num_bins``,
-    ``d2e/duration_s``, ``d2e/mouse_move/{pearson_x, pearson_y, scale_ratio_x, scale_ratio_y, sample_count}``,
+    ``d2e/duration_s``, ``d2e/mouse_move/{pearson_x, pearson_y, pearson_x_all_bins, pearson_y_all_bins, scale_ratio_x,
+    scale_ratio_y, sample_count}``,
     ``d2e/mouse_button/{button_accuracy, sample_count, precision, recall, f1}``, ``d2e/keyboard/{key_accuracy,
     sample_count, strict_accuracy, strict_sample_count}``, ``.../{false_positive_rate, false_positive_sample_count}``
     of both; a value upstream reports as none is left out. With shifts other than 0: every key but the duration at
@@ -509,11 +511,13 @@ def _row_keys(row: list[float], empty_bins_as_correct: bool) -> dict[str, float]
     out = {}
     n = v["move_bins"]
     for axis in ("x", "y"):
-        st, sp, st2, sp2, stp = (v[f"sum_{name}"] for name in (f"t{axis}", f"p{axis}", f"t{axis}2", f"p{axis}2",
-                                                                  f"t{axis}p{axis}"))
-        cov, var_t, var_p = n * stp - st * sp, n * st2 - st * st, n * sp2 - sp * sp  # n² (co)variances, exact
-        if n >= 2 and var_t > 0 and var_p > 0:  # |cov| <= sqrt(var_t var_p): r in [-1, 1] as it is rounded
-            out[f"mouse_move/pearson_{axis}"] = math.copysign(math.sqrt(cov * cov / (var_t * var_p)), cov)
+        sums = [v[f"sum_{name}"] for name in (f"t{axis}", f"p{axis}", f"t{axis}2", f"p{axis}2", f"t{axis}p{axis}")]
+        # the script's r over the bins where either side moved; the paper's over all bins compared (a bin without
+        # a move adds 0 to every sum: the same sums, n = num_bins)
+        for name, bins in ((f"pearson_{axis}", n), (f"pearson_{axis}_all_bins", v["num_bins"])):
+            r = _pearson(bins, *sums)
+            if r is not None:
+                out[f"mouse_move/{name}"] = r
         abs_t, abs_p = v[f"abs_t{axis}"], v[f"abs_p{axis}"]
         if abs_p > 0:
             out[f"mouse_move/scale_ratio_{axis}"] = (abs_t / abs_p if abs_t >= abs_p else
@@ -528,6 +532,16 @@ def _row_keys(row: list[float], empty_bins_as_correct: bool) -> dict[str, float]
         out.update(_strict_keys(v, kind))
     out["num_bins"] = float(v["num_bins"])
     return out
+
+
+def _pearson(n: int, st: int, sp: int, st2: int, sp2: int, stp: int) -> Optional[float]:
+    """Pearson's r of n pairs from their exact integer sums: c = nΣtp - ΣtΣp, v = nΣt² - (Σt)², r = sign(c)
+    sqrt(c² / (v_t v_p)), one rounding (|c| <= sqrt(v_t v_p): r in [-1, 1]); None below 2 pairs or with a constant
+    side."""
+    cov, var_t, var_p = n * stp - st * sp, n * st2 - st * st, n * sp2 - sp * sp  # n² (co)variances
+    if n < 2 or var_t <= 0 or var_p <= 0:
+        return None
+    return math.copysign(math.sqrt(cov * cov / (var_t * var_p)), cov)
 
 
 def _strict_keys(v: dict[str, int], kind: str) -> dict[str, float]:
