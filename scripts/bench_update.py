@@ -16,10 +16,6 @@ in exact and sketch mode, the state bytes, and the reference's numpy IQM with a 
 (only up to 10^4: it is slow); then the whole `OWAEventMetrics.compute()` (7 CIs, every key) after updates
 holding n target events of a simulated session whose predictions carry field errors (`field_error_batches`),
 exact and sketch: median ms, the state bytes and the peak resident memory added during the first compute().
-Exact mode also says what numpy's own generator takes for the same draws (``numpy draws ms``, CPU): the
-bootstrap's random stream made by ``rng.integers`` / ``rng.multinomial`` in numpy's C code, timed inside those
-calls (with the compiled draws switched off, so that numpy makes them) — the cost of the stream alone as numpy
-makes it.
 """
 
 from __future__ import annotations
@@ -197,52 +193,6 @@ class PeakRss:
         self.extra = self.peak - self.base
 
 
-class NumpyDrawTime:
-    """Within: every ``numpy.random.default_rng(...)`` (the bootstrap's generators) answers through a wrapper that
-    adds the CPU seconds spent in its ``integers`` and ``multinomial`` to ``seconds``; ``own_draws=False`` also
-    switches the compiled draws off (`_lemire_is_numpys`, `_multinomial_is_numpys`), so that numpy makes the
-    sample-by-sample and the value-by-value draws."""
-
-    def __init__(self, own_draws: bool = True):
-        self.own_draws, self.seconds = own_draws, 0.0
-
-    def __enter__(self):
-        from owa_metrics.functional import stats
-
-        self.stats, self.real = stats, np.random.default_rng
-        # the checks this tree has (a tree before the compiled multinomial has only the first), switched off within
-        self.checks = {name: getattr(stats, name) for name in ("_lemire_is_numpys", "_multinomial_is_numpys")
-                       if hasattr(stats, name)}
-        np.random.default_rng = lambda *args, **kwargs: _TimedGenerator(self.real(*args, **kwargs), self)
-        if not self.own_draws:
-            for name in self.checks:
-                setattr(stats, name, lambda: False)
-        return self
-
-    def __exit__(self, *exc):
-        np.random.default_rng = self.real
-        for name, check in self.checks.items():
-            setattr(self.stats, name, check)
-
-
-class _TimedGenerator:
-    def __init__(self, rng, clock: NumpyDrawTime):
-        self._rng, self._clock = rng, clock
-
-    def __getattr__(self, name):
-        attr = getattr(self._rng, name)
-        if name not in ("integers", "multinomial"):
-            return attr
-
-        def timed(*args, **kwargs):
-            begin = time.process_time()
-            try:
-                return attr(*args, **kwargs)
-            finally:
-                self._clock.seconds += time.process_time() - begin
-        return timed
-
-
 def state_bytes(metric) -> int:
     parts = [t for v in metric.metric_state.values() for t in (v if isinstance(v, list) else [v])]
     return sum(t.numel() * t.element_size() for t in parts)
@@ -252,7 +202,7 @@ def bench_compute(sizes: list[int], repeats: int) -> None:
     torch.set_num_threads(1)
     rng = np.random.default_rng(0)
     print(f"torch {torch.__version__}, 1 thread\nSignedPercentError: IQM + CI of n float errors (all distinct)")
-    print(f"{'n':>9} {'mode':<10} {'compute ms':>11} {'cpu ms':>9} {'state bytes':>12} {'numpy draws ms':>15}")
+    print(f"{'n':>9} {'mode':<10} {'compute ms':>11} {'cpu ms':>9} {'state bytes':>12}")
     for n in sizes:
         pred = torch.from_numpy(rng.normal(100, 30, n))
         true = torch.from_numpy(rng.normal(100, 25, n)).clamp(min=1)
@@ -265,12 +215,7 @@ def bench_compute(sizes: list[int], repeats: int) -> None:
                 metric.compute()
 
             s, cpu = timed_cpu(run, repeats if mode == "sketch" or n <= 10**5 else max(3, repeats // 2))
-            draws = "-"
-            if mode == "exact":
-                with NumpyDrawTime(own_draws=False) as clock:
-                    run()
-                draws = f"{clock.seconds * 1e3:.1f}"
-            print(f"{n:>9} {mode:<10} {s * 1e3:>11.1f} {cpu * 1e3:>9.1f} {state_bytes(metric):>12,} {draws:>15}")
+            print(f"{n:>9} {mode:<10} {s * 1e3:>11.1f} {cpu * 1e3:>9.1f} {state_bytes(metric):>12,}")
         if n <= 10**4:
             values = ((pred - true) / true * 100).numpy()
             s, cpu = timed_cpu(lambda: reference_iqm_ci(values), 1)
@@ -283,7 +228,7 @@ def bench_compute(sizes: list[int], repeats: int) -> None:
     print(f"\nOWAEventMetrics.compute() (7 bootstrap CIs, every key), predictions with field errors "
           f"({len(batches)} batches of 32 x 2048 made in {time.perf_counter() - begin:.0f} s):")
     print(f"{'events':>9} {'mode':<7} {'compute ms':>11} {'cpu ms':>9} {'state MB':>9} {'peak extra MB':>14} "
-          f"{'extra / state':>13} {'distinct ts / pe_x / pe_y':>26} {'numpy draws ms':>15}")
+          f"{'extra / state':>13} {'distinct ts / pe_x / pe_y':>26}")
     for n in sizes:
         for mode in ("exact", "sketch"):
             metric = OWAEventMetrics(tokenizer, mode=mode)
@@ -299,18 +244,14 @@ def bench_compute(sizes: list[int], repeats: int) -> None:
             with PeakRss() as memory:  # the first compute: it also merges the list states' pieces
                 report = run()
             s, cpu = timed_cpu(run, repeats if mode == "sketch" or n <= 10**5 else max(3, repeats // 2))
-            distinct = draws = "-"
+            distinct = "-"
             if mode == "exact":
-                with NumpyDrawTime(own_draws=False) as clock:
-                    run()
-                draws = f"{clock.seconds * 1e3:.1f}"
                 read = Read(metric)
                 distinct = " / ".join(str(read.samples(name, value).values.numel()) for name, value in
                                       (("timestamp", "signed_error_ms"), ("mouse", "signed_pe_x"), ("mouse", "signed_pe_y")))
             size = state_bytes(metric)
             print(f"{int(report['count/valid_target_events']):>9} {mode:<7} {s * 1e3:>11.1f} {cpu * 1e3:>9.1f} "
-                  f"{size / 1e6:>9.1f} {memory.extra / 1e6:>14.1f} {memory.extra / size:>13.2f} {distinct:>26} "
-                  f"{draws:>15}")
+                  f"{size / 1e6:>9.1f} {memory.extra / 1e6:>14.1f} {memory.extra / size:>13.2f} {distinct:>26}")
 
 
 def bench_loss(repeats: int) -> None:

@@ -46,52 +46,73 @@ def np_iqm(x):
     return inside.mean() if inside.size else np.nan
 
 
-def np_bootstrap_ci(x, resamples=1000, seed=42, tail_margin=4.0):
-    """Issue 9's bootstrap, from its definition (README "Statistics"): the distinct values split into a left
-    tail (every rank below r25 - w), kept values and a right tail (every rank above r75 + w); with
-    rng = default_rng(seed): the group totals of all resamples ~ Multinomial(n, group sizes / n), then per
-    resample the kept counts (multinomial over the kept values, or sample by sample when there are more than
-    max(256, kept samples / 8) of them), a resample whose tail count reaches a quartile rank getting its tails split by
-    default_rng([seed, 1]). Each resample's IQM is np_iqm of its values written out; CI = 2.5 / 97.5
-    percentiles."""
-    values, freq = np.unique(np.asarray(x, dtype=np.float64), return_counts=True)
-    n = int(freq.sum())
-    if n == 0:
-        return np.array([np.nan, np.nan])
-    w = math.ceil(tail_margin * math.sqrt(n))
-    r25, r75 = math.floor(0.25 * (n - 1)), math.ceil(0.75 * (n - 1))
-    last_rank = np.cumsum(freq) - 1
-    first_rank = last_rank - freq + 1
-    left, right = last_rank < r25 - w, first_rank > r75 + w
-    mid = ~left & ~right
-    sizes = np.array([freq[left].sum(), freq[mid].sum(), freq[right].sum()])
-    rng, split = np.random.default_rng(seed), np.random.default_rng([seed, 1])
-    totals = np.zeros((resamples, 3), dtype=np.int64)
-    totals[:, sizes > 0] = rng.multinomial(n, sizes[sizes > 0] / n, size=resamples)
-    kept_values, kept_freq = values[mid], freq[mid]
-    iqms = []
-    for t_left, t_kept, t_right in totals:
-        if kept_freq.size <= max(256, sizes[1] / 8):
-            kept = np.repeat(kept_values, rng.multinomial(t_kept, kept_freq / sizes[1]))
-        else:  # t_kept samples drawn one by one among the kept samples (in value order)
-            kept = np.repeat(kept_values, kept_freq)[rng.integers(0, sizes[1], size=t_kept)]
-        if t_left > r25 or t_right >= n - r75:
-            tails = [np.repeat(values[side], split.multinomial(t, freq[side] / freq[side].sum())) if side.any()
-                     else np.zeros(0) for t, side in ((t_left, left), (t_right, right))]
-        else:  # the tails written out as their extreme values: a wrong IQM if a quartile read one
-            tails = [np.full(t_left, values[0]), np.full(t_right, values[-1])]
-        iqms.append(np_iqm(np.concatenate([tails[0], kept, tails[1]])))
-    return np.percentile(iqms, [2.5, 97.5])
+ORACLE_RESAMPLES = 2000  # the oracle's own bootstrap resamples
+BAND_SIGMAS = 4.5  # Monte-Carlo standard errors a CI end may lie off the oracle's (per end; the tests are seeded)
 
 
-def np_bootstrap_ci_by_index(x, resamples, seed):
-    """The textbook bootstrap: n indices drawn with replacement per resample (default_rng(seed).integers)."""
+def np_bootstrap_iqms(x, resamples, seed):
+    """The textbook bootstrap: per resample n values drawn with replacement (default_rng(seed).integers), its IQM
+    (np_iqm's definition: the quartiles by numpy's linear interpolation between order statistics of the sorted
+    resample; NaN where [Q25, Q75] holds none)."""
     xs = np.asarray(x, dtype=np.float64)
-    idx = np.random.default_rng(seed).integers(0, xs.size, size=(resamples, xs.size))
-    return np.percentile([np_iqm(xs[row]) for row in idx], [2.5, 97.5])
+    n, rng, out = xs.size, np.random.default_rng(seed), []
+    for rows in np.array_split(np.arange(resamples), max(1, resamples * n // 2**22)):  # ~32 MB at a time
+        sample = np.sort(xs[rng.integers(0, n, size=(rows.size, n))], axis=1)
+        quartiles = []
+        for h in (0.25 * (n - 1), 0.75 * (n - 1)):
+            low, high = sample[:, math.floor(h)], sample[:, min(math.floor(h) + 1, n - 1)]
+            quartiles.append(low + (high - low) * (h - math.floor(h)))
+        inside = (sample >= quartiles[0][:, None]) & (sample <= quartiles[1][:, None])
+        with np.errstate(invalid="ignore"):
+            out.append(np.where(inside, sample, 0.0).sum(1) / inside.sum(1))
+    return np.concatenate(out)
+
+
+class Band:
+    """Where a bootstrap CI end must lie: [lo, hi] (`close` reads it); float() gives the oracle's own end."""
+
+    def __init__(self, lo, hi, mid):
+        self.lo, self.hi, self.mid = float(lo), float(hi), float(mid)
+
+    def __float__(self):
+        return self.mid
+
+    def __repr__(self):
+        return f"Band({self.lo!r}, {self.hi!r})"
+
+
+def np_bootstrap_ci(x, resamples=1000, seed=42, confidence=0.95, oracle_resamples=ORACLE_RESAMPLES):
+    """The percentile bootstrap CI of the IQM of ``x`` made of ``resamples`` resamples, each end as the Band the
+    oracle's ``oracle_resamples`` IQMs (`np_bootstrap_iqms`) give it: the end at p = (1 -/+ confidence) / 2 is the
+    p-quantile of the replicates' distribution F, estimated twice (by the code, from ``resamples``; here, from
+    ``oracle_resamples``), so it lies between the oracle's quantiles at p -/+ BAND_SIGMAS sqrt(p (1 - p)
+    (1 / resamples + 1 / oracle_resamples)) unless the code's resamples are not F's (the order statistics'
+    binomial error; valid with ties: F may step). NaN ends when a resample's IQM can be NaN (n = 2, two values)."""
+    xs = np.asarray(x, dtype=np.float64)
+    if xs.size == 0:
+        return [Band(np.nan, np.nan, np.nan)] * 2
+    iqms = np_bootstrap_iqms(xs, oracle_resamples, seed + 10**6)  # a stream of its own, not the code's seed
+    return band_of(iqms, resamples, confidence, oracle_resamples)
+
+
+def band_of(iqms, resamples=1000, confidence=0.95, oracle_resamples=ORACLE_RESAMPLES):
+    """`np_bootstrap_ci`'s Bands from the oracle's resample IQMs ``iqms``."""
+    if np.isnan(iqms).any():
+        return [Band(np.nan, np.nan, np.nan)] * 2
+    out = []
+    for p in ((1 - confidence) / 2, (1 + confidence) / 2):
+        delta = BAND_SIGMAS * math.sqrt(p * (1 - p) * (1 / resamples + 1 / oracle_resamples))
+        lo, mid, hi = np.quantile(iqms, [max(p - delta, 0.0), p, min(p + delta, 1.0)])
+        out.append(Band(lo, hi, mid))
+    return out
 
 
 def close(got, want, rel=1e-6):
+    """|got - want| <= rel max(1, |want|); a Band: got within it, each side widened as much."""
+    if isinstance(want, Band):
+        if np.isnan(want.lo) or np.isnan(float(got)):
+            return np.isnan(want.lo) and np.isnan(float(got))
+        return close(got, min(max(float(got), want.lo), want.hi), rel)
     got, want = float(got), float(want)
     if np.isnan(want):
         return np.isnan(got)

@@ -9,7 +9,7 @@ from owa_metrics.functional.stats import (
     SketchSpec, bootstrap_iqm_ci, bootstrap_iqm_ci_of_counts, distinct, iqm, iqm_of_counts, quantile,
     quantile_of_counts, sketch_bootstrap_iqm_ci, sketch_counts, sketch_iqm, sketch_quantile,
 )
-from oracles import close, np_bootstrap_ci, np_iqm
+from oracles import band_of, close, np_bootstrap_ci, np_iqm
 
 QS = [0, 0.01, 0.025, 0.25, 0.5, 0.75, 0.95, 0.99, 1]
 
@@ -47,12 +47,14 @@ def test_exact_statistics_equal_numpy(n):
 
 @pytest.mark.parametrize("tail_margin", [4.0, 0.0])  # 0: tails at the quartile ranks, so about half the resamples split
 @pytest.mark.parametrize("kind, n", [("integer", 3000), ("float", 2000), ("ties", 5000)])
-def test_bootstrap_over_distinct_values_equals_the_multinomial_oracle(kind, n, tail_margin):
+def test_bootstrap_over_distinct_values_agrees_with_the_textbook_bootstrap(kind, n, tail_margin):
+    """Each CI end within the Monte-Carlo band of the textbook bootstrap's (`np_bootstrap_ci`): by value (integers,
+    ties) and sample by sample (floats), tails merged or split at every quartile."""
     x = _data(kind, n)
     assert np.allclose(quantile(torch.from_numpy(x), QS).numpy(), np.percentile(x, [100 * q for q in QS]), rtol=1e-12)
     assert close(iqm(torch.from_numpy(x)), np_iqm(x), 1e-12)
     got = bootstrap_iqm_ci(torch.from_numpy(x), tail_margin=tail_margin).numpy()
-    want = np_bootstrap_ci(x, tail_margin=tail_margin)
+    want = np_bootstrap_ci(x)
     assert close(got[0], want[0], 1e-9) and close(got[1], want[1], 1e-9), (got, want)
     assert got[0] < np_iqm(x) < got[1]
 
@@ -63,8 +65,31 @@ def test_statistics_past_2_24_values_equal_the_oracle():
     values, counts = distinct(torch.from_numpy(x))  # the one sort the metrics make per distribution
     assert np.array_equal(quantile_of_counts(values, counts, [0.25, 0.5, 0.95]).numpy(), np.percentile(x, [25, 50, 95]))
     assert close(iqm_of_counts(values, counts), np_iqm(x), 1e-12)
-    got, want = bootstrap_iqm_ci_of_counts(values, counts, num_resamples=4).numpy(), np_bootstrap_ci(x, resamples=4)
+    got = bootstrap_iqm_ci_of_counts(values, counts, num_resamples=4).numpy()
+    # the textbook bootstrap's IQMs from its counts (n values drawn with replacement: counts ~ Multinomial(n, c / n))
+    v, c = np.unique(x, return_counts=True)
+    want = band_of(np.array([_np_iqm_of_counts(v, row) for row in np.random.default_rng(5).multinomial(
+        n, c / n, size=400)]), resamples=4, oracle_resamples=400)
     assert close(got[0], want[0], 1e-9) and close(got[1], want[1], 1e-9), (got, want)
+
+
+def _np_iqm_of_counts(values: np.ndarray, counts: np.ndarray) -> float:
+    """np_iqm of ``values`` repeated ``counts`` times, without writing them out: the order statistic of rank r is
+    the value whose cumulative count first exceeds r, the quartiles interpolated between two (numpy's linear)."""
+    cum, n = np.cumsum(counts), int(counts.sum())
+    at = lambda r: values[np.searchsorted(cum, r, side="right")]  # noqa: E731
+    q25, q75 = (at(math.floor(h)) + (at(min(math.floor(h) + 1, n - 1)) - at(math.floor(h))) * (h - math.floor(h))
+                for h in (0.25 * (n - 1), 0.75 * (n - 1)))
+    inside = (values >= q25) & (values <= q75)
+    return float((values * counts)[inside].sum() / counts[inside].sum())
+
+
+def test_the_iqm_of_counts_oracle_is_np_iqm():
+    rng = np.random.default_rng(2)
+    for n in (1, 3, 4, 10, 997):
+        values = np.sort(rng.choice(np.round(rng.standard_t(2, 400) * 7, 1), 60, replace=False))
+        counts = rng.multinomial(n, rng.dirichlet(np.full(values.size, 0.3)))
+        assert close(_np_iqm_of_counts(values, counts), np_iqm(np.repeat(values, counts)), 1e-12), n
 
 
 def _index_bootstrap_ci(x: np.ndarray, resamples: int, seed: int) -> np.ndarray:
@@ -106,9 +131,33 @@ def test_iqm_is_the_mean_inside_the_quartiles_not_of_the_quartiles():
 
 
 def test_bootstrap_depends_on_the_values_not_their_order():
+    """Issue 47 too: the CI is a function of the values and the seed (bit for bit), sample by sample and by value."""
     x = torch.randn(500, dtype=torch.float64)
     assert torch.equal(bootstrap_iqm_ci(x), bootstrap_iqm_ci(x.flip(0)))
     assert not torch.equal(bootstrap_iqm_ci(x), bootstrap_iqm_ci(x, seed=7))
+    for x in (torch.from_numpy(_data("float", 3000, seed=1)), torch.from_numpy(_data("ties", 3000, seed=1))):
+        ci = bootstrap_iqm_ci(x)
+        assert torch.equal(ci, bootstrap_iqm_ci(x)) and torch.equal(ci, bootstrap_iqm_ci(x[torch.randperm(x.numel())]))
+        assert not torch.equal(ci, bootstrap_iqm_ci(x, seed=7))
+
+
+def test_the_ci_covers_the_true_iqm_about_95_percent_of_the_time():
+    """Issue 47: over 400 samples of 300 values the 95 % CI (500 resamples, a seed per sample) holds the population's
+    IQM in 95 % of them, within 4.5 binomial standard errors (+-4.9 %): exponential values (all distinct: drawn
+    sample by sample), whose IQM E[X | Q25 <= X <= Q75] = 2 ((q1 + 1) e^-q1 - (q3 + 1) e^-q3), q1 = ln(4/3),
+    q3 = ln 4; and 5 levels (ties: by value) of probabilities .15 .2 .3 .2 .15, each quartile inside a level's
+    (F jumps over 1/4 and 3/4 by 0.2), whose IQM is the mean of the middle three: (0.2 0.5 + 0.3 2 + 0.2 7) / 0.7."""
+    q1, q3 = math.log(4 / 3), math.log(4)
+    levels, shares = np.array([-3.0, 0.5, 2.0, 7.0, 40.0]), np.array([0.15, 0.2, 0.3, 0.2, 0.15])
+    rng, trials = np.random.default_rng(0), 400
+    cases = ((lambda: rng.exponential(size=300), 2 * ((q1 + 1) * math.exp(-q1) - (q3 + 1) * math.exp(-q3))),
+             (lambda: rng.choice(levels, size=300, p=shares), 3.0))
+    for draw, want in cases:
+        covered = 0
+        for seed in range(trials):
+            low, high = bootstrap_iqm_ci(torch.from_numpy(draw()), num_resamples=500, seed=seed).tolist()
+            covered += low <= want <= high
+        assert abs(covered / trials - 0.95) <= 4.5 * math.sqrt(0.95 * 0.05 / trials), (want, covered / trials)
 
 
 def test_quantile_past_torch_quantile_limit():
@@ -207,92 +256,84 @@ def test_sketch_on_heavy_tailed_signed_data(capsys):
 
 @pytest.mark.parametrize("tail_margin", [4.0, 0.5])
 def test_bootstrap_by_sample_compiled_equals_the_vectorized_path(monkeypatch, tail_margin):
-    """Nearly all distinct values (sample by sample): the compiled pass (`_KeptDraws` from the generator's words,
-    `_kept_draws_iqms` over the quartiles' zones) gives the resamples' IQMs of the vectorized path (numba off), to
-    1e-12; so does it when numpy's ``integers`` draws (its method not matched). The draws are numpy's."""
+    """Nearly all distinct values (sample by sample): the compiled pass (`_count_draws`, `_kept_draws_iqms` over the
+    quartiles' zones) gives the resamples' IQMs of the vectorized path (numba off: `draws`, `_iqm_rows`), to
+    1e-12 (the sums' order differs)."""
     from owa_metrics.functional import stats
 
     x = _data("float", 6000, seed=5)
     x = np.concatenate([x, np.full(300, np.round(np.percentile(x, 25))), np.zeros(40)])  # ties at Q25 and the median
     values, counts = distinct(torch.from_numpy(x))
     fast = stats._resample_iqms(values, counts, 200, 42, tail_margin)
-    with monkeypatch.context() as m:
-        m.setattr(stats, "_lemire_is_numpys", lambda: False)
-        by_numpy = stats._resample_iqms(values, counts, 200, 42, tail_margin)
     monkeypatch.setattr(stats, "kernel_available", lambda: False)
     vectorized = stats._resample_iqms(values, counts, 200, 42, tail_margin)
     assert not torch.isnan(vectorized).any()
-    for got in (fast, by_numpy):
-        torch.testing.assert_close(got, vectorized, rtol=1e-12, atol=1e-12)
-    rng, total = np.random.default_rng(9), 123_457
-    draws = stats._KeptDraws(np.random.default_rng(9), total)
-    assert draws.own
-    for size in (5, 1000, 77):
-        assert np.array_equal(draws.take(size), rng.integers(0, total, size=size))
+    torch.testing.assert_close(fast, vectorized, rtol=1e-12, atol=1e-12)
 
 
-def _numpys_draws_after(total: int, skip: int, seed: int = 11):
-    """A default_rng that has drawn ``skip`` values in [0, total) (one word: one left over), and its twin."""
-    rngs = [np.random.default_rng(seed) for _ in range(2)]
-    for rng in rngs:
-        rng.integers(0, total, size=skip)
-    return rngs
+def _splitmix_draws(seed: int, resample: int, total: int, size: int) -> list[int]:
+    """The sample-by-sample draws from `resample`'s formula, in Python integers: SplitMix64 words
+    mix(k + j g), k = mix(seed + (resample + 1) g), each two 32-bit halves (low first) read by Lemire's method."""
+    mask, g = 2**64 - 1, 0x9E3779B97F4A7C15
+
+    def mix(z):
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & mask
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EB & mask
+        return z ^ (z >> 31)
+
+    key, out, j = mix((seed + (resample + 1) * g) & mask), [], 0
+    while len(out) < size:
+        j += 1
+        word = mix((key + j * g) & mask)
+        for w in (word & 2**32 - 1, word >> 32):
+            if (w * total) % 2**32 >= (2**32 - total) % total and len(out) < size:
+                out.append(w * total >> 32)
+    return out
 
 
-@pytest.mark.parametrize("skip", [0, 1])
-def test_the_compiled_stream_counts_numpys_draws(skip):
-    """Issue 34: the kept draws counted by the compiled generator (8 words at a time, skips tested at once; the
-    queue word by word for the rest) are numpy's ``integers``, resample after resample: sizes below, at and past 8,
-    a word left over in the generator or not, and enough draws that Lemire's method skips some words."""
-    from owa_metrics.functional import stats
+def test_the_draws_are_splitmix64_read_by_lemires_method():
+    """Issue 47: the sample-by-sample draws, in numpy (`draws`) and compiled (`_count_draws`, counting them by
+    position in 4 bits of a uint16 per resample), are the documented formula's (a Python oracle): totals where
+    Lemire's method skips ~1 word in 10^4 and about half of them, sizes below, at and past a word's two draws;
+    each resample has its own stream; positions uniform (chi-square) and independent between resamples."""
+    from owa_metrics.functional import resample
 
-    total = 1_000_003  # (2^32 mod total) / 2^32: about 1 word in 10^4 skipped
-    rng, twin = _numpys_draws_after(total, skip)
-    draws = stats._KeptDraws(twin, total)
-    assert draws.own
-    drawn, words, made = np.zeros(total, dtype=np.uint16), int(draws.cursor[2] + draws.cursor[0]), 0
-    for size, lane in ((0, 0), (3, 1), (8, 2), (9, 3), (120_001, 0), (7, 1), (80_000, 2), (16, 3)):
-        want = np.bincount(rng.integers(0, total, size=size), minlength=total)
-        stats._draw(*draws._args(), size, drawn, 1 << 4 * lane, drawn, 0)
-        assert np.array_equal((drawn.astype(np.int64) >> 4 * lane) & 15, want), (size, lane)
-        drawn[:] = 0
-        made += size
-    assert int(draws.cursor[2] + draws.cursor[0]) - words > made  # some words were skipped
-    assert np.array_equal(draws.take(1000), rng.integers(0, total, size=1000))
+    def chi_square_z(observed: np.ndarray) -> float:  # Wilson-Hilferty: the statistic's z-score (df = cells - 1)
+        expected, k = observed.sum() / observed.size, observed.size - 1
+        statistic = ((observed - expected) ** 2 / expected).sum()
+        return ((statistic / k) ** (1 / 3) - (1 - 2 / (9 * k))) / math.sqrt(2 / (9 * k))
 
-
-def test_a_resample_drawn_again_by_numpy_equals_its_draws():
-    """`_KeptDraws.replay`: numpy's generator advanced to a resample's first word draws what the compiled stream
-    drew there (the resamples read from their counts instead: tails split, a quartile out of its zone)."""
-    from owa_metrics.functional import stats
-
-    for skip in (0, 1):
-        total = 508_001
-        draws = stats._KeptDraws(_numpys_draws_after(total, skip)[0], total)
-        taken = []
-        for size in (1, 5, 8, 1000, 3, 20_000):
-            start = int(draws.cursor[2] + draws.cursor[0])
-            taken.append((start, size, draws.take(size)))
-        for start, size, got in taken:
-            assert np.array_equal(draws.replay(start, size), got), (skip, start, size)
+    keys = resample.resample_keys(7, 5)
+    for total in (3, 1_000_003, 2**31 + 5):
+        for i, size in enumerate((0, 1, 2, 9, 5000)):
+            want = _splitmix_draws(7, i, total, size)
+            assert resample.draws(keys[i], total, size).tolist() == want, (total, size)
+            if total < 2**24:
+                drawn = np.zeros(total, dtype=np.uint16)
+                resample._count_draws(keys[i], total, (2**32 - total) % total, size, drawn, 1 << 4 * (i % 4))
+                assert np.array_equal(drawn >> 4 * (i % 4), np.bincount(want, minlength=total).astype(np.uint16))
+    assert abs(chi_square_z(np.bincount(resample.draws(keys[0], 1000, 10**6), minlength=1000))) < 4.5
+    first, second = (resample.draws(key, 10, 100_000) for key in resample.resample_keys(3, 2))
+    assert abs(chi_square_z(np.bincount(10 * first + second, minlength=100))) < 4.5  # pairs: uniform over 10 x 10
+    assert not np.array_equal(resample.draws(keys[1], 1000, 100), resample.draws(keys[2], 1000, 100))
 
 
 def _compiled_layout(x: np.ndarray, resamples: int = 8):
     """The arguments `_kept_resamples` gets for the sample of ``x`` (its layout of zones and values)."""
-    from owa_metrics.functional import stats
+    from owa_metrics.functional import resample
 
     seen = {}
-    real = stats._kept_resamples
+    real = resample._kept_resamples
 
     def spy(*args):
         seen["args"] = args
         return real(*args)
 
-    stats._kept_resamples = spy
+    resample._kept_resamples = spy
     try:
         bootstrap_iqm_ci(torch.from_numpy(x), num_resamples=resamples)
     finally:
-        stats._kept_resamples = real
+        resample._kept_resamples = real
     return seen["args"]
 
 
@@ -300,12 +341,12 @@ def test_four_resamples_counted_together_give_each_ones_iqm():
     """`_kept_draws_iqms`: up to 4 resamples' counts in 4 bits each of one uint16 per position give each one's IQM
     (numpy's, of its values written out, to 1e-12), an unused resample changing nothing; a position drawn 16 times
     by one resample (a carry into the next one's bits) leaves all 4 not done, never a wrong IQM."""
-    from owa_metrics.functional import stats
+    from owa_metrics.functional import resample
 
     x = _data("float", 20_000, seed=3)
     x = np.concatenate([x, np.full(400, np.round(np.percentile(x, 75), 1))])  # ties at Q75
-    (*_, groups, r25, right_limit, drawn, slot, middle, kept_values, fine, zone_b, zone_c, pos_b, pos_c, left_value,
-     right_value, ranks, t25, t75, _, _, _) = _compiled_layout(x)
+    (_, _, _, groups, r25, right_limit, drawn, slot, middle, kept_values, fine, zone_b, zone_c, pos_b, pos_c,
+     left_value, right_value, ranks, t25, t75, _, _) = _compiled_layout(x)
     rng, total = np.random.default_rng(4), drawn.size
     for lanes in (4, 3, 1):
         rows = groups[:lanes]
@@ -316,33 +357,33 @@ def test_four_resamples_counted_together_give_each_ones_iqm():
             sizes, lefts, rights = (np.zeros(4, dtype=np.int64) for _ in range(3))
             sizes[:lanes], lefts[:lanes], rights[:lanes] = rows[:, 1], rows[:, 0], rows[:, 2]
             iqms, done = np.empty(4), np.zeros(4, dtype=np.bool_)
-            stats._kept_draws_iqms(drawn, sizes, slot, middle, kept_values, fine, zone_b, zone_c, pos_b, pos_c, lefts,
-                                   left_value, rights, right_value, ranks, t25, t75, iqms, done)
+            resample._kept_draws_iqms(drawn, sizes, slot, middle, kept_values, fine, zone_b, zone_c, pos_b, pos_c,
+                                      lefts, left_value, rights, right_value, ranks, t25, t75, iqms, done)
             assert not drawn.any()
             if carry:
                 assert not done.any()
                 continue
             assert done[:lanes].all()
             for r in range(lanes):
-                resample = np.concatenate([np.full(rows[r, 0], left_value), np.repeat(kept_values[slot], counts[r]),
+                values = np.concatenate([np.full(rows[r, 0], left_value), np.repeat(kept_values[slot], counts[r]),
                                            np.full(rows[r, 2], right_value)])
-                assert close(iqms[r], np_iqm(resample), 1e-12), (lanes, r)
+                assert close(iqms[r], np_iqm(values), 1e-12), (lanes, r)
 
 
 @pytest.mark.parametrize("kind, n, tail_margin", [("float", 1, 4.0), ("equal", 500, 4.0), ("float", 300, 4.0),
                                                   ("ties", 3000, 4.0), ("quartile ties", 30_000, 4.0),
                                                   ("float", 30_000, 0.5)])
 def test_bootstrap_sample_by_sample_equals_the_oracle(kind, n, tail_margin):
-    """The compiled bootstrap (sample by sample: most values distinct) against the readable oracle, the same
-    stream: one value, all equal (counts by value), just past the sample-by-sample threshold, ties, and many
-    values with ties at both quartiles and the median; at tail_margin 0.5 some resamples' tails reach a
-    quartile (13 of 64 here): those are read from their counts, drawn again by numpy."""
+    """The compiled bootstrap (sample by sample: most values distinct) within the textbook bootstrap's Monte-Carlo
+    band (`np_bootstrap_ci`): one value, all equal (counts by value), just past the sample-by-sample threshold,
+    ties, and many values with ties at both quartiles and the median; at tail_margin 0.5 some resamples' tails
+    reach a quartile (about 1 in 5 here): those are read from their counts, drawn again (`draws`)."""
     x = _data("float", n, seed=n) if kind in ("float", "quartile ties") else _data("ties", n) if kind == "ties" \
         else np.full(n, 2.5)
     if kind == "quartile ties":
         x = np.concatenate([x, np.repeat(np.round(np.percentile(x, [25, 50, 75]), 1), 600)])
-    got = bootstrap_iqm_ci(torch.from_numpy(x), num_resamples=64, tail_margin=tail_margin).numpy()
-    want = np_bootstrap_ci(x, resamples=64, tail_margin=tail_margin)
+    got = bootstrap_iqm_ci(torch.from_numpy(x), num_resamples=200, tail_margin=tail_margin).numpy()
+    want = np_bootstrap_ci(x, resamples=200, oracle_resamples=1000)
     assert close(got[0], want[0], 1e-12) and close(got[1], want[1], 1e-12), (got, want)
 
 
@@ -418,11 +459,11 @@ def _shares(kind: str, rng: np.random.Generator) -> np.ndarray:
 
 @pytest.mark.parametrize("kind", ["mixed", "uniform", "dominant", "one", "two"])
 def test_the_compiled_multinomial_is_numpys(kind):
-    """Issue 34: `_KeptMultinomial` (numpy's binomial by inversion and BTPE, compiled) draws what numpy's own
-    ``Generator.multinomial`` draws from the same generator, row after row, over many seeds and sample sizes (0, 1,
-    small, 10^5, 10^8), a 32-bit word left over in the generator or not, and leaves the generator where numpy's
-    is (the next draws equal)."""
-    from owa_metrics.functional import stats
+    """Issue 34, 47: `multinomial_rows` (numba's own ``Generator.binomial``, value after value, compiled) draws what
+    numpy's own ``Generator.multinomial`` draws from the same generator, row after row, over many seeds and sample
+    sizes (0, 1, small, 10^5, 10^8), a 32-bit word left over in the generator or not, and leaves the generator where
+    numpy's is (the next draws equal)."""
+    from owa_metrics.functional import resample
 
     for seed in range(12):
         rng = np.random.default_rng(seed)
@@ -430,11 +471,10 @@ def test_the_compiled_multinomial_is_numpys(kind):
         numpys, mine = np.random.default_rng(seed), np.random.default_rng(seed)
         if seed % 2:
             numpys.integers(0, 100, size=1), mine.integers(0, 100, size=1)  # a word left over
-        draws = stats._KeptMultinomial(mine, shares)
-        assert draws.own
         sizes = [rng.integers(0, 300_000, 40), np.array([0, 1, 2, 10**5, 10**8]), rng.integers(0, 40, 30)]
         for size in sizes:
-            assert np.array_equal(draws.take(size), numpys.multinomial(size, shares)), (kind, seed, size)
+            got = resample.multinomial_rows(mine, size, shares, compiled=True)
+            assert np.array_equal(got, numpys.multinomial(size, shares)), (kind, seed, size)
         assert mine.bit_generator.state == numpys.bit_generator.state
         assert mine.random() == numpys.random()
 
