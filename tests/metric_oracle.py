@@ -6,7 +6,7 @@ from fractions import Fraction
 import numpy as np
 
 from owa_metrics import Category, Event
-from oracles import np_bootstrap_ci, np_iqm
+from oracles import Band, np_bootstrap_ci, np_iqm
 
 CATS = ["keyboard", "mouse_op", "mouse_nop", "screen"]
 
@@ -172,7 +172,8 @@ def paired_report(sequences, fmt=Hierarchical):
         total = ((g - g.mean(0)) ** 2).sum()
         if total:
             out["mouse/r2"] = 1 - ((pr - g) ** 2).sum() / total
-    return {k: float(v) for k, v in out.items() if not (isinstance(v, float) and math.isnan(v))}
+    return {k: v if isinstance(v, Band) else float(v) for k, v in out.items()  # a CI end: its Band
+            if not (isinstance(v, (float, Band)) and math.isnan(float(v)))}
 
 
 def perturb(events, rng, *, change_kinds=True):

@@ -153,8 +153,8 @@ def test_sketch_ci_centre_holds_the_documented_bound_on_log_uniform_data():
     for seed in range(12):
         x = 10 ** np.random.default_rng(seed).uniform(-3, 7, size=n)
         exact = bootstrap_iqm_ci(torch.from_numpy(x), seed=seed).numpy()
-        if seed == 0:  # the exact CI is numpy's (the oracle of its definition)
-            assert np.allclose(exact, np_bootstrap_ci(x, seed=seed), rtol=1e-9)
+        if seed == 0:  # the exact CI within the Monte-Carlo band of the textbook bootstrap's (oracle of its definition)
+            assert all(close(end, want, 1e-9) for end, want in zip(exact, np_bootstrap_ci(x, seed=seed)))
         sketch = sketch_bootstrap_iqm_ci(sketch_counts(torch.from_numpy(x), spec), spec, seed=seed).numpy()
         q25, q75 = np.percentile(x, [25, 75])
         bound = spec.relative_accuracy * np.abs(x[(x >= q25) & (x <= q75)]).mean()

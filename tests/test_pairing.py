@@ -17,6 +17,7 @@ from owa_metrics.events import read_recording, simulate_session
 from conftest import recording_paths
 from matching_oracle import greedy, parse_rows, time_oracle, unwrap
 from metric_oracle import FORMATS
+from oracles import Band, close as in_band
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 from count_ops import SyncCounter  # noqa: E402
@@ -25,6 +26,8 @@ WINDOW_NS = 16_000_000_000
 
 
 def close(a, b, tol=1e-9):
+    if isinstance(b, Band):  # a bootstrap CI end: within the oracle's Monte-Carlo band
+        return in_band(a, b, tol)
     return math.isclose(float(a), float(b), rel_tol=tol, abs_tol=tol)
 
 
