@@ -20,7 +20,9 @@ from typing import Callable, Optional, Union
 import torch
 
 from .schema import Event
-from .metrics.collection import MAX_TAGS, InvalidTargetsWarning, OWAEventMetrics
+from .metrics.arguments import MAX_TAGS
+from .metrics.collection import OWAEventMetrics
+from .metrics.shared_compute import InvalidTargetsWarning
 from .tokens.codec import FORMATS, CodecConfig, EventCodec, EventEncodeError, possible_formats
 from .tokens.vocab import (IMAGE_CONVENTIONS, SPECIAL_TOKENS, VocabMap, build_tokenizer,
                            image_tokens as read_image_tokens)

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from .decode import kernel
-from .metrics.collection import is_tag_name
+from .metrics.arguments import is_tag_name
 from .decode.kernel import _jit, njit
 
 _inline = njit(inline="always", nogil=True, cache=True) if njit is not None else (lambda fn: fn)  # inlined helpers
