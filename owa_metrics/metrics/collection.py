@@ -116,6 +116,7 @@ class OWAEventMetrics(Float64Metric):
             alignment, mode, backend, pairing, tolerance_ms, generated_screens, vocab.config.timestamp_window_ns)
         self.pairing, self.generated_screens = pairing, generated_screens
         self.tags, self.tag_keys = check_tags(tags), check_tag_keys(tag_keys)
+        self._groups = len(self.tags) or 1  # the groups of sequences the states are kept by: one per tag, or one
         self._tag_key_set = set(default_tag_keys(alignment) if tag_keys is None else
                                 () if tag_keys == "all" else tag_keys)
         self.vocab, self.alignment, self.mode, self.backend = vocab, alignment, mode, backend
@@ -163,11 +164,6 @@ class OWAEventMetrics(Float64Metric):
             name = f"{name}_{'samples' if self.mode == 'exact' else 'sketch'}"
         return name
 
-    @property
-    def _groups(self) -> int:
-        """The groups of sequences the states are kept by: one per tag, or one."""
-        return len(self.tags) or 1
-
     def _given_names(self, tokens: bool, loss: bool = True) -> tuple[str, ...]:
         """The `Given` states an update supplies: the token statistics (teacher forcing, with token ids; the loss with
         logits or a token loss), and every other one (read from the decoded batch: the detection counts, ...)."""
@@ -179,7 +175,6 @@ class OWAEventMetrics(Float64Metric):
     def _batch_given(self) -> tuple[str, ...]:
         return tuple(n for d in self.definitions for n, s in d.states(self.shape).items()
                      if isinstance(s, Given) and n not in ("token_fields", "token_loss"))
-
 
     # ------------------------------------------------------------------------------------------ update
     def update(self, preds: Union[torch.Tensor, EventBatch], target: Optional[torch.Tensor] = None,
@@ -234,7 +229,6 @@ class OWAEventMetrics(Float64Metric):
             return False
         return self.backend == "kernel" or (target.device.type == "cpu" and decode_kernel.available())
 
-
     # ----------------------------------------------------------------------------------------- compute
     def _wrap_compute(self, compute):
         """torchmetrics' compute (sync, then compute), without its "called before update" warning: a rank or an
@@ -252,7 +246,6 @@ class OWAEventMetrics(Float64Metric):
                 self._syncs_here = False
 
         return quiet
-
 
     def compute(self) -> dict[str, torch.Tensor]:
         reads = {None: Read(self)}  # the pooled states, and each tag with a sequence (on some rank)
