@@ -59,7 +59,7 @@ class OWAEventMetrics(Float64Metric):
     per sequence (each sequence weighs the same). Quantile-based metrics keep every sample
     (``mode="exact"``) or a fixed-size sketch (``mode="sketch"``, see `SampleMetric`). All states sync under
     DDP in one go: call ``compute()`` on every rank; it is never cached (``compute_with_cache=False``), so every
-    call syncs whatever each rank did since the last, and the ranks share the report's work (`_definition_keys`;
+    call syncs whatever each rank did since the last, and the ranks share the report's work (`definition_keys`;
     every rank returns the same report). ``persistent=True`` puts the states in ``state_dict()``
     (``torch.save`` / ``load_state_dict`` round-trip, also with ``weights_only`` loading). ``backend`` picks the
     decoder (`decode_batch`: the compiled CPU kernel for CPU tensors by default, else torch ops).
