@@ -19,11 +19,11 @@ from typing import Callable, Optional, Union
 
 import torch
 
-from .schema import Event
-from .metrics.collection import MAX_TAGS, InvalidTargetsWarning, OWAEventMetrics
-from .tokens.codec import FORMATS, CodecConfig, EventCodec, EventEncodeError, possible_formats
-from .tokens.vocab import (IMAGE_CONVENTIONS, SPECIAL_TOKENS, VocabMap, build_tokenizer,
-                           image_tokens as read_image_tokens)
+from ..schema import Event
+from ..metrics.collection import MAX_TAGS, InvalidTargetsWarning, OWAEventMetrics
+from ..tokens.codec import FORMATS, CodecConfig, EventCodec, EventEncodeError, possible_formats
+from ..tokens.vocab import (IMAGE_CONVENTIONS, SPECIAL_TOKENS, VocabMap, build_tokenizer,
+                            image_tokens as read_image_tokens)
 from . import streaming
 from .streaming import _PIECES, InputError, InputLines, TokenTable, exchange, raise_first, rank_world, tokenize
 
@@ -128,7 +128,7 @@ def check_mcap(path: Path, data: Optional[bytes] = None) -> None:
 
 def _read_mcap(path: Path, data: bytes) -> list[Event]:
     check_mcap(path, data)
-    from .events import read_recording
+    from ..events import read_recording
 
     try:
         return read_recording(path)
@@ -219,7 +219,7 @@ def evaluate(pred_path, target_path, mode: str = "exact", batch_size: int = 16, 
     `UndecodedTargetsWarning`); under time pairing each sequence's time origin is its first valid true event.
     ``image_tokens``: the model's image tokens, a VLM's name or ``"PREFIX IMAGE x COUNT SUFFIX"``
     (`owa_metrics.tokens.vocab.image_tokens`); by default SmolVLM's and the screen placeholder. Two text files are
-    streamed (`owa_metrics.streaming`: memory flat in their size); under torch.distributed each rank takes its share
+    streamed (`streaming`: memory flat in their size); under torch.distributed each rank takes its share
     of the sequences, and the report (every rank's: call on every rank) is one process's. ``progress``: a bar on
     stderr (None: when it is a terminal)."""
     from tqdm.auto import tqdm
@@ -324,7 +324,7 @@ def _pad(rows: list[list[int]]) -> torch.Tensor:
 def evaluate_text(pred_path, target_path, mode: str = "exact", progress: Optional[bool] = None,
                   format: Optional[str] = None, pairing: str = "index", tolerance_ms: Union[None, float, tuple] = None,
                   generated_screens: str = "context", image_tokens: Optional[str] = None) -> dict:
-    """`owa_metrics.evaluate.evaluate` for two text / JSONL files, streamed and sharded (see the module)."""
+    """`evaluate` for two text / JSONL files, streamed and sharded (see the module)."""
     pred_path, target_path = Path(pred_path), Path(target_path)
     indexes, tags = streaming.line_indexes((pred_path, target_path))  # each rank scans a share of the blocks
     error = None
