@@ -1,14 +1,14 @@
 """The layers point one way: schema <- tokens <- events <- decode <- functional <- metrics <- report, figures <-
-streaming <- callbacks, evaluate, d2e, html_report <- demo, cli; every import (also one inside a function) goes down
-or sideways, and no modules import each other in a circle."""
+callbacks, offline (the two doors) <- evaluate (the re-export where users import), demo, cli; every import (also one
+inside a function) goes down or sideways, and no modules import each other in a circle."""
 
 import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "owa_metrics"
-LAYERS = ["schema", "tokens", "events", "decode", "functional", "metrics", "report figures", "streaming",
-          "callbacks evaluate d2e html_report",
-          "demo cli",
+LAYERS = ["schema", "tokens", "events", "decode", "functional", "metrics", "report figures",
+          "callbacks offline",
+          "evaluate demo cli",
           "__main__"]
 RANK = {name: level for level, names in enumerate(LAYERS) for name in names.split()}
 
