@@ -3,7 +3,9 @@
 The stack, each layer importing only those below it: ``schema`` (the codes and the `Event` every stage shares)
 <- ``tokens`` (the formats and the tokenizer map) <- ``events`` (real recordings, the simulator) <- ``decode``
 (token ids to a batch of events, vectorized) <- ``functional`` (the metrics' functional twins) <- ``metrics``
-(torchmetrics) <- ``callbacks`` (Lightning, HF Trainer), ``evaluate`` <- ``cli``.
+(torchmetrics) <- ``report``, ``figures`` (tables and figures of a report) <- the two doors: ``callbacks`` (the
+training loop: Lightning, HF Trainer) and ``offline`` (files: token files, MCAPs, D2E folders, sharded over ranks;
+the HTML page) <- ``demo``, ``cli``. ``owa_metrics.evaluate`` re-exports `evaluate` and `write_sequences`.
 """
 
 import importlib

@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         return _inspect(args.paths, args.max_tokens, args.format)
     if args.command == "demo":
         from .demo import main as demo_main
-        from .evaluate import InputError
+        from .offline.evaluate import InputError
 
         try:
             return demo_main(args.config, args.epochs, args.logger, args.mcap, args.out, args.format)
@@ -181,7 +181,7 @@ def _processes():
 
 def _rank_zero() -> bool:
     """Whether this process writes files: alone, or rank 0 of torchrun's."""
-    from .streaming import rank_world
+    from .offline.streaming import rank_world
 
     return rank_world()[0] == 0
 
@@ -193,7 +193,7 @@ def _evaluate(pred: Path, target: Path, mode: str, json_path: Path | None, forma
     import json
     import warnings
 
-    from .evaluate import InputError, evaluate, evaluation_warnings
+    from .offline.evaluate import InputError, evaluate, evaluation_warnings
 
     try:
         with warnings.catch_warnings(record=True) as caught:
@@ -221,7 +221,7 @@ def _evaluate(pred: Path, target: Path, mode: str, json_path: Path | None, forma
             return 2
         print(f"wrote {json_path}")
     if html and _rank_zero():
-        from .html_report import token_report_html
+        from .offline.html_report import token_report_html
 
         try:
             write_output(html[0], token_report_html(
@@ -244,7 +244,7 @@ def _evaluate_d2e(pred: Path, target: Path, bin_ms: float | None, empty_bins_as_
     import json
     import warnings
 
-    from .d2e import evaluate_d2e, evaluate_d2e_folders
+    from .offline.d2e import evaluate_d2e, evaluate_d2e_folders
     from .functional import d2e_paper
     from .functional.d2e import bin_ns_of
     from .report import tag_table
@@ -293,7 +293,7 @@ def _evaluate_d2e(pred: Path, target: Path, bin_ms: float | None, empty_bins_as_
             return fail(f"{json_path}: cannot write the JSON report ({err.strerror or err})")
         print(f"wrote {json_path}")
     if html and _rank_zero():
-        from .html_report import d2e_report_html
+        from .offline.html_report import d2e_report_html
 
         try:
             write_output(html[0], d2e_report_html(report, pred, target, bin_ms, html[1]))
@@ -328,7 +328,7 @@ def _d2e_lines(report: dict, paper: bool) -> tuple[list[str], list[str]]:
 def _cli_words(warning: Warning) -> str:
     """A warning raised while evaluating, in the command's words (its flags, not Python argument names); one that
     this command does not know: the first line of its message."""
-    from .evaluate import FormatGuessWarning, UndecodedTargetsWarning
+    from .offline.evaluate import FormatGuessWarning, UndecodedTargetsWarning
     from .tokens.codec import FORMATS
 
     if isinstance(warning, FormatGuessWarning):

@@ -16,7 +16,7 @@ import torch
 
 from .events import read_recording, simulate_session
 from .events.simulate import ACTIVITY_MIX
-from .evaluate import InputError, check_mcap
+from .offline.evaluate import InputError, check_mcap
 from .schema import Event
 from .functional.report import WORDS, higher_is_better
 from .report import format_number, unit_of

@@ -9,7 +9,7 @@ argmax. 1 thread, medians of the CPU time of `OWAEventMetrics.update` (exact mod
 on a quiet machine, and steady on a busy one), interleaved, per alignment and backend (``auto``: the compiled CPU
 kernels; ``torch``: the ops a GPU runs). In generation ``bin_ms=50`` is the default (issue 46).
 
-``--recording``: `owa_metrics.d2e.pair_states` (the binning of the offline route, after the files' reading) on a
+``--recording``: `owa_metrics.offline.d2e.pair_states` (the binning of the offline route, after the files' reading) on a
 synthetic 1-hour pair of 200,000 raw mouse events (2 % with button bits) and 10,000 key events a side, with 1 and 7
 shifts: median CPU ms, and the peak RSS of the process."""
 
@@ -29,7 +29,7 @@ from bench_pairing import setup  # scripts/ is on sys.path when run as a script
 
 
 def recording(repeats: int) -> None:
-    from owa_metrics.d2e import pair_states
+    from owa_metrics.offline.d2e import pair_states
     from owa_metrics.events.d2e import D2ERecording
 
     rng, hour = np.random.default_rng(0), 3600 * 10**9

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from owa_metrics import EventCodec, OWAEventMetrics
-from owa_metrics import evaluate as ev
+from owa_metrics.offline import evaluate as ev
 from owa_metrics.events import read_recording
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"

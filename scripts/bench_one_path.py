@@ -19,6 +19,7 @@ import torch
 
 from owa_metrics import OWAEventMetrics, build_tokenizer, decode_batch
 from owa_metrics.functional.tokens import event_token_stats
+from owa_metrics.metrics.accumulation import accumulate_batch
 
 from bench_decode import make_batch, timed  # scripts/ is on sys.path when run as a script
 from bench_update import UpstreamStyleReference
@@ -35,7 +36,7 @@ def main() -> None:
 
     def torch_accumulation():
         batch = decode_batch(preds, target, one_path.vocab, "teacher_forcing", "kernel")
-        one_path._accumulate(batch, event_token_stats(batch, preds, target, one_path.vocab.config, None, None))
+        accumulate_batch(one_path, batch, event_token_stats(batch, preds, target, one_path.vocab.config, None, None))
 
     cases = {"compiled decode + compiled accumulation (today)": lambda: compiled.update(preds, target),
              "compiled decode + torch accumulation (one path)": torch_accumulation}

@@ -141,12 +141,12 @@ def timed(fn, *args, **kwargs):
 def worker(pred: str, target: str, warm: list[str], mode: str) -> None:
     """One torchrun rank: its ``evaluate`` (token files, in ``mode``) or ``evaluate_d2e_folders`` (folders) timed
     after the imports and a warm-up on ``warm``; rank 0 prints every rank's (wall s, CPU s, the report's wall s) as
-    JSON (the report: `owa_metrics.evaluate.report_of`, the states' sync and ``compute()``; 0 for folders)."""
+    JSON (the report: `owa_metrics.offline.evaluate.report_of`, the states' sync and ``compute()``; 0 for folders)."""
     import torch.distributed as dist
 
-    from owa_metrics import evaluate as module
-    from owa_metrics.d2e import evaluate_d2e_folders
-    from owa_metrics.evaluate import evaluate
+    from owa_metrics.offline import evaluate as module
+    from owa_metrics.offline.d2e import evaluate_d2e_folders
+    from owa_metrics.offline.evaluate import evaluate
 
     report_s = [0.0]
 
@@ -268,8 +268,8 @@ def main() -> None:
         return
     from mcap.reader import make_reader
 
-    from owa_metrics.d2e import evaluate_d2e_folders
-    from owa_metrics.evaluate import evaluate
+    from owa_metrics.offline.d2e import evaluate_d2e_folders
+    from owa_metrics.offline.evaluate import evaluate
 
     small = token_files(args.out, args.mb / 4)
     pred, true = token_files(args.out, args.mb)
@@ -362,7 +362,7 @@ def mcap_copies(out: Path, mb: float) -> tuple[Path, Path, tuple[Path, Path]]:
 def _baseline_evaluate(checkout: Path, pred: Path, true: Path, mode: str, warm) -> tuple[float, float]:
     """(wall s, CPU s) of an older checkout's ``evaluate()`` on the files, timed in its own process after a
     warm-up, as this one's."""
-    code = (f"import time, torch; torch.set_num_threads(1)\nfrom owa_metrics.evaluate import evaluate\n"
+    code = (f"import time, torch; torch.set_num_threads(1)\nfrom owa_metrics.offline.evaluate import evaluate\n"
             f"evaluate({str(warm[0])!r}, {str(warm[1])!r}, progress=False)\n"
             f"c, w = time.process_time(), time.perf_counter()\n"
             f"evaluate({str(pred)!r}, {str(true)!r}, {mode!r}, progress=False)\n"

@@ -33,7 +33,7 @@ import torch
 from owa_metrics import EventCodec, EventDecodeError, OWAEventMetrics, SignedPercentError, build_tokenizer
 from owa_metrics.events import simulate_session
 from owa_metrics.functional.tokens import token_losses
-from owa_metrics.metrics.collection import Read
+from owa_metrics.metrics.shared_compute import Read
 from owa_metrics.metrics.per_event import compare_events
 
 from bench_decode import make_batch, timed  # scripts/ is on sys.path when run as a script

@@ -38,7 +38,7 @@ def demo_timeline(out: Path, tmp: Path) -> Path:
 def html_screenshot(out: Path, tmp: Path) -> Path:
     from owa_metrics import VocabMap, build_tokenizer
     from owa_metrics.cli import main
-    from owa_metrics.evaluate import write_sequences
+    from owa_metrics.offline.evaluate import write_sequences
     from owa_metrics.events import simulate_session
 
     tokenizer = build_tokenizer()

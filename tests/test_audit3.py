@@ -12,7 +12,7 @@ from owa_metrics.cli import main
 from owa_metrics.demo import summary
 from owa_metrics.evaluate import evaluate, write_sequences
 from owa_metrics.schema import Event
-from owa_metrics import streaming
+from owa_metrics.offline import streaming
 
 from test_audit_cli import key, one_line
 

@@ -176,7 +176,7 @@ def test_the_cli_sweeps_and_groups(tmp_path, capsys):
     events 70 ms late, so that they match at 100 ms only; the plain-Python matching at each tolerance."""
     from owa_metrics import EventCodec, VocabMap, build_tokenizer
     from owa_metrics.cli import main
-    from owa_metrics.evaluate import tokenize
+    from owa_metrics.offline.evaluate import tokenize
 
     events, codec = read_recording(recording_paths()[2]), EventCodec()  # 18 keyboard events in the first 80
     truth = "".join(map(codec.encode, events[:80]))

@@ -118,7 +118,7 @@ def test_evaluate_pairs_by_time(tmp_path, capsys):
     from oracles import close
     from owa_metrics import build_tokenizer
     from sequence_oracle import sequence_oracle
-    from owa_metrics.evaluate import tokenize
+    from owa_metrics.offline.evaluate import tokenize
 
     events = read_recording(recording_paths()[0])
     codec = EventCodec()

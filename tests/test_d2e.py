@@ -18,7 +18,7 @@ import torch
 
 from owa_metrics import CodecConfig, EventCodec, OWAEventMetrics, VocabMap, build_tokenizer
 from owa_metrics.cli import main
-from owa_metrics.d2e import evaluate_d2e, pair_states
+from owa_metrics.offline.d2e import evaluate_d2e, pair_states
 from owa_metrics.events.d2e import read_d2e_recording
 from owa_metrics.functional.d2e import d2e_keys, shift_rows
 from owa_metrics.schema import Event
@@ -205,7 +205,7 @@ def test_moments_are_exact_at_any_int32_move(tmp_path):
     12,000 bins (sums past 2**53, cancellation in n Σtp - Σt Σp): every key equals the exact rational oracle to
     1e-12, on the MCAP route (the compiled loop), the torch ops (equal sums), and pooled over both files (their states
     added, as ranks add them)."""
-    from owa_metrics.d2e import evaluate_d2e_folders, pair_events
+    from owa_metrics.offline.d2e import evaluate_d2e_folders, pair_events
     from owa_metrics.functional.d2e import d2e_states
 
     rng, big = np.random.default_rng(46), 2**31 - 1
@@ -311,7 +311,7 @@ def test_bin_ms_beyond_int64_nanoseconds_is_refused_by_name(tmp_path, tokenizer)
 def test_errors_name_the_bad_file_and_why(tmp_path):
     """Issue 46 item 2: a missing file is said not to exist; a truncated MCAP and a file that is not MCAP are named
     alone (not the pair), by the API, the CLI (one line, exit 2) and folder mode."""
-    from owa_metrics.d2e import evaluate_d2e_folders
+    from owa_metrics.offline.d2e import evaluate_d2e_folders
     from owa_metrics.events.d2e import RecordingError
 
     good = write_mcap(tmp_path / "good.mcap", [(0, 0)], [(5 * MS, "press", 65)], [(7 * MS, 1, 2, 0)], tail_ns=90 * MS)
@@ -391,7 +391,7 @@ def test_the_community_strict_keys_by_hand(tmp_path):
     1; of bins 2 and 3 (no true key) bin 3 has a predicted one: 1 / 2. Buttons: true in bins 0, 1, 2, predicted in
     0, 1, 3, alike in bin 0: precision = recall = F1 = 1 / 3; bin 3 (no true button) has a predicted one: 1 / 1. The
     compiled loop (the MCAP route) and the torch ops."""
-    from owa_metrics.d2e import pair_events
+    from owa_metrics.offline.d2e import pair_events
     from owa_metrics.functional.d2e import d2e_states
 
     at = lambda b, ms=10: (b * 50 + ms) * MS  # noqa: E731

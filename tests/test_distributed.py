@@ -411,7 +411,7 @@ def test_teacher_forcing_keeps_every_bit_in_another_order_of_batches():
 def test_deal_gives_the_costliest_first_to_the_least_loaded_rank():
     """By hand: a (5) to rank 0; b (3) to rank 1; c (3) to rank 1 (3 < 5); d (1) to rank 0 (5 < 6); ties to the
     lowest rank."""
-    from owa_metrics.metrics.collection import deal
+    from owa_metrics.metrics.shared_compute import deal
 
     assert deal(["a", "b", "c", "d"], [5, 3, 3, 1], 2) == [["a", "d"], ["b", "c"]]
     assert deal(["a", "b", "c"], [0, 0, 0], 2) == [["a", "b", "c"], []]  # free items: all to the lowest rank

@@ -13,7 +13,7 @@ import torch
 from owa_metrics import Category, Event, EventCodec, OWAEventMetrics, Status, VocabMap, build_tokenizer, decode_batch
 from owa_metrics.cli import main
 from owa_metrics.decode import kernel
-from owa_metrics.evaluate import guess_format, read_file
+from owa_metrics.offline.evaluate import guess_format, read_file
 from owa_metrics.tokens import FORMATS, CodecConfig, Layout, Role, Slot, TokenFormat, detect_format, register_format
 from owa_metrics.tokens.format import CLAMP, REFUSE, WRAP
 

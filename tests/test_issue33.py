@@ -12,8 +12,8 @@ import torch
 from owa_metrics import OWAEventMetrics, decode_batch
 from owa_metrics.callbacks import OWAEventMetricsCallback
 from owa_metrics.cli import main
-from owa_metrics.evaluate import MCAP_MAGIC
-from owa_metrics.metrics import collection
+from owa_metrics.offline.evaluate import MCAP_MAGIC
+from owa_metrics.metrics import accumulation as collection  # exact mode's limit per update (SAMPLE_SHIFT)
 from owa_metrics.report import format_report, tag_table
 from test_audit_cli import key, one_line
 

@@ -9,7 +9,7 @@ import torch
 
 from owa_metrics import VocabMap, build_tokenizer
 from owa_metrics.cli import main
-from owa_metrics.evaluate import FormatMismatchWarning, evaluate, write_sequences
+from owa_metrics.offline.evaluate import FormatMismatchWarning, evaluate, write_sequences
 from owa_metrics.events import simulate_session
 
 PROMPT_EVENTS = 3  # events of each row given as the prompt

@@ -1,4 +1,4 @@
-"""Token files streamed (owa_metrics.streaming) and sharded over processes; D2E folders under torchrun.
+"""Token files streamed (owa_metrics.offline.streaming) and sharded over processes; D2E folders under torchrun.
 
 The compiled tokenizer is held to the readable path (`read_tagged` + the regex `tokenize`) line by line, on lines
 made to hit every rule; the streamed report to one update of the whole files read the readable way; two torchrun
@@ -14,9 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from owa_metrics import OWAEventMetrics, streaming
+from owa_metrics import OWAEventMetrics
+from owa_metrics.offline import streaming
 from owa_metrics.cli import main
-from owa_metrics.evaluate import _pad, guess_format, read_tagged, tokenize
+from owa_metrics.offline.evaluate import _pad, guess_format, read_tagged, tokenize
 from owa_metrics.tokens.vocab import VocabMap, build_tokenizer
 
 from d2e_oracle import oracle
@@ -187,7 +188,7 @@ def _torchrun(tmp_path, *commands: list) -> subprocess.CompletedProcess:
     each rank writes ``claims_{rank}.json``: the chunks it claimed of 40, from the store, with no store (chunk k to
     rank k % 2) and with rank 1 alone without one (the ranks agree: k % 2)."""
     script = tmp_path / "commands.py"
-    script.write_text("import json, sys\nimport torch.distributed as dist\nfrom owa_metrics import streaming\n"
+    script.write_text("import json, sys\nimport torch.distributed as dist\nfrom owa_metrics.offline import streaming\n"
                       "from owa_metrics.cli import main\ndist.init_process_group('gloo')\nrank = dist.get_rank()\n"
                       "def run(args):\n"
                       "    if args[0] == 'chunks':\n"

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from owa_metrics import Event, OWAEventMetrics
-from owa_metrics.evaluate import _pad
+from owa_metrics.offline.evaluate import _pad
 from owa_metrics.functional import euclidean_percent_error
 
 from oracles import np_iqm

@@ -56,11 +56,11 @@ def test_encode_needs_the_image_tokens_for_screens():
 
 
 def test_fast_tokenize_equals_the_built_tokenizer():
-    """`owa_metrics.evaluate.tokenize` (regex split + dict) gives the offline tokenizer's ids, odd text included."""
+    """`owa_metrics.offline.streaming.tokenize` (regex split + dict) gives the offline tokenizer's ids, odd text included."""
     import numpy as np
 
     from owa_metrics import build_tokenizer
-    from owa_metrics.evaluate import tokenize
+    from owa_metrics.offline.evaluate import tokenize
 
     rng = np.random.default_rng(0)
     for fmt in ("hierarchical", "factorized"):

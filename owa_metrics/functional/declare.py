@@ -241,7 +241,7 @@ State = Union[Sums, SequenceMean, BatchCounts, Samples, Given, GivenSamples]
 @dataclass(frozen=True)
 class Definition:
     """Keys of the report: the ``states`` they read (built for a format's `Shape`) and ``compute(read) -> keys``
-    (`owa_metrics.metrics.collection.Read`). ``alignment`` / ``pairing``: the only ones it applies to (None: all)."""
+    (`owa_metrics.metrics.shared_compute.Read`). ``alignment`` / ``pairing``: the only ones it applies to (None: all)."""
 
     name: str
     states: Callable[["Shape"], dict[str, State]]

@@ -17,12 +17,12 @@ import warnings
 from pathlib import Path
 from typing import Optional, Sequence
 
-from .decode.batch import decode_batch
-from .figures import (batch_timelines, confusion_figure, draw_latency_curve, draw_timeline, png_of, recording_timeline,
-                      sequence_errors)
-from .functional.report import HEADLINE, higher_is_better
-from .metrics.collection import OWAEventMetrics
-from .report import format_number, format_report, tag_rows, unit_of
+from ..decode.batch import decode_batch
+from ..figures import (batch_timelines, confusion_figure, draw_latency_curve, draw_timeline, png_of, recording_timeline,
+                       sequence_errors)
+from ..functional.report import HEADLINE, higher_is_better
+from ..metrics.collection import OWAEventMetrics
+from ..report import format_number, format_report, tag_rows, unit_of
 
 STYLE = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 24px auto; max-width: 1200px; padding: 0 16px; color: #222; }
@@ -137,7 +137,7 @@ def d2e_section(report: dict, bin_ms: Optional[float]) -> list[str]:
 def token_report_html(report: dict, pred_path, target_path, *, format: Optional[str] = None,
                       pairing: str = "index", tolerance_ms=None, generated_screens: str = "context",
                       image_tokens: Optional[str] = None, sequences: int = 4, batch_size: int = 64) -> str:
-    """The page of a token-file evaluation (`owa_metrics.evaluate.evaluate`'s ``report``): the files read again in
+    """The page of a token-file evaluation (`evaluate.evaluate`'s ``report``): the files read again in
     this process, each sequence's errors counted (`sequence_errors`), the confusion counted, the chosen sequences
     decoded once more and drawn. Returns the page."""
     from .evaluate import _pad, _vocab, guess_format, read_tagged, to_ids
@@ -193,11 +193,11 @@ def token_report_html(report: dict, pred_path, target_path, *, format: Optional[
 
 
 def d2e_report_html(report: dict, pred, target, bin_ms: float, sequences: int = 4) -> str:
-    """The page of a D2E evaluation of two MCAP recordings or two folders of them (`owa_metrics.d2e`'s ``report``):
+    """The page of a D2E evaluation of two MCAP recordings or two folders of them (`d2e`'s ``report``):
     the D2E table and latency curve, a row per file (folders) whose name links to its timeline when drawn, and the
     timelines of the files with the most wrong (bin, name) counts and of the first ``sequences``. Returns the page."""
     from .d2e import pair_folders
-    from .events.d2e import NoRawMouseWarning, read_d2e_recording
+    from ..events.d2e import NoRawMouseWarning, read_d2e_recording
 
     pred, target = Path(pred), Path(target)
     pairs = pair_folders(pred, target) if pred.is_dir() else [(target.stem, pred, target)]

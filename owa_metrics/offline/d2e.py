@@ -12,8 +12,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from .events.d2e import D2ERecording, RecordingError, common_range_ns, read_d2e_recording
-from .functional.d2e import D2EEvents, bin_ns_of, d2e_keys, d2e_states, shift_rows
+from ..events.d2e import D2ERecording, RecordingError, common_range_ns, read_d2e_recording
+from ..functional.d2e import D2EEvents, bin_ns_of, d2e_keys, d2e_states, shift_rows
 
 
 def pair_events(truth: D2ERecording, pred: D2ERecording) -> tuple[D2EEvents, D2EEvents]:

@@ -1,6 +1,6 @@
 """Token files streamed: read in blocks of whole lines, tokenized by a compiled loop; the ranks' shares and messages.
 
-`owa_metrics.evaluate.evaluate` streams two text / JSONL files through `InputLines` (memory flat in the files'
+`evaluate.evaluate` streams two text / JSONL files through `InputLines` (memory flat in the files'
 size: a block of lines at a time; one line is held whole), sharded over the ranks of ``torch.distributed``: each
 rank scans an equal share of each file's blocks for line breaks and tags (`line_indexes`; one `exchange` gives
 every rank the whole index), then claims `chunks` of lines one after the other (`Claims`: the next unclaimed one,
@@ -13,7 +13,7 @@ bytes (``<`` ``>`` ``"`` ``\\`` and control characters, `_specials`): a ``.jsonl
 ``{"text": "..."}`` (a string without escapes, optionally more fields after it: a ``"tag"``) and a text line are
 split as `tokenize` splits them (each ``<...>`` a token, each run of other text one, looked up in `TokenTable`,
 unknown pieces the unknown id). Every other line (escapes, other layouts, whitespace or non-ASCII at either end,
-which ``str.strip`` might remove) goes the readable way, `owa_metrics.evaluate.read_tagged`'s rules line by line and
+which ``str.strip`` might remove) goes the readable way, `evaluate.read_tagged`'s rules line by line and
 `tokenize`, which the tests hold the compiled pass to.
 """
 
@@ -31,9 +31,9 @@ from typing import Optional
 import numpy as np
 import torch
 
-from .decode import kernel
-from .metrics.collection import is_tag_name
-from .decode.kernel import _jit, njit
+from ..decode import kernel
+from ..metrics.arguments import is_tag_name
+from ..decode.kernel import _jit, njit
 
 _inline = njit(inline="always", nogil=True, cache=True) if njit is not None else (lambda fn: fn)  # inlined helpers
 
@@ -426,7 +426,7 @@ class InputLines:
         return tag
 
     def _readable(self, raw: bytes, number: int) -> tuple[np.ndarray, Optional[str]]:
-        """One line the way `owa_metrics.evaluate.read_tagged` and `tokenize` read it."""
+        """One line the way `evaluate.read_tagged` and `tokenize` read it."""
         line, tag = raw.decode("utf-8"), None
         if line.endswith("\r"):
             line = line[:-1]
@@ -443,7 +443,7 @@ class InputLines:
         self.unknown.update(t for t in _TOKENS.findall(text) if t not in self.table.vocab)
 
     def held(self) -> set[str]:
-        """Every ``<...>`` token of the lines read (as `owa_metrics.evaluate.guess_format` collects them)."""
+        """Every ``<...>`` token of the lines read (as `evaluate.guess_format` collects them)."""
         tokens = (self.table.tokens.get(i) for i in np.flatnonzero(self.seen).tolist() if i != self.table.unk)
         return {t for t in tokens if t is not None and _TOKENS.fullmatch(t)} | self.unknown
 
@@ -693,7 +693,7 @@ def line_indexes(paths) -> tuple[list[LineIndex], list[dict[str, int]]]:
 # ------------------------------------------------------------------------------------------------------ evaluate
 def check_whole(path: Path, index: LineIndex) -> None:
     """Read every line of a file (any format's tokens): raises `InputError` saying what is wrong with it."""
-    from .tokens.vocab import build_tokenizer
+    from ..tokens.vocab import build_tokenizer
 
     tokenizer = build_tokenizer()
     lines = InputLines(path, TokenTable(tokenizer.get_vocab(), tokenizer.unk_token_id), 0, index.lines, 0)
