@@ -79,3 +79,10 @@ def test_the_metric_class_reads_as_states_update_compute():
     (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "OWAEventMetrics"]
     assert cls.end_lineno - cls.lineno + 1 <= 250
     assert len(path.read_text().splitlines()) <= 800
+
+
+def test_no_package_file_is_over_800_lines():
+    """Issue 47: a module a maintainer reads top to bottom (`functional/stats.py` was 1,168 lines with its copy of
+    numpy's generator)."""
+    long = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py") if (n := len(p.read_text().splitlines())) > 800}
+    assert long == {}
