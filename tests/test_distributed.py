@@ -305,7 +305,8 @@ def test_synced_compute_equals_one_process(synced_by_world, expected, world):
         assert "mouse/path_end_offset_p50_mu" in expected[mode][0] and "keyboard/sequence_error_rate" in expected[mode][0]
     assert 0 < expected["time"][0]["mouse/move_coverage"] < 1
     for key in ("d2e/keyboard/key_accuracy", "d2e/mouse_move/pearson_x_shift_-2bins", "d2e/best_shift_bins",
-                "d2e/keyboard/strict_accuracy", "d2e/keyboard/false_positive_rate_shift_1bins"):  # issue 46's too
+                "d2e/keyboard/strict_accuracy", "d2e/keyboard/false_positive_rate_shift_1bins",
+                "d2e/mouse_move/pearson_x_all_bins", "d2e/mouse_move/pearson_y_all_bins_shift_1bins"):  # issue 46's too
         assert key in expected["exact"][0] and key in expected["sketch"][0]
     for mode, (compared, differ) in synced["torchmetrics_sync"].items():  # rank 0's synced states
         assert compared >= 20 and not differ, (mode, differ)
