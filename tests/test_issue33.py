@@ -13,7 +13,7 @@ from owa_metrics import OWAEventMetrics, decode_batch
 from owa_metrics.callbacks import OWAEventMetricsCallback
 from owa_metrics.cli import main
 from owa_metrics.offline.evaluate import MCAP_MAGIC
-from owa_metrics.metrics import accumulation as collection  # exact mode's limit per update (SAMPLE_SHIFT)
+from owa_metrics.metrics import accumulation  # exact mode's limit per update (SAMPLE_SHIFT)
 from owa_metrics.report import format_report, tag_table
 from test_audit_cli import key, one_line
 
@@ -88,7 +88,7 @@ def test_every_evaluate_error_names_the_file_and_line(tmp_path, capsys, monkeypa
     one_line(capsys, "true.jsonl:2: 'tag' must be a name", "no line break")
     # a limit the metric meets in an update (exact mode's events per update, lowered here to reach it): the lines
     (tmp_path / "true.txt").write_text("".join(key(1000 * (i + 1)) + "\n" for i in range(20)))
-    monkeypatch.setattr(collection, "SAMPLE_SHIFT", 2)
+    monkeypatch.setattr(accumulation, "SAMPLE_SHIFT", 2)
     args = ["evaluate", "--pred", str(tmp_path / "true.txt"), "--target", str(tmp_path / "true.txt")]
     assert main(args + ["--pairing", "time"]) == 2
     one_line(capsys, "true.txt:1-", " (and ", "true.txt): ", "exact mode reads at most 1 per update")

@@ -102,7 +102,6 @@ def accumulate_arrays(metric, out: dict, preds: torch.Tensor, target: torch.Tens
     _add_given_samples(metric, plan, *_given_samples(metric, plan, batch, extras))
 
 
-
 def _sketch_by_tag(metric, plan: Plan, samples: torch.Tensor, cell: torch.Tensor, n_rows: int,
                    row_group: torch.Tensor) -> None:
     """With tags, the sketched values counted in place (no dense increment of tags x the sketches): per `Samples`
